@@ -1,0 +1,112 @@
+"""The engine interface: token ids in, token-id chunks out.
+
+Every engine client (SGLang ``/generate``, vLLM ``/v1/completions``, the
+simulated engine) implements :class:`EngineClient`. The pool and the API layer
+know nothing else about engines.
+
+Failure contract (see ``deepseek_frontend.errors``): a client raises
+``EngineUnavailableError`` when the worker fails before the first chunk
+(connection refused, HTTP 5xx, error before any token) -- the pool may retry on
+another worker -- and ``EngineStreamError`` when it fails after at least one
+chunk was yielded. A request the worker rejects as invalid raises
+``RequestError`` (not retried). Closing the async generator early (client
+disconnect) must abort the request on the worker; clients do that in
+``finally``.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+EngineFinishReason = Literal["stop", "length", "abort"]
+ConstraintKind = Literal["ebnf", "json_schema", "regex", "structural_tag"]
+
+
+@dataclass(frozen=True, slots=True)
+class DecodingConstraint:
+    """A constrained-decoding request, passed to SGLang as the field named ``kind``."""
+
+    kind: ConstraintKind
+    value: str
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    constraint: DecodingConstraint | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    request_id: str
+    input_ids: list[int]
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(slots=True)
+class EngineChunk:
+    """New output of one engine step (never cumulative: clients diff cumulative forms)."""
+
+    token_ids: list[int]
+    finish_reason: EngineFinishReason | None = None
+    #: the stop token id or string the engine matched, when it reports one
+    matched_stop: int | str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    cached_tokens: int | None = None
+    logprobs: list[TokenLogprob] | None = None
+    #: engine-side message for finish_reason == "abort"
+    message: str | None = None
+
+
+@dataclass(slots=True)
+class WorkerStatus:
+    url: str
+    healthy: bool
+    in_flight: int = 0
+    consecutive_failures: int = 0
+    last_error: str | None = None
+    extra: dict[str, object] = field(default_factory=dict)
+
+
+class EngineClient(ABC):
+    """One engine worker. Implementations: SGLang, vLLM, simulated."""
+
+    #: a stable name for logs and metrics (usually the worker URL)
+    name: str
+
+    @abstractmethod
+    def generate(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
+        """Stream the completion of ``request``. The last chunk has ``finish_reason`` set."""
+
+    @abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """Best-effort abort of a running request."""
+
+    @abstractmethod
+    async def check_health(self) -> bool:
+        """True when the worker can generate (SGLang: ``/health_generate``)."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release connections."""
