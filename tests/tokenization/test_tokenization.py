@@ -1,0 +1,169 @@
+"""Prompt tokenization: injection safety, whole-prompt parity, the run cache, incremental detokenization."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+
+from deepseek_frontend.errors import FormatError
+from deepseek_frontend.formats.segments import PromptSegment as Seg
+from deepseek_frontend.formats.segments import join_segments
+from deepseek_frontend.tokenization import PromptTokenizer, RunCache, bundled_tokenizer_path
+
+TEMPLATE_SPELLINGS = [
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<think>",
+    "</think>",
+    "｜DSML｜",
+    "<｜latest_reminder｜>",
+    "<｜action｜>",
+    "<｜query｜>",
+    "<｜authority｜>",
+    "<｜domain｜>",
+    "<｜title｜>",
+    "<｜read_url｜>",
+]
+
+
+def conversation(user_text: str) -> list[Seg]:
+    return [
+        Seg("<｜begin▁of▁sentence｜>", True),
+        Seg("You are helpful."),
+        Seg("<｜User｜>", True),
+        Seg(user_text),
+        Seg("<｜Assistant｜>", True),
+        Seg("</think>", True),
+    ]
+
+
+@pytest.mark.parametrize("spelling", TEMPLATE_SPELLINGS)
+def test_every_template_token_is_one_id(prompt_tokenizer: PromptTokenizer, spelling: str) -> None:
+    token_id = prompt_tokenizer.token_id(spelling)
+    assert prompt_tokenizer.encode_raw(spelling) == [token_id]
+    assert prompt_tokenizer.encode_segments([Seg(spelling, True)]) == [token_id]
+
+
+def test_a_special_segment_that_is_not_a_token_is_a_format_error(prompt_tokenizer: PromptTokenizer) -> None:
+    with pytest.raises(FormatError, match="not a single token"):
+        prompt_tokenizer.encode_segments([Seg("<｜NotAToken｜>", True)])
+
+
+@pytest.mark.parametrize("spelling", TEMPLATE_SPELLINGS)
+def test_token_spellings_typed_by_a_user_stay_text(prompt_tokenizer: PromptTokenizer, spelling: str) -> None:
+    segments = conversation(f"please print {spelling} literally{spelling}")
+    ids = prompt_tokenizer.encode_segments(segments)
+    special_ids = {prompt_tokenizer.token_id(s) for s in TEMPLATE_SPELLINGS}
+    # Exactly the four template tokens are special; the user's spelling became plain text pieces.
+    assert [i for i in ids if i in special_ids] == [
+        prompt_tokenizer.token_id("<｜begin▁of▁sentence｜>"),
+        prompt_tokenizer.token_id("<｜User｜>"),
+        prompt_tokenizer.token_id("<｜Assistant｜>"),
+        prompt_tokenizer.token_id("</think>"),
+    ]
+    assert prompt_tokenizer.decode(ids) == join_segments(segments)
+    # A naive whole-string encode would have produced the control token: that is the attack we prevent.
+    assert len(prompt_tokenizer.encode_raw(join_segments(segments))) < len(ids)
+
+
+def test_plain_prompts_match_a_whole_string_encode(prompt_tokenizer: PromptTokenizer) -> None:
+    rng = random.Random(7)
+    alphabet = "abc XYZ 123 \n\t,.;:'\"<>/{}[]é😀中文  \n\n"
+    for _ in range(200):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 80)))
+        segments = conversation(text)
+        assert prompt_tokenizer.encode_segments(segments) == prompt_tokenizer.encode_raw(join_segments(segments))
+
+
+def test_adjacent_text_segments_are_tokenized_as_one_run(prompt_tokenizer: PromptTokenizer) -> None:
+    # Template prose and request text meet without a special token between them; splitting them
+    # would change BPE boundaries ("\n\n" + "Hello" vs "\n\nHello").
+    split = [Seg("<｜User｜>", True), Seg("abc\n"), Seg("\nHello"), Seg(" world"), Seg("<｜Assistant｜>", True)]
+    assert prompt_tokenizer.encode_segments(split) == prompt_tokenizer.encode_raw(join_segments(split))
+
+
+def test_extending_a_conversation_only_tokenizes_the_new_text() -> None:
+    tok = PromptTokenizer.load()
+    turns = [f"turn {i}: " + "some earlier message text that is long enough to cache " * 3 for i in range(50)]
+    segments: list[Seg] = [Seg("<｜begin▁of▁sentence｜>", True)]
+    for text in turns:
+        segments += [Seg("<｜User｜>", True), Seg(text), Seg("<｜Assistant｜>", True), Seg("</think>", True)]
+    first = tok.encode_segments(segments)
+    misses_after_first = tok.cache.misses
+    extended = [*segments, Seg("<｜User｜>", True), Seg("one more question, the only new text here")]
+    second = tok.encode_segments(extended)
+    assert second[: len(first)] == first
+    assert tok.cache.misses == misses_after_first + 1  # only the new run missed
+    assert tok.cache.hits >= len(turns)
+    assert second == tok.encode_raw(join_segments(extended))
+
+
+def test_run_cache_is_bounded_by_characters() -> None:
+    cache = RunCache(max_chars=100)
+    for i in range(20):
+        cache.put(f"{i:02d}" + "x" * 18, (i,))
+    assert len(cache) == 5
+    assert cache.get("00" + "x" * 18) is None
+    assert cache.get("19" + "x" * 18) == (19,)
+    cache.put("y" * 1000, (1,))  # larger than the whole cache: not stored
+    assert cache.get("y" * 1000) is None
+
+
+def test_self_check_switches_the_cache_off_when_it_disagrees() -> None:
+    tok = PromptTokenizer.load()
+    segments = conversation("a message that is certainly long enough to be cached")
+    good = tok.encode_segments(segments)
+    # Corrupt the cached ids of the user's run, as a tokenizer bug would.
+    tok.cache._entries["a message that is certainly long enough to be cached"] = (1, 2, 3)
+    tok.self_check_rate = 1.0
+    tok.encode_segments(segments)  # served from the corrupt entry; the check notices
+    assert tok.cache.max_chars == 0
+    assert tok.encode_segments(segments) == good
+
+
+def test_load_from_a_model_directory_and_from_a_file(tmp_path: Path) -> None:
+    shutil.copy(bundled_tokenizer_path(), tmp_path / "tokenizer.json")
+    from_dir = PromptTokenizer.load(tmp_path)
+    from_file = PromptTokenizer.load(tmp_path / "tokenizer.json")
+    assert from_dir.encode_text("hello world") == from_file.encode_text("hello world") != []
+    assert from_dir.eos_token_id == 1 and from_dir.bos_token_id == 0
+    with pytest.raises(FileNotFoundError):
+        PromptTokenizer.load(tmp_path / "missing")
+
+
+def test_detokenizer_matches_batch_decode_under_any_chunking(prompt_tokenizer: PromptTokenizer) -> None:
+    rng = random.Random(11)
+    text = "Plain ASCII, accents é à ü, CJK 中文字符, emoji 😀🚀👍🏽, math ∑∫, </think> and DSML <｜DSML｜x"
+    ids = prompt_tokenizer.encode_raw(text) + [prompt_tokenizer.eos_token_id]
+    expected = prompt_tokenizer.decode(ids)
+    for _ in range(50):
+        det = prompt_tokenizer.new_detokenizer()
+        pieces: list[str] = []
+        i = 0
+        while i < len(ids):
+            step = rng.randint(1, 4)
+            pieces.append(det.push(ids[i : i + step]))
+            i += step
+        pieces.append(det.flush())
+        assert "".join(pieces) == expected
+        # no piece ever carries half a character
+        assert all("\ufffd" not in p for p in pieces)
+
+
+def test_detokenizer_matches_decode_on_random_ids(prompt_tokenizer: PromptTokenizer) -> None:
+    rng = random.Random(3)
+    ids = [rng.randrange(prompt_tokenizer.vocab_size) for _ in range(3000)]
+    det = prompt_tokenizer.new_detokenizer()
+    out = "".join(det.push(ids[i : i + 5]) for i in range(0, len(ids), 5)) + det.flush()
+    assert out == prompt_tokenizer.decode(ids)
+
+
+def test_detokenizer_rejects_ids_outside_the_vocabulary(prompt_tokenizer: PromptTokenizer) -> None:
+    det = prompt_tokenizer.new_detokenizer()
+    with pytest.raises(FormatError, match="out of range"):
+        det.push([prompt_tokenizer.vocab_size + 10])
