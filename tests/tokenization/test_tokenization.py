@@ -167,3 +167,11 @@ def test_detokenizer_rejects_ids_outside_the_vocabulary(prompt_tokenizer: Prompt
     det = prompt_tokenizer.new_detokenizer()
     with pytest.raises(FormatError, match="out of range"):
         det.push([prompt_tokenizer.vocab_size + 10])
+
+
+def test_lone_surrogates_in_request_text_are_a_format_error(prompt_tokenizer: PromptTokenizer) -> None:
+    # Python JSON parsers accept "\ud800"; the Rust tokenizer cannot take it. The caller gets a 400, not a crash.
+    with pytest.raises(FormatError, match="U\\+D800 at character 1"):
+        prompt_tokenizer.encode_segments(conversation("a\ud800b and more text to make a long run"))
+    with pytest.raises(FormatError, match="surrogate"):
+        prompt_tokenizer.encode_raw("x\udfff")

@@ -55,6 +55,8 @@ RUN_CACHE_MIN_CHARS = 16
 #: fraction of prompts re-encoded whole to check the per-run invariant (the check costs one full encode)
 SELF_CHECK_RATE = 1 / 512
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
 BOS_SPELLING = "<｜begin▁of▁sentence｜>"
 EOS_SPELLING = "<｜end▁of▁sentence｜>"
 
@@ -170,11 +172,32 @@ class PromptTokenizer:
         """Ids of plain text; special-token spellings in it are ordinary text."""
         if not text:
             return []
-        return self.text.encode(text, add_special_tokens=False).ids
+        return self._encode_texts([text])[0]
+
+    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
+        """Encode with the text tokenizer (batched when several); lone surrogates are a FormatError."""
+        try:
+            if len(texts) == 1:
+                return [self.text.encode(texts[0], add_special_tokens=False).ids]
+            return [e.ids for e in self.text.encode_batch(texts, add_special_tokens=False)]
+        except TypeError:
+            # The Rust side only takes valid Unicode; Python strings may hold lone UTF-16 surrogates.
+            for text in texts:
+                bad = _LONE_SURROGATE.search(text)
+                if bad is not None:
+                    raise FormatError(
+                        f"text contains a lone UTF-16 surrogate U+{ord(bad.group()):04X} at character "
+                        f"{bad.start()}; it cannot be tokenized"
+                    ) from None
+            raise
 
     def encode_raw(self, text: str) -> list[int]:
         """Ids as ``tokenizer.encode(text)`` gives them: spellings ARE recognised (raw prompts only)."""
-        return self.full.encode(text, add_special_tokens=False).ids
+        try:
+            return self.full.encode(text, add_special_tokens=False).ids
+        except TypeError:
+            self._encode_texts([text])  # raises the FormatError that names the surrogate
+            raise
 
     def encode_segments(self, segments: Sequence[PromptSegment]) -> list[int]:
         """Prompt ids for renderer segments: special segments -> one id each, runs of text -> cached ids.
@@ -207,12 +230,8 @@ class PromptTokenizer:
                 else:
                     resolved[run] = ids
         if missing:
-            if len(missing) == 1:
-                encoded = [self.text.encode(missing[0], add_special_tokens=False)]
-            else:
-                encoded = self.text.encode_batch(missing, add_special_tokens=False)
-            for run, enc in zip(missing, encoded, strict=True):
-                ids = tuple(enc.ids)
+            for run, encoded in zip(missing, self._encode_texts(missing), strict=True):
+                ids = tuple(encoded)
                 resolved[run] = ids
                 if len(run) >= RUN_CACHE_MIN_CHARS:
                     cache.put(run, ids)

@@ -1,0 +1,225 @@
+"""Prompt rendering speed: time, cost relative to ``json.dumps``, and growth with length.
+
+Run by hand (not a test)::
+
+    python benchmarks/bench_render.py            # both families, all shapes
+    python benchmarks/bench_render.py --quick    # fewer repeats
+
+Workloads are agent conversations with 20 tools (realistic JSON schemas on the
+system message), reasoning, tool calls and tool results, at 10 / 100 / 1000 / 3000
+messages, in two shapes:
+
+* ``agent``: user -> assistant call -> tool result -> assistant answer, repeated;
+* ``one-user``: one user message followed by assistant/tool turns only -- the shape
+  on which DeepSeek's reference encoder goes quadratic.
+
+Columns (one function each in :data:`COLUMNS`; add one to extend the table):
+
+* ``render ms``: best-of-N CPU time of ``encode_messages`` (segments joined);
+* ``json ms``: best-of-N ``json.dumps(messages, ensure_ascii=False)`` -- the cost floor
+  of touching every byte of the request once;
+* ``x json``: render / json (target <= 1.5; the reference measures 1.5-2.2);
+* ``growth``: exponent k in time ~ n^k against the previous size of the same shape
+  (target <= 1.1; 2 would be quadratic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from deepseek_frontend.formats import dsv4, dsv32
+
+SIZES: tuple[int, ...] = (10, 100, 1000, 3000)
+SHAPES: tuple[str, ...] = ("agent", "one-user")
+REPEATS = 7
+"""Minimum best-of count per measurement; the minimum is the least noisy estimate of the cost."""
+BUDGET_S = 1.0
+"""Keep repeating a measurement until this much CPU time is spent (more samples for the
+minimum on a busy machine); ``--quick`` sets it to 0."""
+
+
+# --- workloads ------------------------------------------------------------------------------
+
+
+def _tool(n: int) -> dict[str, Any]:
+    props = {
+        "query": {"type": "string", "description": f"What to look up with tool {n}, in plain words."},
+        "limit": {"type": "integer", "minimum": 1, "maximum": 100, "default": 10},
+        "filters": {
+            "type": "object",
+            "properties": {
+                "since": {"type": "string", "format": "date-time"},
+                "tags": {"type": "array", "items": {"type": "string"}},
+                "exact": {"type": "boolean"},
+            },
+        },
+        "mode": {"type": "string", "enum": ["fast", "balanced", "thorough"]},
+    }
+    return {
+        "type": "function",
+        "function": {
+            "name": f"tool_{n:02d}",
+            "description": f"Tool number {n}: searches an internal index and returns ranked JSON records.",
+            "parameters": {"type": "object", "properties": props, "required": ["query"]},
+        },
+    }
+
+
+def _call(n: int) -> dict[str, Any]:
+    args = {"query": f"status of order #{n} (ünïcode ok)", "limit": 5, "filters": {"tags": ["a", "b"]}}
+    return {
+        "id": f"call_{n}",
+        "type": "function",
+        "function": {"name": f"tool_{n % 20:02d}", "arguments": json.dumps(args)},
+    }
+
+
+def build_conversation(size: int, shape: str) -> list[dict[str, Any]]:
+    """``size`` messages of the given shape (the system message included)."""
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are an operations agent.", "tools": [_tool(n) for n in range(20)]},
+        {"role": "user", "content": "Check the orders and summarise what is late."},
+    ]
+    n = 0
+    while len(messages) < size:
+        reasoning = f"Step {n}: the previous result mentions order {n}; I should look it up next."
+        if shape == "agent" and n % 3 == 2:
+            messages.append(
+                {"role": "assistant", "content": f"Order {n} is late.", "reasoning_content": reasoning}
+            )
+            messages.append({"role": "user", "content": f"Thanks. Now check batch {n}."})
+        else:
+            messages.append(
+                {"role": "assistant", "content": "", "reasoning_content": reasoning, "tool_calls": [_call(n)]}
+            )
+            result = {"order": n, "status": "late" if n % 2 else "ok", "eta_days": n % 7, "notes": "x" * 80}
+            messages.append({"role": "tool", "tool_call_id": f"call_{n}", "content": json.dumps(result)})
+        n += 1
+    return messages[:size]
+
+
+# --- measurement ----------------------------------------------------------------------------
+
+
+def best_time(fn: Callable[[], object], repeats: int, budget_s: float = BUDGET_S) -> float:
+    """Minimum CPU time of ``fn`` over ``repeats`` runs, in seconds.
+
+    CPU time of this process (``time.process_time``), not wall time: rendering is
+    single-threaded and CPU-bound, and on a shared machine wall time mostly measures
+    the neighbours. The garbage collector is off while timing, as in ``timeit``: a
+    collection triggered by earlier allocations would land on whichever call runs.
+    """
+    best = math.inf
+    spent = 0.0
+    runs = 0
+    gc.collect()
+    gc.disable()
+    try:
+        while runs < repeats or spent < budget_s:
+            start = time.process_time()
+            fn()
+            took = time.process_time() - start
+            best = min(best, took)
+            spent += took
+            runs += 1
+    finally:
+        gc.enable()
+    return best
+
+
+@dataclass
+class Row:
+    """One workload and what was measured on it; columns read and fill ``values``."""
+
+    family: str
+    module: ModuleType
+    shape: str
+    size: int
+    messages: list[dict[str, Any]]
+    repeats: int
+    budget_s: float
+    previous: Row | None
+    values: dict[str, float] = field(default_factory=dict)
+
+
+def col_render_ms(row: Row) -> float:
+    def run() -> object:
+        # Tools are on the system message, so V4 keeps all reasoning (drop is off).
+        return row.module.encode_messages(row.messages, "thinking")
+
+    return best_time(run, row.repeats, row.budget_s) * 1e3
+
+
+def col_json_ms(row: Row) -> float:
+    return best_time(lambda: json.dumps(row.messages, ensure_ascii=False), row.repeats, row.budget_s) * 1e3
+
+
+def col_ratio(row: Row) -> float:
+    return row.values["render ms"] / row.values["json ms"]
+
+
+def col_growth(row: Row) -> float:
+    prev = row.previous
+    if prev is None:
+        return math.nan
+    return math.log(row.values["render ms"] / prev.values["render ms"]) / math.log(row.size / prev.size)
+
+
+Column = tuple[str, str, Callable[[Row], float]]
+COLUMNS: list[Column] = [
+    ("render ms", "{:9.3f}", col_render_ms),
+    ("json ms", "{:8.3f}", col_json_ms),
+    ("x json", "{:6.2f}", col_ratio),
+    ("growth", "{:6.2f}", col_growth),
+]
+"""(header, format, function) per column, computed left to right; a column may read earlier ones."""
+
+
+def print_table(rows: list[Row], columns: list[Column]) -> None:
+    head = ["family", "shape", "messages"] + [name for name, _, _ in columns]
+    cells = [
+        [r.family, r.shape, str(r.size)]
+        + [
+            "-" if math.isnan(r.values[name]) else fmt.format(r.values[name]).strip()
+            for name, fmt, _ in columns
+        ]
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(head)]
+    print("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for c in cells:
+        print("  ".join(v.rjust(w) for v, w in zip(c, widths, strict=True)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 repeats and no time budget")
+    args = parser.parse_args()
+    repeats = 3 if args.quick else REPEATS
+    budget_s = 0.0 if args.quick else BUDGET_S
+    rows: list[Row] = []
+    for family, module in (("dsv4", dsv4), ("dsv32", dsv32)):
+        for shape in SHAPES:
+            previous: Row | None = None
+            for size in SIZES:
+                row = Row(
+                    family, module, shape, size, build_conversation(size, shape), repeats, budget_s, previous
+                )
+                for name, _, fn in COLUMNS:
+                    row.values[name] = fn(row)
+                rows.append(row)
+                previous = row
+    print_table(rows, COLUMNS)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,334 @@
+"""DeepSeek-V3.2 chat format: messages -> prompt segments, and strict completion parsing.
+
+Mirrors DeepSeek's reference encoder ``encoding/encoding_dsv32.py`` (the one shipped
+with the DeepSeek-V3.2 weights, which uses asserts; SGLang's adapted copy differs in
+error types and template blank lines). The golden cases in
+``shared/fixtures/dsv4-reference/dsv32_*.jsonl`` pin the output byte for byte.
+
+Differences from V4 worth knowing: tool results stay separate ``tool`` messages
+rendered inside ``<function_results>``; the assistant opener is written right
+after every user turn; developer content is appended after its tools as "The
+user's message is"; there is no ``latest_reminder`` role, no tasks and no
+reasoning effort. All spellings and texts live in :data:`DSV32_SPELLINGS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from deepseek_frontend.formats._common import (
+    Item,
+    ToolCall,
+    check_thinking_mode,
+    compile_template,
+    expand_template,
+    fail,
+    merge_plain,
+    optional_text,
+    read_tool_calls,
+    read_tool_schemas,
+    required_text,
+    to_json,
+    type_name,
+)
+from deepseek_frontend.formats._dsml import (
+    DsmlSpelling,
+    parse_completion,
+    render_tool_calls,
+    strict_arguments,
+)
+from deepseek_frontend.formats.segments import PromptSegment, join_segments
+
+_TOOLS_TEMPLATE = """## Tools
+
+You have access to a set of tools you can use to answer the user's question.
+You can invoke functions by writing a "<{dsml}function_calls>" block like the following \
+as part of your reply to the user:
+<{dsml}function_calls>
+<{dsml}invoke name="$FUNCTION_NAME">
+<{dsml}parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</{dsml}parameter>
+...
+</{dsml}invoke>
+<{dsml}invoke name="$FUNCTION_NAME2">
+...
+</{dsml}invoke>
+</{dsml}function_calls>
+
+String and scalar parameters should be specified as is without any escaping or quotes, \
+while lists and objects should use JSON format. The "string" attribute should be set to "true" \
+for string type parameters and "false" for other types (numbers, booleans, arrays, objects).
+
+If the thinking_mode is enabled, then after function results you should strongly consider \
+outputting a thinking block. Here is an example:
+
+<{dsml}function_calls>
+...
+</{dsml}function_calls>
+
+<function_results>
+...
+</function_results>
+
+{think_start}...thinking about results{think_end}
+
+Here are the functions available in JSONSchema format:
+<functions>
+{schemas}
+</functions>
+"""
+
+
+@dataclass(frozen=True)
+class V32Spellings:
+    """Every token spelling and template text of the V3.2 family."""
+
+    bos: str = "<｜begin▁of▁sentence｜>"
+    eos: str = "<｜end▁of▁sentence｜>"
+    user: str = "<｜User｜>"
+    assistant: str = "<｜Assistant｜>"
+    think_start: str = "<think>"
+    think_end: str = "</think>"
+    dsml: str = "｜DSML｜"
+    tool_calls_block: str = "function_calls"
+    tools_template: str = _TOOLS_TEMPLATE
+    response_format_template: str = (
+        "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n{schema}"
+    )
+    developer_content_prefix: str = "\n\n# The user's message is: "
+    results_open: str = "\n\n<function_results>"
+    result_open: str = "\n<result>"
+    result_close: str = "</result>"
+    results_close: str = "\n</function_results>"
+
+    def special_spellings(self) -> frozenset[str]:
+        """Every spelling this family's renderer may emit as a special segment."""
+        fixed = (self.bos, self.eos, self.user, self.assistant)
+        return frozenset((*fixed, self.think_start, self.think_end, self.dsml))
+
+
+DSV32_SPELLINGS = V32Spellings()
+"""The DeepSeek-V3.2 table."""
+
+_DROP_KEPT_ROLES = frozenset({"user", "system", "tool"})
+
+
+class V32ChatFormat:
+    """The V3.2 renderer and parser for one spellings table."""
+
+    def __init__(self, spellings: V32Spellings, family: str = "deepseek_v32") -> None:
+        self.family = family
+        self.spellings = spellings
+        sp = spellings
+        tokens = {"dsml": sp.dsml, "think_start": sp.think_start, "think_end": sp.think_end}
+        self._tools = compile_template(sp.tools_template, tokens)
+        self._response_format = compile_template(sp.response_format_template, tokens)
+        self._dsml = DsmlSpelling(sp.bos, sp.eos, sp.think_start, sp.think_end, sp.dsml, sp.tool_calls_block)
+        seg = PromptSegment
+        self._bos = seg(sp.bos, True)
+        self._eos = seg(sp.eos, True)
+        self._user = seg(sp.user, True)
+        self._assistant = seg(sp.assistant, True)
+        self._think_start = seg(sp.think_start, True)
+        self._think_end = seg(sp.think_end, True)
+        self.special_spellings = sp.special_spellings()
+
+    def render_prompt_segments(
+        self,
+        messages: list[dict[str, Any]],
+        thinking_mode: str,
+        context: list[dict[str, Any]] | None = None,
+        drop_thinking: bool = True,
+        add_default_bos_token: bool = True,
+    ) -> list[PromptSegment]:
+        """Render ``messages`` (after the already-rendered ``context``) as prompt segments.
+
+        Same meaning as the reference ``encode_messages``. Raises
+        :class:`~deepseek_frontend.errors.FormatError` naming the message and field for
+        every input the reference rejects, and for the Python accidents it would
+        render (see docs/formats.md, "Quirks").
+        """
+        thinking = thinking_mode == "thinking"
+        ctx = self._type(context, "context") if context else []
+        new = self._type(messages, "messages")
+        full = ctx + new
+        if new:
+            # Checked only when something is rendered, as the reference does.
+            check_thinking_mode(thinking_mode)
+
+        out: list[Item] = []
+        if add_default_bos_token and not ctx:
+            out.append(self._bos)
+        last_user = _last_user_index(full)
+        if new and thinking and drop_thinking:
+            for i, (role, _raw, path, _calls) in enumerate(full):
+                if i < last_user and role not in _DROP_KEPT_ROLES and role != "assistant":
+                    # The reference drops this message but still renders as many
+                    # messages as were given, so its indexes run past the end.
+                    fail(
+                        path,
+                        f"a {role!r} message before the last user message cannot be rendered in "
+                        "thinking mode with drop_thinking (the reference encoder fails on it)",
+                    )
+        anchors = _tool_anchors(full)
+        for index in range(len(ctx), len(full)):
+            self._render_message(out, full, index, last_user, anchors, thinking)
+        return merge_plain(out)
+
+    def encode_messages(
+        self,
+        messages: list[dict[str, Any]],
+        thinking_mode: str,
+        context: list[dict[str, Any]] | None = None,
+        drop_thinking: bool = True,
+        add_default_bos_token: bool = True,
+    ) -> str:
+        """The prompt string: ``join_segments(render_prompt_segments(...))``."""
+        return join_segments(
+            self.render_prompt_segments(
+                messages, thinking_mode, context, drop_thinking, add_default_bos_token
+            )
+        )
+
+    def parse_message_from_completion_text(self, text: str, thinking_mode: str) -> dict[str, Any]:
+        """Strictly parse one whole raw completion (contract as in :mod:`.dsv4`)."""
+        return parse_completion(text, thinking_mode, self._dsml)
+
+    # --- rendering ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _type(raw_messages: Any, name: str) -> list[tuple[Any, Mapping[str, Any], str, list[ToolCall]]]:
+        if not isinstance(raw_messages, list):
+            fail(name, f"must be a list of messages, got {type_name(raw_messages)}")
+        typed = []
+        for i, raw in enumerate(raw_messages):
+            path = f"{name}[{i}]"
+            if not isinstance(raw, dict):
+                fail(path, f"must be an object, got {type_name(raw)}")
+            role = raw.get("role")
+            calls = (
+                read_tool_calls(raw.get("tool_calls"), f"{path}.tool_calls") if role == "assistant" else []
+            )
+            typed.append((role, raw, path, calls))
+        return typed
+
+    def _render_schemas(self, out: list[Item], raw: Mapping[str, Any], path: str) -> None:
+        if raw.get("tools"):
+            functions = read_tool_schemas(raw["tools"], f"{path}.tools")
+            schemas = "\n".join(to_json(f, f"{path}.tools") for f in functions)
+            out.append("\n\n")
+            expand_template(out, self._tools, schemas=schemas)
+        if raw.get("response_format"):
+            out.append("\n\n")
+            schema = to_json(raw["response_format"], f"{path}.response_format")
+            expand_template(out, self._response_format, schema=schema)
+
+    def _render_message(
+        self,
+        out: list[Item],
+        full: list[tuple[Any, Mapping[str, Any], str, list[ToolCall]]],
+        index: int,
+        last_user: int,
+        anchors: list[int],
+        thinking: bool,
+    ) -> None:
+        sp = self.spellings
+        role, raw, path, calls = full[index]
+        if role == "system":
+            content = optional_text(raw, "content", path)
+            if content:
+                out.append(content)
+            self._render_schemas(out, raw, path)
+        elif role in ("user", "developer"):
+            content = raw.get("content")
+            out.append(self._user)
+            if role == "developer":
+                if not content:
+                    fail(f"{path}.content", "a developer message needs non-empty content")
+                self._render_schemas(out, raw, path)
+                out.append(sp.developer_content_prefix)
+            text = _str_or_none(content, f"{path}.content")
+            if text:
+                out.append(text)
+            out.append(self._assistant)
+            out.append(self._think_start if thinking and index == last_user else self._think_end)
+        elif role == "tool":
+            anchor = anchors[index]
+            if anchor < 0 or full[anchor][0] != "assistant":
+                # (quirk:negative-index) The reference wraps around to the last
+                # message when a tool result opens the conversation.
+                fail(f"{path}.role", "a tool message must follow an assistant message with tool_calls")
+            order = index - anchor
+            expected = full[anchor][3]
+            if len(expected) < order:
+                fail(path, f"more tool results than the {len(expected)} tool call(s) of {full[anchor][2]}")
+            if order == 1:
+                out.append(sp.results_open)
+            out.append(sp.result_open + _str_or_none(raw.get("content"), f"{path}.content"))
+            out.append(sp.result_close)
+            if order == len(expected):
+                out.append(sp.results_close + "\n\n")
+                out.append(self._think_start if thinking and index >= last_user else self._think_end)
+        elif role == "assistant":
+            if thinking and index > last_user:
+                reasoning = optional_text(raw, "reasoning_content", path)
+                if not (reasoning or calls):
+                    fail(
+                        f"{path}.reasoning_content",
+                        "in thinking mode an assistant message after the last user message needs "
+                        "reasoning_content or tool_calls",
+                    )
+                if reasoning:
+                    out.append(reasoning)
+                out.append(self._think_end)
+            content = optional_text(raw, "content", path)
+            if content:
+                out.append(content)
+            if calls:
+                render_tool_calls(out, calls, self._dsml, strict_arguments)
+            out.append(self._eos)
+        else:
+            expected = "system, developer, user, tool or assistant"
+            fail(f"{path}.role", f"unknown role {role!r} (expected {expected})")
+
+
+def _str_or_none(value: Any, path: str) -> str:
+    """User and tool text as V3.2 writes it: with str(), so null (or absent) is "None".
+
+    Untagged golden cases pin ``None`` for V3.2 user turns, so it is reproduced
+    (``quirk:none-rendered``); other non-strings would be a Python repr and are refused.
+    """
+    if value is None:
+        return "None"
+    return required_text(value, path)
+
+
+def _last_user_index(full: list[tuple[Any, Mapping[str, Any], str, list[ToolCall]]]) -> int:
+    for i in range(len(full) - 1, -1, -1):
+        if full[i][0] in ("user", "developer"):
+            return i
+    return -1
+
+
+def _tool_anchors(full: list[tuple[Any, Mapping[str, Any], str, list[ToolCall]]]) -> list[int]:
+    """For each index, the nearest earlier non-tool message (-1 if none): one pass, not one per tool."""
+    anchors: list[int] = []
+    last = -1
+    for i, (role, _raw, _path, _calls) in enumerate(full):
+        anchors.append(last)
+        if role != "tool":
+            last = i
+    return anchors
+
+
+_V32 = V32ChatFormat(DSV32_SPELLINGS)
+FAMILY = "deepseek_v32"
+SPECIAL_SPELLINGS: frozenset[str] = _V32.special_spellings
+
+
+# The module is the format object the registry hands out: its three entry points
+# are the bound methods (same signatures and docstrings as on the class).
+render_prompt_segments = _V32.render_prompt_segments
+encode_messages = _V32.encode_messages
+parse_message_from_completion_text = _V32.parse_message_from_completion_text

@@ -1,0 +1,33 @@
+"""The family registry hands out a format module per detected family."""
+
+from __future__ import annotations
+
+import pytest
+
+from deepseek_frontend.errors import UnsupportedModelError
+from deepseek_frontend.formats import FAMILIES, dsv4, dsv32, get_chat_format
+
+
+def test_known_families_map_to_their_format_modules() -> None:
+    assert get_chat_format("deepseek_v4") is dsv4
+    assert get_chat_format("deepseek_v32") is dsv32
+    assert FAMILIES == ("deepseek_v4", "deepseek_v41", "deepseek_v32")
+
+
+def test_every_format_module_offers_the_same_entry_points() -> None:
+    for family in ("deepseek_v4", "deepseek_v32"):
+        module = get_chat_format(family)
+        assert family == module.FAMILY
+        for name in ("render_prompt_segments", "encode_messages", "parse_message_from_completion_text"):
+            assert callable(getattr(module, name))
+
+
+def test_v41_is_detected_but_refused_with_a_clear_message() -> None:
+    with pytest.raises(UnsupportedModelError, match=r"V4\.1"):
+        get_chat_format("deepseek_v41")
+
+
+@pytest.mark.parametrize("family", ["llama", "", None, "DEEPSEEK_V4"])
+def test_unknown_families_are_refused(family: str | None) -> None:
+    with pytest.raises(UnsupportedModelError, match="no DeepSeek chat format"):
+        get_chat_format(family)
