@@ -1,0 +1,51 @@
+"""Engines: token ids in, token-id chunks out.
+
+::
+
+    EngineClient (base.py)          generate(GenerateRequest) -> AsyncIterator[EngineChunk], abort, ...
+    ├── SGLangClient (sglang.py)    POST /generate, token mode, SSE (incremental or cumulative chunks)
+    ├── VLLMClient (vllm.py)        POST /v1/completions with token-id prompts and return_token_ids
+    ├── SimulatedEngine (sim.py)    in-process, deterministic DSV4 output (rules in sim_model.py)
+    └── WorkerPool (pool.py)        least-outstanding routing, health checks, ejection, early retry
+
+``sim_server.py`` serves a SimulatedEngine over SGLang's HTTP protocol and
+``sim_command.py`` is the ``deepseek-frontend sim-engine`` command. Failures follow
+the tree in :mod:`deepseek_frontend.errors`: ``EngineUnavailableError`` before the first
+chunk (retryable), ``EngineStreamError`` after it, ``RequestError`` when the worker rejects
+the request.
+"""
+
+from deepseek_frontend.engines.base import (
+    ConstraintKind,
+    DecodingConstraint,
+    EngineChunk,
+    EngineClient,
+    EngineFinishReason,
+    GenerateRequest,
+    SamplingParams,
+    TokenLogprob,
+    WorkerStatus,
+)
+from deepseek_frontend.engines.pool import WorkerPool, from_urls
+from deepseek_frontend.engines.sglang import SGLangClient, new_http_client
+from deepseek_frontend.engines.sim import SimulatedEngine, load_sim_tokenizer
+from deepseek_frontend.engines.vllm import VLLMClient
+
+__all__ = [
+    "ConstraintKind",
+    "DecodingConstraint",
+    "EngineChunk",
+    "EngineClient",
+    "EngineFinishReason",
+    "GenerateRequest",
+    "SGLangClient",
+    "SamplingParams",
+    "SimulatedEngine",
+    "TokenLogprob",
+    "VLLMClient",
+    "WorkerPool",
+    "WorkerStatus",
+    "from_urls",
+    "load_sim_tokenizer",
+    "new_http_client",
+]

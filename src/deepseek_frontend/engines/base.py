@@ -108,5 +108,9 @@ class EngineClient(ABC):
     async def check_health(self) -> bool:
         """True when the worker can generate (SGLang: ``/health_generate``)."""
 
+    def supports_constraint(self, kind: ConstraintKind) -> bool:
+        """Whether this engine can enforce a constraint of ``kind`` (the API answers 400 up front if not)."""
+        return True
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""

@@ -1,0 +1,385 @@
+"""The simulated engine's "model": a deterministic function from prompt text to DSV4 output.
+
+Pure functions, no I/O. :func:`read_prompt` finds the DeepSeek prompt structure in the
+decoded prompt; :func:`plan_output` writes the completion as a list of :class:`Piece`
+(markup pieces contain special-token spellings and are encoded with special tokens
+recognised; text pieces never are, so echoed user text cannot become a special token).
+
+Rules (documented in the README; tests rely on them):
+
+* **Mode.** The prompt ends with ``<think>`` -> thinking mode: a one-sentence reasoning, then
+  ``</think>``. Ends with ``</think>`` (or anything else) -> the answer starts at once.
+* **Tools.** Declared tools are the JSON lines ``{"name": ...}`` of the system prompt
+  (V4 "### Available Tool Schemas", V3.2 ``<functions>``). A tool is *asked for* when the
+  last user turn names it (``get_weather`` or ``get weather``), contains one of its name
+  parts of four or more letters as a word (``weather``), or -- naming none -- says
+  "use/call ... tool(s)", which picks the first tool.
+* **Parallel calls.** When the turn also says "parallel", "both" or "each": one invoke per
+  tool asked for, or, with a single tool, one invoke per capitalised word that does not
+  start a sentence (``Paris``, ``Tokyo``), used as that call's location-like argument.
+* **Arguments** come from the tool's JSON schema (:func:`example_value`): they are valid
+  against it (types, enums, const, bounds, required, nested objects and arrays).
+* **Tool results.** A ``<tool_result>`` / ``<function_results>`` after the last user turn
+  means a tool already answered: reply in text that quotes the result.
+* **Text answers.** "Reply with exactly: X" -> ``X`` (to the end of the line);
+  "write N words" -> N words; otherwise an echo of the turn's first words.
+* **Seeds** rotate the opener wording and enum picks; the same seed gives the same output.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Piece", "PromptView", "dsml_block", "example_value", "plan_output", "read_prompt"]
+
+_USER = "<｜User｜>"
+_ASSISTANT = "<｜Assistant｜>"
+_DSML = "｜DSML｜"
+_THINK_END = "</think>"
+
+_OPENERS = ("You said: ", "Echo: ", "Noted: ", "Here is what I read: ")
+_WORDS = [
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "foxtrot",
+    "golf",
+    "hotel",
+    "india",
+    "juliet",
+    "kilo",
+    "lima",
+    "mike",
+    "november",
+    "oscar",
+    "papa",
+    "quebec",
+    "romeo",
+    "sierra",
+    "tango",
+    "uniform",
+    "victor",
+    "whiskey",
+    "xray",
+    "yankee",
+    "zulu",
+]
+_EXACT = re.compile(r"reply with exactly:?\s*(.+)", re.IGNORECASE)
+_N_WORDS = re.compile(r"\bwrite\s+(\d+)\s+words\b", re.IGNORECASE)
+_PARALLEL = re.compile(r"\b(parallel|both|each)\b", re.IGNORECASE)
+_USE_TOOL = re.compile(r"\b(use|call)\b.*\btools?\b", re.IGNORECASE | re.DOTALL)
+_CAPITALISED = re.compile(r"(?<![.!?]\s)(?<!^)\b([A-Z][a-z]+)\b")
+_RESULT = re.compile(r"<(?:tool_result|result)>(.*?)</(?:tool_result|result)>", re.DOTALL)
+
+
+@dataclass(frozen=True, slots=True)
+class Piece:
+    """Output text; ``markup`` pieces may contain special-token spellings."""
+
+    text: str
+    markup: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PromptView:
+    """What the simulated model sees of a prompt."""
+
+    tools: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    last_user: str = ""
+    thinking: bool = False
+    tool_result: str | None = None
+    #: "tool_calls" (V4) or "function_calls" (V3.2), taken from the prompt's own tool section
+    block_name: str = "tool_calls"
+
+
+def read_prompt(text: str) -> PromptView:
+    """Find tools, the last user turn, the thinking mode and a tool result in ``text``."""
+    last = text.rfind(_USER)
+    head = text[:last] if last >= 0 else text
+    tools: list[tuple[str, dict[str, Any]]] = []
+    for line in head.split("\n"):
+        if not line.startswith('{"name"'):
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("name"), str):
+            params = obj.get("parameters")
+            tools.append((obj["name"], params if isinstance(params, dict) else {}))
+    tail = text[last + len(_USER) :] if last >= 0 else ""
+    user = tail.split(_ASSISTANT, 1)[0]
+    result = None
+    if "<tool_result>" in tail or "<function_results>" in tail:
+        # parallel calls come back as several results: quote them all, in order
+        result = "; ".join(r.strip() for r in _RESULT.findall(tail))
+    block = "function_calls" if f"<{_DSML}function_calls>" in head else "tool_calls"
+    return PromptView(tools, user, text.endswith("<think>"), result, block)
+
+
+def _clean(text: str) -> str:
+    """User text made safe to echo: no markup characters, one line."""
+    return " ".join(text.replace("<", " ").replace(">", " ").replace("｜", " ").split())
+
+
+def _first_words(text: str, n: int) -> str:
+    return " ".join(_clean(text).split()[:n])
+
+
+def _tools_asked_for(view: PromptView) -> list[str]:
+    if view.tool_result is not None or not view.tools:
+        return []
+    lower = view.last_user.lower()
+    words = set(re.findall(r"[a-z0-9]+", lower))
+    asked = []
+    for name, _ in view.tools:
+        parts = [p for p in re.split(r"[_\-.]", name.lower()) if len(p) >= 4]
+        if name.lower() in lower or name.lower().replace("_", " ") in lower or words.intersection(parts):
+            asked.append(name)
+    if not asked and _USE_TOOL.search(view.last_user):
+        asked.append(view.tools[0][0])
+    return asked
+
+
+def _place_hints(text: str) -> list[str]:
+    """Capitalised words that do not start a sentence, in order, without repeats."""
+    seen: list[str] = []
+    for word in _CAPITALISED.findall(text.strip()):
+        if word not in seen:
+            seen.append(word)
+    return seen
+
+
+@dataclass(frozen=True, slots=True)
+class _Hints:
+    place: str
+    topic: str
+    seed: int
+    #: the top-level schema, for resolving local ``$ref`` pointers (``#/$defs/...``)
+    root: Mapping[str, Any] | None = None
+
+
+_PLACE_KEYS = ("location", "city", "place", "where", "destination")
+
+
+def example_value(
+    schema: Mapping[str, Any], hints: _Hints | None = None, name: str = "", depth: int = 0
+) -> Any:
+    """A value valid against ``schema`` (the JSON Schema subset tools use), deterministic in ``hints``."""
+    hints = hints or _Hints("Paris", "example", 0)
+    if depth == 0 and hints.root is None:
+        hints = _Hints(hints.place, hints.topic, hints.seed, schema)
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and depth < 16:
+        target = _resolve_ref(hints.root or schema, ref)
+        merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+        return example_value(merged, hints, name, depth + 1)
+    if "const" in schema:
+        return schema["const"]
+    enum = schema.get("enum")
+    if isinstance(enum, list) and enum:
+        return enum[hints.seed % len(enum)]
+    for key in ("anyOf", "oneOf"):
+        options = schema.get(key)
+        if isinstance(options, list) and options:
+            non_null = [o for o in options if isinstance(o, Mapping) and o.get("type") != "null"]
+            return example_value((non_null or options)[0], hints, name, depth)
+    if isinstance(schema.get("allOf"), list) and schema["allOf"]:
+        merged: dict[str, Any] = {k: v for k, v in schema.items() if k != "allOf"}
+        for part in schema["allOf"]:
+            if isinstance(part, Mapping):
+                for key, value in part.items():
+                    if key == "properties":
+                        merged["properties"] = {**merged.get("properties", {}), **value}
+                    elif key == "required":
+                        merged["required"] = [*merged.get("required", []), *value]
+                    else:
+                        merged[key] = value
+        return example_value(merged, hints, name, depth)
+    typ = schema.get("type")
+    if isinstance(typ, list):
+        typ = next((t for t in typ if t != "null"), "null")
+    if typ is None:
+        typ = "object" if "properties" in schema else "array" if "items" in schema else "string"
+    if typ == "string":
+        return _example_string(schema, hints, name)
+    if typ in ("integer", "number"):
+        return _example_number(schema, integer=typ == "integer")
+    if typ == "boolean":
+        return True
+    if typ == "null":
+        return None
+    if typ == "array":
+        items = schema.get("items") if isinstance(schema.get("items"), Mapping) else {}
+        count = max(int(schema.get("minItems", 1)), 1)
+        if "maxItems" in schema:
+            count = min(count, int(schema["maxItems"]))
+        return [example_value(items, hints, name, depth + 1) for _ in range(count)]
+    if typ == "object":
+        props = schema.get("properties") or {}
+        required = set(schema.get("required") or [])
+        out: dict[str, Any] = {}
+        for key, sub in props.items():
+            # deep or wide objects keep to required fields so outputs stay short
+            if (depth < 3 and len(props) <= 8) or key in required:
+                out[key] = example_value(sub if isinstance(sub, Mapping) else {}, hints, key, depth + 1)
+        extra = schema.get("additionalProperties")
+        for key in schema.get("required") or ():
+            if key not in out:
+                # required but not listed under properties: valued by additionalProperties
+                out[key] = example_value(extra if isinstance(extra, Mapping) else {}, hints, key, depth + 1)
+        return out
+    return None
+
+
+def _resolve_ref(root: Mapping[str, Any], ref: str) -> Mapping[str, Any]:
+    """A local JSON pointer (``#/$defs/Name``); anything else resolves to an empty schema."""
+    if not ref.startswith("#"):
+        return {}
+    node: Any = root
+    for part in ref[1:].split("/"):
+        if not part:
+            continue
+        part = part.replace("~1", "/").replace("~0", "~")
+        if not isinstance(node, Mapping) or part not in node:
+            return {}
+        node = node[part]
+    return node if isinstance(node, Mapping) else {}
+
+
+def _example_string(schema: Mapping[str, Any], hints: _Hints, name: str) -> str:
+    fmt = schema.get("format")
+    if fmt == "date":
+        value = "2025-01-15"
+    elif fmt == "date-time":
+        value = "2025-01-15T12:00:00Z"
+    elif fmt == "email":
+        value = "user@example.com"
+    elif fmt in ("uri", "url"):
+        value = "https://example.com/"
+    elif fmt == "uuid":
+        value = "123e4567-e89b-42d3-a456-426614174000"
+    elif any(k in name.lower() for k in _PLACE_KEYS):
+        value = hints.place
+    else:
+        value = hints.topic
+    min_len = int(schema.get("minLength", 0))
+    max_len = schema.get("maxLength")
+    if len(value) < min_len:
+        value = value + "x" * (min_len - len(value))
+    if isinstance(max_len, int):
+        value = value[:max_len]
+    return value
+
+
+def _example_number(schema: Mapping[str, Any], *, integer: bool) -> int | float:
+    value: float = 3 if integer else 2.5
+    low = schema.get("minimum")
+    if isinstance(schema.get("exclusiveMinimum"), int | float):
+        low = schema["exclusiveMinimum"] + (1 if integer else 0.5)
+    high = schema.get("maximum")
+    if isinstance(schema.get("exclusiveMaximum"), int | float):
+        high = schema["exclusiveMaximum"] - (1 if integer else 0.5)
+    if isinstance(low, int | float) and value < low:
+        value = low
+    if isinstance(high, int | float) and value > high:
+        value = high
+    step = schema.get("multipleOf")
+    if isinstance(step, int | float) and step > 0:
+        # the smallest multiple at or above the value (bounds permitting)
+        value = math.ceil(value / step) * step
+        if isinstance(high, int | float) and value > high:
+            value -= step
+    return int(value) if integer else float(value)
+
+
+def dsml_block(block_name: str, calls: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> str:
+    """The canonical DSML block for ``(name, arguments, parameters_schema)`` calls.
+
+    String-typed parameters are written raw with ``string="true"``; everything else as
+    ``json.dumps`` text with ``string="false"`` (the reference encoder's separators).
+    """
+    lines = [f"\n\n<{_DSML}{block_name}>"]
+    for name, args, schema in calls:
+        props = schema.get("properties") or {}
+        lines.append(f'<{_DSML}invoke name="{name}">')
+        for key, value in args.items():
+            is_str = isinstance(props.get(key), Mapping) and props[key].get("type") == "string"
+            text = str(value) if is_str else json.dumps(value, ensure_ascii=False)
+            flag = "true" if is_str else "false"
+            lines.append(f'<{_DSML}parameter name="{key}" string="{flag}">{text}</{_DSML}parameter>')
+        lines.append(f"</{_DSML}invoke>")
+    lines.append(f"</{_DSML}{block_name}>")
+    return "\n".join(lines)
+
+
+def plan_tool_calls(view: PromptView, names: list[str], seed: int) -> list[tuple[str, dict[str, Any], dict]]:
+    """The calls for ``names`` (with the parallel rule), arguments generated from each schema."""
+    schemas = dict(view.tools)
+    topic = _first_words(view.last_user, 8) or "query"
+    places = _place_hints(view.last_user)
+    parallel = bool(_PARALLEL.search(view.last_user))
+    calls = []
+    if parallel and len(names) == 1 and len(places) >= 2:
+        for place in places:
+            hints = _Hints(place, place, seed)
+            calls.append((names[0], example_value(schemas[names[0]], hints), schemas[names[0]]))
+        return calls
+    for name in names if parallel else names[:1]:
+        hints = _Hints(places[0] if places else "Paris", topic, seed)
+        calls.append((name, example_value(schemas[name], hints), schemas[name]))
+    return calls
+
+
+def _text_answer(view: PromptView, seed: int) -> str:
+    if view.tool_result is not None:
+        return f"Based on the tool result: {_first_words(view.tool_result, 20)}."
+    exact = _EXACT.search(view.last_user)
+    if exact:
+        return exact.group(1).split("\n")[0].strip()
+    count = _N_WORDS.search(view.last_user)
+    if count:
+        n = min(int(count.group(1)), 100_000)
+        return " ".join(_WORDS[(i + seed) % len(_WORDS)] for i in range(n))
+    words = _first_words(view.last_user, 12)
+    return _OPENERS[seed % len(_OPENERS)] + (words or "nothing") + "."
+
+
+def reasoning_text(view: PromptView, tool_names: list[str]) -> str:
+    """The one-sentence reasoning written in thinking mode (without ``</think>``)."""
+    if view.tool_result is not None:
+        return f"The tool returned: {_first_words(view.tool_result, 8) or 'nothing'}. I can answer now."
+    topic = _first_words(view.last_user, 8)
+    plan = f"I should call {', '.join(tool_names)}." if tool_names else "I will answer directly."
+    return f"The user wrote: {topic or 'nothing'}. {plan}"
+
+
+def plan_output(
+    view: PromptView, *, seed: int = 0, json_schema: Mapping[str, Any] | None = None
+) -> list[Piece]:
+    """The unconstrained completion for ``view`` (or a JSON document when ``json_schema`` is given)."""
+    tool_names = [] if json_schema is not None else _tools_asked_for(view)
+    pieces: list[Piece] = []
+    if view.thinking:
+        pieces.append(Piece(reasoning_text(view, tool_names)))
+        pieces.append(Piece(_THINK_END, markup=True))
+    if json_schema is not None:
+        hints = _Hints(
+            _place_hints(view.last_user)[0] if _place_hints(view.last_user) else "Paris", "text", seed
+        )
+        value = example_value(json_schema, hints)
+        pieces.append(Piece(json.dumps(value, ensure_ascii=False)))
+    elif tool_names:
+        pieces.append(
+            Piece(dsml_block(view.block_name, plan_tool_calls(view, tool_names, seed)), markup=True)
+        )
+    else:
+        pieces.append(Piece(_text_answer(view, seed)))
+    return pieces

@@ -1,0 +1,300 @@
+"""The in-process simulated engine: DSV4 output for the prompt it receives, and engine semantics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+
+from deepseek_frontend.engines.base import DecodingConstraint
+from deepseek_frontend.engines.sim import PrefixCache, SimulatedEngine
+from deepseek_frontend.errors import EngineStreamError, EngineUnavailableError
+from deepseek_frontend.parsing import parse_completion
+from deepseek_frontend.parsing.constraints import (
+    build_json_schema_constraint,
+    build_tool_call_constraint,
+    ebnf_accepts,
+)
+
+from .conftest import SEARCH_TOOL, TOOLS, WEATHER_TOOL, collect, prompt_ids, request_for
+
+EOS_TEXT = "<｜end▁of▁sentence｜>"
+
+
+def run(engine: SimulatedEngine, ids: list[int], **sampling: Any) -> tuple[list[int], list[Any]]:
+    return asyncio.run(collect(engine, request_for(ids, **sampling)))
+
+
+def text_of(tokenizer: Any, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def schema_of(tool: dict) -> dict:
+    return tool["function"]["parameters"]
+
+
+def test_same_prompt_and_seed_give_the_same_ids_and_chunking(tokenizer: Any) -> None:
+    ids = prompt_ids("Tell me about the sea", thinking=True)
+    first = run(SimulatedEngine(tokenizer, tokens_per_chunk=3), ids)
+    second = run(SimulatedEngine(tokenizer, tokens_per_chunk=3), ids)
+    assert first[0] == second[0]
+    assert [c.token_ids for c in first[1]] == [c.token_ids for c in second[1]]
+    assert all(len(c.token_ids) == 3 for c in first[1][:-1])
+
+
+def test_different_seeds_vary_the_wording(tokenizer: Any) -> None:
+    engine = SimulatedEngine(tokenizer)
+    ids = prompt_ids("Tell me about the sea")
+    outputs = {tuple(run(engine, ids, seed=seed)[0]) for seed in range(4)}
+    assert len(outputs) == 4
+
+
+def test_thinking_mode_answer_has_reasoning_then_text_then_eos(tokenizer: Any) -> None:
+    out, chunks = run(SimulatedEngine(tokenizer), prompt_ids("Tell me about the sea", thinking=True))
+    text = text_of(tokenizer, out)
+    assert out[-1] == tokenizer.eos_token_id
+    assert chunks[-1].finish_reason == "stop" and chunks[-1].matched_stop == tokenizer.eos_token_id
+    parsed = parse_completion(text, family="deepseek_v4", thinking=True)
+    assert parsed.reasoning_content.startswith("The user wrote: Tell me about the sea.")
+    assert "Tell me about the sea" in parsed.content
+    assert parsed.tool_calls == []
+
+
+def test_chat_mode_answer_has_no_reasoning(tokenizer: Any) -> None:
+    out, _ = run(SimulatedEngine(tokenizer), prompt_ids("Tell me about the sea"))
+    parsed = parse_completion(text_of(tokenizer, out), family="deepseek_v4", thinking=False)
+    assert parsed.reasoning_content == ""
+    assert parsed.content == "You said: Tell me about the sea."
+
+
+def test_reply_with_exactly_is_obeyed(tokenizer: Any) -> None:
+    out, _ = run(SimulatedEngine(tokenizer), prompt_ids("Reply with exactly: STOP here please\nthanks"))
+    assert text_of(tokenizer, out) == "STOP here please" + EOS_TEXT
+
+
+def test_write_n_words_produces_n_words(tokenizer: Any) -> None:
+    out, _ = run(
+        SimulatedEngine(tokenizer), prompt_ids("Please write 300 words about anything"), max_new_tokens=5000
+    )
+    assert len(text_of(tokenizer, out).removesuffix(EOS_TEXT).split()) == 300
+
+
+def test_special_spellings_are_real_special_ids(tokenizer: Any) -> None:
+    out, _ = run(
+        SimulatedEngine(tokenizer), prompt_ids("What is the weather in Paris?", tools=TOOLS, thinking=True)
+    )
+    assert tokenizer.encode_raw("</think>")[0] in out
+    dsml = tokenizer.encode_raw("｜DSML｜")
+    assert len(dsml) == 1 and dsml[0] in out
+
+
+def test_a_tool_request_produces_a_parsable_schema_valid_call(tokenizer: Any) -> None:
+    out, _ = run(
+        SimulatedEngine(tokenizer), prompt_ids("What is the weather in Paris?", tools=TOOLS, thinking=True)
+    )
+    parsed = parse_completion(text_of(tokenizer, out), family="deepseek_v4", thinking=True)
+    assert [c.name for c in parsed.tool_calls] == ["get_weather"]
+    args = json.loads(parsed.tool_calls[0].arguments)
+    jsonschema.validate(args, schema_of(WEATHER_TOOL))
+    assert args["location"] == "Paris"
+    assert parsed.reasoning_content.endswith("I should call get_weather.")
+
+
+def test_nested_schema_arguments_are_valid(tokenizer: Any) -> None:
+    out, _ = run(SimulatedEngine(tokenizer), prompt_ids("Search the web for cats", tools=TOOLS))
+    parsed = parse_completion(text_of(tokenizer, out), family="deepseek_v4", thinking=False)
+    assert [c.name for c in parsed.tool_calls] == ["web_search"]
+    jsonschema.validate(json.loads(parsed.tool_calls[0].arguments), schema_of(SEARCH_TOOL))
+
+
+def test_parallel_request_with_two_cities_calls_the_tool_twice(tokenizer: Any) -> None:
+    ids = prompt_ids("What's the weather in Paris and Tokyo? Check both in parallel.", tools=TOOLS)
+    out, _ = run(SimulatedEngine(tokenizer), ids)
+    parsed = parse_completion(text_of(tokenizer, out), family="deepseek_v4", thinking=False)
+    assert [json.loads(c.arguments)["location"] for c in parsed.tool_calls] == ["Paris", "Tokyo"]
+
+
+def test_parallel_request_naming_two_tools_calls_each(tokenizer: Any) -> None:
+    ids = prompt_ids("Use get_weather and web_search for Rome, both at once in parallel", tools=TOOLS)
+    out, _ = run(SimulatedEngine(tokenizer), ids)
+    parsed = parse_completion(text_of(tokenizer, out), family="deepseek_v4", thinking=False)
+    assert [c.name for c in parsed.tool_calls] == ["get_weather", "web_search"]
+
+
+def test_a_tool_result_is_answered_in_text(tokenizer: Any) -> None:
+    ids = prompt_ids("What is the weather in Paris?", tools=TOOLS, tool_result="sunny, 21 degrees")
+    out, _ = run(SimulatedEngine(tokenizer), ids)
+    parsed = parse_completion(text_of(tokenizer, out), family="deepseek_v4", thinking=False)
+    assert parsed.tool_calls == []
+    assert parsed.content == "Based on the tool result: sunny, 21 degrees."
+
+
+def test_without_tools_a_weather_question_gets_text(tokenizer: Any) -> None:
+    out, _ = run(SimulatedEngine(tokenizer), prompt_ids("What is the weather in Paris?"))
+    assert "｜DSML｜" not in text_of(tokenizer, out)
+
+
+def test_dsv32_prompt_gets_function_calls_block(tokenizer: Any) -> None:
+    ids = prompt_ids("What is the weather in Paris?", tools=TOOLS, family="deepseek_v32")
+    out, _ = run(SimulatedEngine(tokenizer), ids)
+    parsed = parse_completion(text_of(tokenizer, out), family="deepseek_v32", thinking=False)
+    assert [c.name for c in parsed.tool_calls] == ["get_weather"]
+
+
+def test_named_tool_constraint_is_satisfied_even_when_the_user_asks_for_text(tokenizer: Any) -> None:
+    named = {"type": "function", "function": {"name": "web_search"}}
+    constraint = build_tool_call_constraint("deepseek_v4", TOOLS, named, thinking=True)
+    ids = prompt_ids("Reply with exactly: hello", tools=TOOLS, thinking=True)
+    out, _ = run(SimulatedEngine(tokenizer), ids, constraint=constraint)
+    text = text_of(tokenizer, out)
+    assert ebnf_accepts(constraint.value, text.removesuffix(EOS_TEXT))
+    parsed = parse_completion(text, family="deepseek_v4", thinking=True)
+    assert [c.name for c in parsed.tool_calls] == ["web_search"]
+    jsonschema.validate(json.loads(parsed.tool_calls[0].arguments), schema_of(SEARCH_TOOL))
+
+
+def test_required_constraint_keeps_the_call_the_user_asked_for(tokenizer: Any) -> None:
+    constraint = build_tool_call_constraint("deepseek_v4", TOOLS, "required", thinking=False)
+    ids = prompt_ids("What is the weather in Oslo?", tools=TOOLS)
+    out, _ = run(SimulatedEngine(tokenizer), ids, constraint=constraint)
+    text = text_of(tokenizer, out).removesuffix(EOS_TEXT)
+    assert ebnf_accepts(constraint.value, text)
+    assert 'invoke name="get_weather"' in text and ">Oslo<" in text
+
+
+def test_json_schema_constraint_output_is_valid_json_for_the_schema(tokenizer: Any) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "temps": {"type": "array", "items": {"type": "number", "minimum": 10}, "minItems": 3},
+            "ok": {"type": "boolean"},
+            "kind": {"enum": ["a", "b"]},
+        },
+        "required": ["city", "temps", "ok", "kind"],
+        "additionalProperties": False,
+    }
+    ids = prompt_ids("Give me JSON for Berlin", thinking=True)
+    out, _ = run(SimulatedEngine(tokenizer), ids, constraint=build_json_schema_constraint(schema))
+    parsed = parse_completion(text_of(tokenizer, out), family="deepseek_v4", thinking=True)
+    jsonschema.validate(json.loads(parsed.content), schema)
+
+
+def test_regex_constraints_are_not_claimed(tokenizer: Any) -> None:
+    engine = SimulatedEngine(tokenizer)
+    assert engine.supports_constraint("ebnf") and engine.supports_constraint("json_schema")
+    assert not engine.supports_constraint("regex")
+    with pytest.raises(Exception, match="cannot enforce"):
+        run(engine, prompt_ids("hi"), constraint=DecodingConstraint("regex", "a+"))
+
+
+def test_max_new_tokens_cuts_with_finish_length(tokenizer: Any) -> None:
+    out, chunks = run(
+        SimulatedEngine(tokenizer, tokens_per_chunk=4), prompt_ids("write 50 words"), max_new_tokens=10
+    )
+    assert len(out) == 10
+    assert chunks[-1].finish_reason == "length" and chunks[-1].completion_tokens == 10
+
+
+def test_a_stop_token_id_ends_the_output_and_is_reported(tokenizer: Any) -> None:
+    engine = SimulatedEngine(tokenizer)
+    ids = prompt_ids("Tell me about the sea", thinking=True)
+    full, _ = run(engine, ids)
+    think_end = tokenizer.encode_raw("</think>")[0]
+    out, chunks = run(engine, ids, stop_token_ids=(think_end,))
+    assert out == full[: full.index(think_end) + 1]
+    assert chunks[-1].finish_reason == "stop" and chunks[-1].matched_stop == think_end
+
+
+def test_usage_counts_prompt_completion_and_cached_pages(tokenizer: Any) -> None:
+    engine = SimulatedEngine(tokenizer, page_size=16)
+    ids = prompt_ids("Tell me about the sea", tools=TOOLS)
+    _, first = run(engine, ids)
+    _, second = run(engine, ids[:-3] + prompt_ids("Something else entirely")[-3:])
+    assert first[-1].prompt_tokens == len(ids)
+    assert first[-1].cached_tokens == 0
+    assert second[-1].cached_tokens == (len(ids) - 4) // 16 * 16
+    assert first[-1].completion_tokens == sum(len(c.token_ids) for c in first)
+
+
+def test_prefix_cache_reports_whole_pages_of_the_longest_seen_prefix() -> None:
+    cache = PrefixCache(page_size=4, max_pages=100)
+    assert cache.lookup_and_insert(list(range(20))) == 0
+    assert cache.lookup_and_insert(list(range(10)) + [99] * 10) == 8
+    assert cache.lookup_and_insert(list(range(20))) == 16  # never the whole prompt
+
+
+def test_fail_after_zero_fails_before_the_first_token_and_reports_unhealthy(tokenizer: Any) -> None:
+    engine = SimulatedEngine(tokenizer, fail_after=0)
+    with pytest.raises(EngineUnavailableError):
+        run(engine, prompt_ids("hi"))
+    assert asyncio.run(engine.check_health()) is False
+
+
+def test_fail_after_n_streams_n_tokens_then_a_stream_error(tokenizer: Any) -> None:
+    engine = SimulatedEngine(tokenizer, fail_after=5, tokens_per_chunk=2)
+    received: list[int] = []
+
+    async def consume() -> None:
+        async for chunk in engine.generate(request_for(prompt_ids("write 30 words"))):
+            received.extend(chunk.token_ids)
+
+    with pytest.raises(EngineStreamError):
+        asyncio.run(consume())
+    assert len(received) == 5
+    assert engine.stats.failed == 1
+
+
+def test_abort_ends_the_stream_with_finish_abort(tokenizer: Any) -> None:
+    engine = SimulatedEngine(tokenizer)
+
+    async def scenario() -> list[Any]:
+        chunks = []
+        async for chunk in engine.generate(request_for(prompt_ids("write 100 words"), rid="r-abort")):
+            chunks.append(chunk)
+            if len(chunks) == 3:
+                await engine.abort("r-abort")
+        return chunks
+
+    chunks = asyncio.run(scenario())
+    assert len(chunks) == 4 and chunks[-1].finish_reason == "abort" and chunks[-1].token_ids == []
+    assert list(engine.stats.aborted_ids) == ["r-abort"]
+
+
+def test_closing_the_stream_early_counts_as_an_abort(tokenizer: Any) -> None:
+    engine = SimulatedEngine(tokenizer)
+
+    async def scenario() -> None:
+        stream = engine.generate(request_for(prompt_ids("write 100 words"), rid="r-close"))
+        await anext(stream)
+        await stream.aclose()
+
+    asyncio.run(scenario())
+    assert engine.stats.aborted == 1 and engine.stats.running == 0
+
+
+def test_concurrent_streams_interleave_with_zero_delays(tokenizer: Any) -> None:
+    engine = SimulatedEngine(tokenizer)
+    order: list[str] = []
+
+    async def one(rid: str) -> None:
+        async for _ in engine.generate(request_for(prompt_ids("write 20 words"), rid=rid)):
+            order.append(rid)
+
+    async def both() -> None:
+        await asyncio.gather(one("a"), one("b"))
+
+    asyncio.run(both())
+    # neither stream runs to completion before the other starts
+    assert order.index("b") < len(order) - order[::-1].index("a") - 1
+
+
+def test_thinking_after_a_tool_result_reasons_about_the_result(tokenizer: Any) -> None:
+    ids = prompt_ids("What is the weather in Paris?", tools=TOOLS, tool_result="sunny", thinking=True)
+    out, _ = run(SimulatedEngine(tokenizer), ids)
+    parsed = parse_completion(text_of(tokenizer, out), family="deepseek_v4", thinking=True)
+    assert parsed.reasoning_content == "The tool returned: sunny. I can answer now."
+    assert parsed.content == "Based on the tool result: sunny."
