@@ -34,14 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name, module_name in COMMANDS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            # Only a command whose own module is absent is skipped (a partial install);
-            # a missing dependency inside a present module still raises.
-            if exc.name != module_name:
-                raise
-            continue
+        module = importlib.import_module(module_name)
         command_parser = sub.add_parser(name, help=module.HELP, description=module.HELP, allow_abbrev=False)
         module.add_arguments(command_parser)
         command_parser.set_defaults(_command_module=module)

@@ -1,0 +1,1 @@
+"""Offline commands: ``render`` and ``tokenize`` an OpenAI chat request body without a server."""

@@ -1,0 +1,186 @@
+"""``deepseek-frontend e2e`` against a real ``deepseek-frontend serve`` (built-in simulated engine).
+
+One server per module, started as a subprocess on a free port with an API key; the suite runs as a
+subprocess too, exactly as an operator runs it after a deployment.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from deepseek_frontend.e2e.checks import all_checks
+
+API_KEY = "e2e-test-key"
+MODEL = "deepseek-ai/DeepSeek-V4-Flash"
+STARTUP_TIMEOUT_S = 60.0
+SUITE_TIMEOUT_S = 240.0
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Base URL of a frontend serving the simulated engine, requiring ``API_KEY``."""
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = {k: v for k, v in os.environ.items() if k != "DEEPSEEK_FRONTEND_API_KEY"}
+    argv = [
+        sys.executable, "-m", "deepseek_frontend", "serve",
+        "--host", "127.0.0.1", "--port", str(port),
+        "--served-model-name", MODEL, "--api-key", API_KEY,
+    ]  # fmt: skip
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + STARTUP_TIMEOUT_S
+            while True:
+                assert proc.poll() is None, "server exited:\n" + log_path.read_text(errors="replace")
+                try:
+                    if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "server not healthy in time:\n" + log_path.read_text()
+                time.sleep(0.1)
+            yield base
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def run_e2e(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "DEEPSEEK_FRONTEND_API_KEY"}
+    return subprocess.run(
+        [sys.executable, "-m", "deepseek_frontend", "e2e", *args],
+        capture_output=True,
+        text=True,
+        timeout=SUITE_TIMEOUT_S,
+        env=env,
+    )
+
+
+def json_results(result: subprocess.CompletedProcess[str]) -> list[dict]:
+    """The ``results`` of a ``--json -`` run (stdout), failing with the run's stderr when there are none."""
+    assert result.stdout.strip(), f"no JSON on stdout (exit {result.returncode}):\n{result.stderr}"
+    return json.loads(result.stdout)["results"]
+
+
+@pytest.fixture(scope="module")
+def full_run(
+    server: str, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[subprocess.CompletedProcess[str], dict]:
+    out = tmp_path_factory.mktemp("e2e") / "results.json"
+    result = run_e2e("--base-url", server, "--model", MODEL, "--api-key", API_KEY, "--json", str(out))
+    return result, json.loads(out.read_text(encoding="utf-8"))
+
+
+def test_every_protocol_check_passes_against_the_frontend_with_the_simulated_engine(full_run) -> None:
+    result, report = full_run
+    protocol = {r["name"]: r for r in report["results"] if r["category"] == "protocol"}
+    not_passed = {name: (r["status"], r["detail"]) for name, r in protocol.items() if r["status"] != "pass"}
+    assert not_passed == {}, result.stdout
+    assert report["protocol_ok"] is True
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_json_output_lists_every_check_with_status_latency_and_category(full_run) -> None:
+    _, report = full_run
+    assert set(report) == {"base_url", "model", "protocol_ok", "summary", "results"}
+    assert report["model"] == MODEL
+    assert [r["name"] for r in report["results"]] == [c.name for c in all_checks()]
+    for entry in report["results"]:
+        assert set(entry) == {"name", "category", "status", "latency_ms", "detail"}
+        assert entry["category"] in ("protocol", "model-judgement")
+        assert entry["status"] in ("pass", "fail", "error", "inconclusive")
+        assert isinstance(entry["latency_ms"], float) and entry["latency_ms"] >= 0
+    for category, counts in report["summary"].items():
+        in_category = [r for r in report["results"] if r["category"] == category]
+        assert sum(counts.values()) == len(in_category)
+
+
+def test_model_judgement_checks_are_reported_apart_from_protocol_checks(full_run) -> None:
+    result, report = full_run
+    judgement = [r for r in report["results"] if r["category"] == "model-judgement"]
+    assert len(judgement) >= 5
+    # The simulated engine is not a model: it cannot do arithmetic, which must not fail the run.
+    assert {r["name"]: r["status"] for r in judgement}["answers_arithmetic"] == "fail"
+    out = result.stdout
+    assert (
+        out.index("Protocol checks")
+        < out.index("Model-judgement checks")
+        < out.index("PASS: protocol conformance")
+    )
+
+
+def test_progress_lines_appear_for_every_check_before_the_summary(full_run) -> None:
+    result, _ = full_run
+    lines = result.stdout.splitlines()
+    progress = [line for line in lines if line.startswith("[")]
+    assert len(progress) == len(all_checks())
+    assert all(" ms" in line for line in progress)
+    assert lines.index(progress[-1]) < lines.index("Protocol checks")
+
+
+def test_a_missing_api_key_fails_the_protocol_checks_with_a_nonzero_exit(server: str) -> None:
+    result = run_e2e("--base-url", server, "--model", MODEL, "--only", "plain_chat", "--json", "-")
+    assert result.returncode == 1
+    (entry,) = json_results(result)
+    assert entry["status"] == "error" and "401" in entry["detail"]
+
+
+def test_a_wrong_model_name_fails_the_models_list_check(server: str) -> None:
+    result = run_e2e("--base-url", f"{server}/v1", "--model", "no-such-model", "--api-key", API_KEY,
+                     "--only", "models_list", "--json", "-")  # fmt: skip
+    assert result.returncode == 1
+    (entry,) = json_results(result)
+    assert entry["status"] == "fail" and "no-such-model" in entry["detail"]
+
+
+def test_an_unreachable_endpoint_is_reported_as_errors_not_a_crash() -> None:
+    url = f"http://127.0.0.1:{_free_port()}"
+    result = run_e2e(
+        "--base-url", url, "--model", MODEL, "--only", "models_list", "--timeout", "5", "--json", "-"
+    )
+    assert result.returncode == 1
+    (entry,) = json_results(result)
+    assert entry["status"] == "error" and "Connection" in entry["detail"]
+
+
+def test_unknown_check_names_and_missing_flags_are_usage_errors() -> None:
+    assert run_e2e("--base-url", "http://x", "--model", MODEL, "--only", "nope").returncode == 2
+    assert run_e2e("--model", MODEL).returncode == 2
+
+
+def test_list_names_every_check_with_its_category() -> None:
+    result = run_e2e("--list")
+    assert result.returncode == 0
+    listed = [line.split()[:2] for line in result.stdout.splitlines()]
+    assert listed == [[c.name, c.category] for c in all_checks()]
+
+
+def test_checks_cover_the_scenarios_the_issue_requires() -> None:
+    names = {c.name for c in all_checks() if c.category == "protocol"}
+    assert names >= {
+        "models_list", "plain_chat", "stream_chunk_shape", "reasoning_split", "thinking_off", "tool_required",
+        "tool_auto_stream", "parallel_tool_calls", "tool_argument_types", "special_characters",
+        "tool_without_parameters", "tool_result_round_trip", "tool_choice_none", "stream_usage",
+        "anthropic_tool_round_trip",
+    }  # fmt: skip
