@@ -21,6 +21,22 @@ Columns (one function each in :data:`COLUMNS`; add one to extend the table):
 * ``x json``: render / json (target <= 1.5; the reference measures 1.5-2.2);
 * ``growth``: exponent k in time ~ n^k against the previous size of the same shape
   (target <= 1.1; 2 would be quadratic).
+
+A second table measures tokenization of the rendered prompt
+(``PromptTokenizer.encode_segments``, loaded once) on an agent conversation grown to
+about ``--tokens`` tokens (default 400 000), V4 format, thinking mode:
+
+* ``cold ms`` / ``cold MB/s``: best-of wall time with an empty run cache, and prompt
+  bytes (UTF-8) per second -- the first request of a conversation;
+* ``warm render+tok ms``: the same conversation plus one new user turn (new text each
+  repeat), rendered and tokenized with the cache the earlier requests filled -- the
+  next request of a multi-turn conversation;
+* ``warm tok ms``: the tokenization part of that alone;
+* ``warm / cold``: warm render+tok over cold (target < 5%).
+
+Wall time here, not CPU time: ``encode_batch`` runs on several Rust threads. The
+tokenizer's sampled self-check (1 request in 512 re-encoded whole) is switched off
+while timing; it adds one cold encode per 512 requests (~0.2% of cold on average).
 """
 
 from __future__ import annotations
@@ -35,7 +51,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from deepseek_frontend.formats import dsv4, dsv32
+from deepseek_frontend.formats import dsv4, dsv32, join_segments
 
 SIZES: tuple[int, ...] = (10, 100, 1000, 3000)
 SHAPES: tuple[str, ...] = ("agent", "one-user")
@@ -200,9 +216,115 @@ def print_table(rows: list[Row], columns: list[Column]) -> None:
         print("  ".join(v.rjust(w) for v, w in zip(c, widths, strict=True)))
 
 
+# --- tokenization ---------------------------------------------------------------------------
+
+TOKENS_TARGET = 400_000
+
+
+def grown_agent_conversation(tokens: float, tokens_per_message: float) -> list[dict[str, Any]]:
+    """An agent conversation of about ``tokens`` tokens that ends with an assistant answer
+    (so that a new user turn appends to it without changing the rendered prefix)."""
+    messages = build_conversation(max(10, round(tokens / tokens_per_message)), "agent")
+    while messages[-1]["role"] != "assistant" or messages[-1].get("tool_calls"):
+        messages.pop()
+    return messages
+
+
+def _best_wall(fn: Callable[[], object], repeats: int) -> float:
+    best = math.inf
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - start)
+    finally:
+        gc.enable()
+    return best
+
+
+def tokenization_table(tokens_target: int, repeats: int) -> None:
+    from deepseek_frontend.tokenization import PromptTokenizer
+
+    tok = PromptTokenizer.load()
+    tok.self_check_rate = 0.0
+    render = dsv4.render_prompt_segments
+
+    # Size the conversation from the tokens per message of a sample (its fixed head --
+    # the system prompt with 20 tool schemas -- taken out by the difference).
+    small, large = (
+        len(tok.encode_segments(render(build_conversation(n, "agent"), "thinking"))) for n in (100, 1000)
+    )
+    fixed = small - (large - small) / 900 * 100
+    messages = grown_agent_conversation(tokens_target - fixed, (large - small) / 900)
+    segments = render(messages, "thinking")
+    prompt_bytes = len(join_segments(segments).encode("utf-8"))
+
+    def cold() -> list[int]:
+        tok.cache.clear()
+        return tok.encode_segments(segments)
+
+    cold_ids = cold()
+    cold_s = _best_wall(cold, repeats)
+    tok.encode_segments(segments)  # the cache now holds the conversation, as after its last request
+
+    turn = 0
+    best_total = best_tok = math.inf
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(max(repeats, 5)):
+            turn += 1
+            follow_up = [
+                *messages,
+                {"role": "user", "content": f"Thanks. Now check batch {turn} and report."},
+            ]
+            start = time.perf_counter()
+            new_segments = render(follow_up, "thinking")
+            rendered = time.perf_counter()
+            ids = tok.encode_segments(new_segments)
+            done = time.perf_counter()
+            best_total = min(best_total, done - start)
+            best_tok = min(best_tok, done - rendered)
+    finally:
+        gc.enable()
+    assert ids[: len(cold_ids)] == cold_ids, "a follow-up request must extend the previous prompt's ids"
+
+    head = [
+        "family",
+        "messages",
+        "tokens",
+        "prompt MB",
+        "cold ms",
+        "cold MB/s",
+        "warm render+tok ms",
+        "warm tok ms",
+        "warm / cold",
+    ]
+    row = [
+        "dsv4",
+        str(len(messages)),
+        str(len(cold_ids)),
+        f"{prompt_bytes / 1e6:.2f}",
+        f"{cold_s * 1e3:.1f}",
+        f"{prompt_bytes / cold_s / 1e6:.2f}",
+        f"{best_total * 1e3:.1f}",
+        f"{best_tok * 1e3:.1f}",
+        f"{best_total / cold_s:.1%}",
+    ]
+    widths = [max(len(h), len(c)) for h, c in zip(head, row, strict=True)]
+    print("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 repeats and no time budget")
+    parser.add_argument(
+        "--tokens", type=int, default=TOKENS_TARGET, help="size of the tokenization conversation (0: skip)"
+    )
     args = parser.parse_args()
     repeats = 3 if args.quick else REPEATS
     budget_s = 0.0 if args.quick else BUDGET_S
@@ -219,6 +341,9 @@ def main() -> None:
                 rows.append(row)
                 previous = row
     print_table(rows, COLUMNS)
+    if args.tokens:
+        print()
+        tokenization_table(args.tokens, repeats)
 
 
 if __name__ == "__main__":

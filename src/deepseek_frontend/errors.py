@@ -6,7 +6,7 @@ Each class carries the HTTP status and the OpenAI ``error.type`` it maps to, so
 
     FrontendError (500 internal_error)
     ├── RequestError (400 invalid_request_error)     -- also a ValueError
-    │   ├── FormatError                              -- messages the chat format cannot render / text it cannot parse
+    │   ├── FormatError                              -- messages the format cannot render or parse
     │   ├── ContextLengthError (code context_length_exceeded)
     │   └── UnsupportedFeatureError                  -- valid request, but this engine/model cannot honour it
     ├── AuthenticationError (401 authentication_error)

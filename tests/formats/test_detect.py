@@ -35,6 +35,10 @@ def _checkpoint(tmp_path: Path, config: Any, encoder: str | None = None) -> Path
         ("deepseek_v3_2", "deepseek_v32"),
         ("deepseekv32", "deepseek_v32"),
         ("deepseek-v3.2-v4-foo", "deepseek_v32"),
+        # Hugging Face repo ids: the anchored rule applies to the last path component.
+        ("deepseek-ai/DeepSeek-V4-Flash", "deepseek_v4"),
+        ("deepseek-ai/DeepSeek-V3.2-Exp", "deepseek_v32"),
+        ("/models/deepseek-ai/DeepSeek-V4.1-Flash", "deepseek_v41"),
     ],
 )
 def test_served_names_are_accepted_when_there_is_no_config(name: str, family: str) -> None:
@@ -43,7 +47,19 @@ def test_served_names_are_accepted_when_there_is_no_config(name: str, family: st
 
 @pytest.mark.parametrize(
     "name",
-    ["my-deepseek-v4", "deepseek-v40", "deepseek-v4pro", "deepseek-v3", "deepseek-v32b", "llama-3", "", "v4"],
+    [
+        "my-deepseek-v4",
+        "deepseek-v40",
+        "deepseek-v4pro",
+        "deepseek-v3",
+        "deepseek-v32b",
+        "llama-3",
+        "",
+        "v4",
+        "foo/my-deepseek-v4",
+        "deepseek-v4/llama-3",
+        "deepseek-ai/",
+    ],
 )
 def test_served_names_that_only_resemble_deepseek_are_rejected(name: str) -> None:
     assert detect_family(served_model_name=name) is None

@@ -107,3 +107,25 @@ def test_unserializable_tool_schemas_are_a_format_error() -> None:
 def test_parsing_a_non_string_completion_is_a_format_error(module: ModuleType) -> None:
     with pytest.raises(FormatError, match=r"^completion: "):
         module.parse_message_from_completion_text(None, "chat")  # type: ignore[arg-type]
+
+
+def test_a_v32_conversation_without_a_user_message_reports_the_unknown_role() -> None:
+    # No user turn means nothing lies "before the last user message" in thinking mode.
+    with pytest.raises(FormatError, match=r"^messages\[0\]\.role: unknown role None"):
+        dsv32.render_prompt_segments([{"role": None, "content": "x"}], "thinking")
+
+
+@pytest.mark.parametrize("module", [dsv4, dsv32], ids=["dsv4", "dsv32"])
+def test_an_unhashable_role_is_a_format_error_not_a_type_error(module: ModuleType) -> None:
+    messages = [{"role": ["user"], "content": "x"}]
+    with pytest.raises(FormatError, match=r"^messages\[0\]\.role: unknown role"):
+        module.render_prompt_segments(messages, "thinking")
+
+
+def test_a_cyclic_argument_value_is_a_format_error() -> None:
+    cyclic: dict[str, Any] = {}
+    cyclic["self"] = cyclic
+    call = {"type": "function", "function": {"name": "f", "arguments": cyclic}}
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    with pytest.raises(FormatError, match=r"messages\[1\]\.tool_calls\[0\]\.function\.arguments"):
+        dsv4.render_prompt_segments(messages, "chat")

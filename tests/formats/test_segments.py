@@ -8,6 +8,7 @@ from injecting ``<｜end▁of▁sentence｜>`` or a DSML tag into the prompt.
 from __future__ import annotations
 
 import itertools
+import json
 from types import ModuleType
 from typing import Any
 
@@ -109,3 +110,40 @@ def test_a_v4_prompt_segments_its_turn_markers_in_order() -> None:
         PromptSegment("<｜Assistant｜>", True),
         PromptSegment("<think>", True),
     ]
+
+
+def _inject_json(text: str) -> list[dict[str, Any]]:
+    """:func:`_inject` with the arguments JSON-encoded (control characters escaped)."""
+    messages = _inject(text)
+    messages[2]["tool_calls"][0]["function"]["arguments"] = json.dumps({text: text})
+    return messages
+
+
+# The renderer marks special tokens with a reserved character while it builds the
+# prompt (NUL first, then others); request text that contains one must still be
+# plain text, with exactly the segments a prompt without it would have.
+@pytest.mark.parametrize(
+    "reserved", ["\x00", "\x00\x01\x02", "\x00" + "".join(map(chr, range(1, 9))) + "\ufdd0"]
+)
+@pytest.mark.parametrize("module", [dsv4, dsv32], ids=["dsv4", "dsv32"])
+def test_request_text_containing_the_internal_marker_characters_stays_plain(
+    module: ModuleType, reserved: str
+) -> None:
+    kwargs: dict[str, Any] = {"drop_thinking": False}
+    plain = module.render_prompt_segments(_inject_json("ab"), "thinking", **kwargs)
+    marked = module.render_prompt_segments(_inject_json(f"a{reserved}b"), "thinking", **kwargs)
+    assert [s for s in marked if s.special] == [s for s in plain if s.special]
+    assert sum(s.text.count(f"a{reserved}b") for s in marked if not s.special) >= 6
+    assert not any(not a.special and not b.special for a, b in itertools.pairwise(marked))
+    assert join_segments(marked) == module.encode_messages(
+        _inject_json(f"a{reserved}b"), "thinking", **kwargs
+    )
+
+
+def test_segments_are_named_tuples_that_compare_by_value() -> None:
+    segment = PromptSegment("<think>", True)
+    assert (segment.text, segment.special) == ("<think>", True)
+    assert PromptSegment("x") == PromptSegment("x", False) != PromptSegment("x", True)
+    assert hash(PromptSegment("x")) == hash(PromptSegment("x", False))
+    with pytest.raises(AttributeError):
+        segment.text = "other"  # type: ignore[misc]

@@ -11,7 +11,7 @@ import pytest
 from deepseek_frontend.errors import FormatError
 from deepseek_frontend.formats.segments import PromptSegment as Seg
 from deepseek_frontend.formats.segments import join_segments
-from deepseek_frontend.tokenization import PromptTokenizer, RunCache, bundled_tokenizer_path
+from deepseek_frontend.tokenization import PrefixCache, PromptTokenizer, RunCache, bundled_tokenizer_path
 
 TEMPLATE_SPELLINGS = [
     "<｜begin▁of▁sentence｜>",
@@ -77,30 +77,84 @@ def test_plain_prompts_match_a_whole_string_encode(prompt_tokenizer: PromptToken
     for _ in range(200):
         text = "".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 80)))
         segments = conversation(text)
-        assert prompt_tokenizer.encode_segments(segments) == prompt_tokenizer.encode_raw(join_segments(segments))
+        assert prompt_tokenizer.encode_segments(segments) == prompt_tokenizer.encode_raw(
+            join_segments(segments)
+        )
 
 
 def test_adjacent_text_segments_are_tokenized_as_one_run(prompt_tokenizer: PromptTokenizer) -> None:
     # Template prose and request text meet without a special token between them; splitting them
     # would change BPE boundaries ("\n\n" + "Hello" vs "\n\nHello").
-    split = [Seg("<｜User｜>", True), Seg("abc\n"), Seg("\nHello"), Seg(" world"), Seg("<｜Assistant｜>", True)]
+    split = [
+        Seg("<｜User｜>", True),
+        Seg("abc\n"),
+        Seg("\nHello"),
+        Seg(" world"),
+        Seg("<｜Assistant｜>", True),
+    ]
     assert prompt_tokenizer.encode_segments(split) == prompt_tokenizer.encode_raw(join_segments(split))
+
+
+def conversation_of(turns: list[str]) -> list[Seg]:
+    segments: list[Seg] = [Seg("<｜begin▁of▁sentence｜>", True), Seg("You are a careful agent.")]
+    for text in turns:
+        segments += [Seg("<｜User｜>", True), Seg(text), Seg("<｜Assistant｜>", True), Seg("</think>", True)]
+        segments += [Seg(f"answer to {text}"), Seg("<｜end▁of▁sentence｜>", True)]
+    return segments
+
+
+TURNS = [f"turn {i}: " + "some earlier message text that is long enough to cache " * 3 for i in range(50)]
 
 
 def test_extending_a_conversation_only_tokenizes_the_new_text() -> None:
     tok = PromptTokenizer.load()
-    turns = [f"turn {i}: " + "some earlier message text that is long enough to cache " * 3 for i in range(50)]
-    segments: list[Seg] = [Seg("<｜begin▁of▁sentence｜>", True)]
-    for text in turns:
-        segments += [Seg("<｜User｜>", True), Seg(text), Seg("<｜Assistant｜>", True), Seg("</think>", True)]
+    segments = conversation_of(TURNS)
     first = tok.encode_segments(segments)
-    misses_after_first = tok.cache.misses
+    run_misses = tok.cache.misses
     extended = [*segments, Seg("<｜User｜>", True), Seg("one more question, the only new text here")]
     second = tok.encode_segments(extended)
     assert second[: len(first)] == first
-    assert tok.cache.misses == misses_after_first + 1  # only the new run missed
-    assert tok.cache.hits >= len(turns)
+    assert tok.prefix_cache.hits == 1
+    assert tok.prefix_cache.reused_ids == len(first)  # the whole previous prompt was reused
+    assert tok.cache.misses == run_misses + 1  # only the new run was tokenized
     assert second == tok.encode_raw(join_segments(extended))
+
+
+def test_a_prompt_that_diverges_mid_conversation_reuses_only_the_common_part() -> None:
+    tok = PromptTokenizer.load()
+    tok.encode_segments(conversation_of(TURNS))
+    # An edited earlier turn (as when a client drops old reasoning): ids up to the last special token
+    # before the edit are reused, everything after it is encoded again -- and the result is exact.
+    edited = [*TURNS[:20], "an edited turn", *TURNS[21:]]
+    segments = conversation_of(edited)
+    ids = tok.encode_segments(segments)
+    assert ids == tok.encode_raw(join_segments(segments))
+    assert 0 < tok.prefix_cache.reused_ids < len(ids)
+    # A different conversation head shares nothing.
+    other = [Seg("<｜begin▁of▁sentence｜>", True), Seg("Another system prompt."), *conversation_of(TURNS)[2:]]
+    reused = tok.prefix_cache.reused_ids
+    assert tok.encode_segments(other) == tok.encode_raw(join_segments(other))
+    assert tok.prefix_cache.reused_ids == reused
+
+
+def test_a_shorter_prompt_of_the_same_conversation_is_a_prefix_hit() -> None:
+    tok = PromptTokenizer.load()
+    full = conversation_of(TURNS)
+    tok.encode_segments(full)
+    shorter = conversation_of(TURNS[:10])  # e.g. a retried earlier request
+    assert tok.encode_segments(shorter) == tok.encode_raw(join_segments(shorter))
+    assert tok.prefix_cache.hits == 1
+
+
+def test_prefix_cache_is_bounded_by_entries_and_ids() -> None:
+    cache = PrefixCache(max_entries=2, max_ids=100)
+    for head in ("a", "b", "c"):
+        segs = [Seg("<｜User｜>", True), Seg(head)]
+        cache.store(segs, [1, 2], [0], [1])
+    assert len(cache) == 2
+    assert cache.lookup([Seg("<｜User｜>", True), Seg("a")]) is None  # evicted first
+    cache.store([Seg("<｜User｜>", True), Seg("big")], list(range(101)), [0], [1])  # larger than the bound
+    assert cache.lookup([Seg("<｜User｜>", True), Seg("big")]) is None
 
 
 def test_run_cache_is_bounded_by_characters() -> None:
@@ -114,15 +168,16 @@ def test_run_cache_is_bounded_by_characters() -> None:
     assert cache.get("y" * 1000) is None
 
 
-def test_self_check_switches_the_cache_off_when_it_disagrees() -> None:
+def test_self_check_switches_the_caches_off_when_they_disagree() -> None:
     tok = PromptTokenizer.load()
     segments = conversation("a message that is certainly long enough to be cached")
     good = tok.encode_segments(segments)
-    # Corrupt the cached ids of the user's run, as a tokenizer bug would.
+    # Corrupt the cached ids of the user's run, as a tokenizer bug would, and forget the prompt itself.
     tok.cache._entries["a message that is certainly long enough to be cached"] = (1, 2, 3)
+    tok.prefix_cache.clear()
     tok.self_check_rate = 1.0
     tok.encode_segments(segments)  # served from the corrupt entry; the check notices
-    assert tok.cache.max_chars == 0
+    assert tok.cache.max_chars == 0 and tok.prefix_cache.max_entries == 0
     assert tok.encode_segments(segments) == good
 
 
@@ -139,7 +194,7 @@ def test_load_from_a_model_directory_and_from_a_file(tmp_path: Path) -> None:
 def test_detokenizer_matches_batch_decode_under_any_chunking(prompt_tokenizer: PromptTokenizer) -> None:
     rng = random.Random(11)
     text = "Plain ASCII, accents é à ü, CJK 中文字符, emoji 😀🚀👍🏽, math ∑∫, </think> and DSML <｜DSML｜x"
-    ids = prompt_tokenizer.encode_raw(text) + [prompt_tokenizer.eos_token_id]
+    ids = [*prompt_tokenizer.encode_raw(text), prompt_tokenizer.eos_token_id]
     expected = prompt_tokenizer.decode(ids)
     for _ in range(50):
         det = prompt_tokenizer.new_detokenizer()
@@ -170,7 +225,7 @@ def test_detokenizer_rejects_ids_outside_the_vocabulary(prompt_tokenizer: Prompt
 
 
 def test_lone_surrogates_in_request_text_are_a_format_error(prompt_tokenizer: PromptTokenizer) -> None:
-    # Python JSON parsers accept "\ud800"; the Rust tokenizer cannot take it. The caller gets a 400, not a crash.
+    # Python's json accepts "\ud800"; the Rust tokenizer cannot take it: a 400, not a crash.
     with pytest.raises(FormatError, match="U\\+D800 at character 1"):
         prompt_tokenizer.encode_segments(conversation("a\ud800b and more text to make a long run"))
     with pytest.raises(FormatError, match="surrogate"):

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 import string
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, NamedTuple, NoReturn
 
 from deepseek_frontend.errors import FormatError
@@ -27,7 +28,43 @@ def check_thinking_mode(thinking_mode: object) -> None:
         fail("thinking_mode", f"must be 'chat' or 'thinking', got {thinking_mode!r}")
 
 
-_ENCODER = json.JSONEncoder(ensure_ascii=False)
+def _not_serializable(value: object) -> NoReturn:
+    raise TypeError(f"Object of type {value.__class__.__name__} is not JSON serializable")
+
+
+def _c_encoder() -> Callable[[Any], str] | None:
+    """``json.dumps(value, ensure_ascii=False)`` as one C encoder built once, or ``None``.
+
+    ``json.dumps`` runs two Python-level wrappers (``encode``, ``iterencode``) and
+    builds a new C encoder per call; for a typical tool-call argument that setup cost
+    more than the encoding. This is the same C encoder with the same settings (default
+    separators, non-ASCII kept, NaN allowed), built once. No circular-reference table
+    (``markers=None``): decoded JSON cannot be cyclic, and a cyclic Python object ends
+    in RecursionError, which :func:`to_json` reports. ``c_make_encoder`` is a CPython
+    internal, so the result is checked against ``json.dumps`` once; on any difference
+    the plain encoder is used.
+    """
+    if c_make_encoder is None:  # pragma: no cover - CPython always has the accelerator
+        return None
+    try:
+        # (markers, default, encoder, indent, key_sep, item_sep, sort_keys, skipkeys, allow_nan)
+        settings = (None, _not_serializable, encode_basestring, None, ": ", ", ", False, False, True)
+        chunks = c_make_encoder(*settings)
+    except TypeError:  # pragma: no cover - a future signature change
+        return None
+
+    def encode(value: Any) -> str:
+        return "".join(chunks(value, 0))
+
+    probe = {"k": [1, -2.5, float("nan"), True, None, "é\n\x00", {"n": {}}]}
+    try:
+        same = encode(probe) == json.dumps(probe, ensure_ascii=False)
+    except Exception:  # pragma: no cover
+        same = False
+    return encode if same else None
+
+
+_encode: Callable[[Any], str] = _c_encoder() or json.JSONEncoder(ensure_ascii=False).encode
 
 
 def to_json(value: Any, path: str) -> str:
@@ -36,74 +73,169 @@ def to_json(value: Any, path: str) -> str:
     The reference calls ``json.dumps(value, ensure_ascii=False)``: default
     separators (``", "`` and ``": "``), non-ASCII kept, and -- a Python accident
     we keep because the fixtures pin it (``quirk:python-json``) -- ``NaN`` and
-    ``Infinity`` written bare. Same encoder settings, minus ``dumps``' per-call setup.
+    ``Infinity`` written bare.
     """
     try:
-        return _ENCODER.encode(value)
-    except (TypeError, ValueError) as exc:
+        return _encode(value)
+    except (TypeError, ValueError, RecursionError) as exc:
         fail(path, f"is not JSON-serializable ({exc})")
+
+
+scan_json = json.JSONDecoder().scan_once
+"""The C scanner behind ``json.loads``: ``scan_json(text, 0) -> (value, end)``, or
+``StopIteration`` when no JSON value starts at 0. No leading/trailing whitespace,
+BOM or type handling: callers fall back to ``json.loads`` unless ``end == len(text)``."""
+
+
+def from_json(text: str) -> Any:
+    """``json.loads(text)``, with the usual case (a JSON string, no surrounding
+    whitespace) done by the C scanner directly.
+
+    ``json.loads`` wraps that scanner in two Python-level calls and two regex
+    matches; for short argument strings the wrapping is most of the time. Whatever
+    the fast path does not fully accept (leading or trailing whitespace, a BOM, not
+    a ``str``, invalid text) goes through ``json.loads`` itself, so results and
+    errors are exactly ``json.loads``'.
+    """
+    if text.__class__ is str:
+        try:
+            value, end = scan_json(text, 0)
+        except StopIteration:
+            pass
+        else:
+            if end == len(text):
+                return value
+    return json.loads(text)
 
 
 def type_name(value: object) -> str:
     return "null" if value is None else type(value).__name__
 
 
-# --- segments under construction ------------------------------------------------------------
+# --- building the prompt --------------------------------------------------------------------
+#
+# Why this shape: a 3000-message agent prompt is ~30 000 segments, about half of them
+# special tokens. Creating one object per piece and merging neighbouring text in a
+# Python loop cost ~15 µs per message. Instead, a renderer appends plain ``str`` pieces
+# to one list and, for each special token, a one-character *marker* to that list plus
+# the token's pre-built segment to a second list (C-level appends, no allocation).
+# At the end the pieces are joined once and split at the marker -- both in C -- which
+# gives exactly the maximal plain runs between special tokens; the plain segments are
+# then built from the runs and slotted between the specials by slice assignment, in C.
+#
+# The marker must not occur in request text. It is NUL first (latin-1, so an ASCII
+# prompt stays a compact one-byte string through the join and split); when the split
+# finds more markers than specials were written, some request text contains it, and
+# :func:`build_segments` renders again with a character the first attempt's text
+# does not contain.
 
-Item = str | PromptSegment
-"""What renderers append while building: a ``str`` is plain text, a ``PromptSegment`` a
-special-token constant. :func:`merge_plain` turns the run into segments once, so a
-message costs a few list appends instead of one segment object per template piece."""
+_FIRST_MARK = "\x00"
+_SPARE_MARKS = "".join(map(chr, (*range(1, 9), *range(0xFDD0, 0xFDF0))))
+"""Tried next: other C0 controls, then the Unicode noncharacters U+FDD0..U+FDEF
+(never assigned, so vanishingly rare in text)."""
 
 
-_SHORT_RUN = 24
-"""Plain runs up to this many characters are shared from :data:`_RUN_CACHE`."""
-_RUN_CACHE_SIZE = 4096
-_RUN_CACHE: dict[str, PromptSegment] = {}
-"""Bounded (stops growing at ``_RUN_CACHE_SIZE``): segments are immutable, and most short
-runs are template glue such as ``parameter>\\n<`` repeated in every tool call. Building a
-frozen-dataclass segment costs far more than this lookup."""
+class _PlainRuns(dict[str, "PromptSegment | None"]):
+    """``run text -> plain segment`` for short runs; builds (and maybe keeps) on a miss.
 
-
-def _new_plain(text: str) -> PromptSegment:
-    segment = PromptSegment(text)
-    if len(text) <= _SHORT_RUN and len(_RUN_CACHE) < _RUN_CACHE_SIZE:
-        _RUN_CACHE[text] = segment
-    return segment
-
-
-def merge_plain(items: list[Item]) -> list[PromptSegment]:
-    """Segments for ``items``: each run of plain strings becomes one non-special segment.
-
-    So two plain segments are never adjacent and none is empty: the text between two
-    special tokens is one piece, as when the reference's prompt string is tokenized
-    (splitting it could change the token ids at the split).
-
-    This loop runs once per special token of the prompt, so it is kept lean: the
-    specials are found by a comprehension, and short runs come from the cache.
+    Most short runs are template glue repeated in every tool call (``parameter>\\n<``,
+    ``tool_calls>\\n<``, ``invoke name="get_weather">\\n<``); a C-level dict hit is
+    cheaper than building a segment. The empty run maps to ``None`` so that it is
+    filtered out of the output. Bounded: when full it is cleared, so it follows
+    what current traffic repeats. (Keeping long runs too -- a conversation's history
+    repeats across its requests -- measured no faster: hashing the fresh run strings
+    costs about what building their segments does.)
     """
-    special = PromptSegment
-    cached = _RUN_CACHE.get
-    segments: list[PromptSegment] = []
-    append = segments.append
-    start = 0
-    for i in [i for i, item in enumerate(items) if item.__class__ is special]:
-        if i != start:
-            text = items[start] if i - start == 1 else "".join(items[start:i])  # type: ignore[arg-type]
-            if text:
-                append(cached(text) or _new_plain(text))  # type: ignore[arg-type]
-        append(items[i])  # type: ignore[arg-type]
-        start = i + 1
-    if start < len(items) and (text := "".join(items[start:])):  # type: ignore[arg-type]
-        append(cached(text) or _new_plain(text))
-    return segments
+
+    __slots__ = ()
+
+    def __missing__(self, text: str) -> PromptSegment:
+        segment = _new_tuple(PromptSegment, (text, False))
+        if len(text) <= _SHORT_RUN:
+            if len(self) >= _RUNS_MAX:
+                self.clear()
+                self[""] = None
+            self[text] = segment
+        return segment
+
+
+_new_tuple = tuple.__new__
+_SHORT_RUN = 64
+_RUNS_MAX = 8192
+_RUNS = _PlainRuns({"": None})
+_run_segment = _RUNS.__getitem__
+
+
+class PromptBuilder:
+    """Collects one prompt: plain text pieces and special tokens, in order.
+
+    Renderers append text with ``parts.append(text)`` and a special token with
+    ``parts.append(mark); specials.append(segment)`` (lists and marker read into
+    locals in hot loops). Template glue may embed ``mark`` inside a constant string
+    (``"</" + mark + "parameter>"``) as long as one segment per embedded marker is
+    added to ``specials``, in order. :meth:`segments` turns this into the output.
+    """
+
+    __slots__ = ("mark", "parts", "specials")
+
+    def __init__(self, mark: str = _FIRST_MARK) -> None:
+        self.mark = mark
+        self.parts: list[str] = []
+        self.specials: list[PromptSegment] = []
+
+    def special(self, segment: PromptSegment) -> None:
+        """Append one special token (for cold paths; hot paths inline the two appends)."""
+        self.parts.append(self.mark)
+        self.specials.append(segment)
+
+    def text(self) -> str:
+        """Everything appended, markers included."""
+        return "".join(self.parts)
+
+    def segments(self, text: str) -> list[PromptSegment] | None:
+        """The segments of ``text`` (:meth:`text`): maximal non-empty plain runs
+        between the special tokens.
+
+        ``None`` when ``text`` holds more markers than specials were written, i.e.
+        request text contains the marker character.
+        """
+        specials = self.specials
+        runs = text.split(self.mark)
+        if len(runs) != len(specials) + 1:
+            return None
+        # Runs at even places, specials at odd ones; empty runs map to None and are dropped.
+        segments: list[PromptSegment | None] = [None] * (2 * len(runs) - 1)
+        segments[0::2] = map(_run_segment, runs)
+        segments[1::2] = specials
+        return list(filter(None, segments))  # type: ignore[arg-type]
+
+
+def build_segments(render: Callable[[PromptBuilder], None]) -> list[PromptSegment]:
+    """Run ``render`` into a :class:`PromptBuilder` and return its segments.
+
+    Renders again with another marker if the request text contains the current one
+    (``render`` must be repeatable). Only a prompt containing every candidate
+    character fails.
+    """
+    mark = _FIRST_MARK
+    while True:
+        builder = PromptBuilder(mark)
+        render(builder)
+        text = builder.text()
+        segments = builder.segments(text)
+        if segments is not None:
+            return segments
+        mark = next((c for c in _SPARE_MARKS if c not in text), "")
+        if not mark:
+            fail("messages", "the request text uses every character this renderer can reserve as a marker")
 
 
 class Slot(str):
     """A data slot of a compiled template (a ``str`` subclass, so never mistaken for text)."""
 
 
-TemplatePart = Item | Slot
+TemplatePart = str | PromptSegment | Slot
+"""Plain text, a special-token segment, or a slot for request text."""
 
 
 def compile_template(text: str, tokens: Mapping[str, str]) -> tuple[TemplatePart, ...]:
@@ -128,56 +260,82 @@ def compile_template(text: str, tokens: Mapping[str, str]) -> tuple[TemplatePart
     return tuple(parts)
 
 
-def expand_template(out: list[Item], parts: Sequence[TemplatePart], **slots: str) -> None:
+def expand_template(out: PromptBuilder, parts: Sequence[TemplatePart], **slots: str) -> None:
     """Append a compiled template to ``out``, filling slots with plain text."""
     for part in parts:
-        out.append(slots[part] if part.__class__ is Slot else part)  # type: ignore[index]
+        if part.__class__ is PromptSegment:
+            out.special(part)  # type: ignore[arg-type]
+        elif part.__class__ is Slot:
+            out.parts.append(slots[part])  # type: ignore[index]
+        else:
+            out.parts.append(part)  # type: ignore[arg-type]
 
 
 # --- typed request pieces -------------------------------------------------------------------
 
 
+def item_path(source: str, index: int) -> str:
+    """``messages[3]``: paths are built only when an error needs one (building one per
+    message and tool call was a measurable share of a long render)."""
+    return f"{source}[{index}]"
+
+
 class ToolCall(NamedTuple):
     """One historical tool call, as the reference reads it from the OpenAI shape.
 
-    (A named tuple rather than a frozen dataclass: one is built per call per render.)
+    (A named tuple rather than a dataclass, and built with ``tuple.__new__``: one is
+    built per call per render.)
     """
 
     name: str
     arguments: Any
     """The ``function.arguments`` value as sent (normally a JSON string)."""
     call_id: Any
-    path: str
+    where: tuple[str, int, int]
+    """``(source, message index, call index)``; see :attr:`path`."""
+
+    @property
+    def path(self) -> str:
+        """``messages[3].tool_calls[0]``."""
+        source, index, call = self.where
+        return f"{source}[{index}].tool_calls[{call}]"
 
 
-def read_tool_calls(raw: Any, path: str) -> list[ToolCall]:
-    """Type ``assistant.tool_calls``; a falsy value means no calls (reference: ``if tool_calls``)."""
+def read_tool_calls(raw: Any, source: str, index: int) -> list[ToolCall]:
+    """Type ``source[index].tool_calls``; a falsy value means no calls (reference: ``if tool_calls``)."""
     if not raw:
         return []
-    if not isinstance(raw, list):
-        fail(path, f"must be a list of tool calls, got {type_name(raw)}")
+    if raw.__class__ is not list and not isinstance(raw, list):
+        fail(f"{item_path(source, index)}.tool_calls", f"must be a list of tool calls, got {type_name(raw)}")
     calls: list[ToolCall] = []
     for i, call in enumerate(raw):
-        where = f"{path}[{i}]"
-        if not isinstance(call, dict):
-            fail(where, f"must be an object, got {type_name(call)}")
+        if call.__class__ is not dict and not isinstance(call, dict):
+            fail(f"{item_path(source, index)}.tool_calls[{i}]", f"must be an object, got {type_name(call)}")
         function = call.get("function")
-        if not isinstance(function, dict):
-            fail(f"{where}.function", "is required and must be an object")
-        if "name" not in function:
-            fail(f"{where}.function.name", "is required")
-        if "arguments" not in function:
-            fail(f"{where}.function.arguments", "is required")
+        if function.__class__ is not dict or "name" not in function or "arguments" not in function:
+            _check_function(function, f"{item_path(source, index)}.tool_calls[{i}]")
         name = function["name"]
-        if name is None:
-            # Reference quirk (not tagged as one in the fixtures): it formats the
-            # name with str(), so a null name is written as the text "None".
-            name = "None"
-        elif not isinstance(name, str):
-            fail(f"{where}.function.name", f"must be a string, got {type_name(name)}")
+        if name.__class__ is not str:
+            if name is None:
+                # Reference quirk (not tagged as one in the fixtures): it formats the
+                # name with str(), so a null name is written as the text "None".
+                name = "None"
+            elif not isinstance(name, str):
+                path = f"{item_path(source, index)}.tool_calls[{i}].function.name"
+                fail(path, f"must be a string, got {type_name(name)}")
         call_id = call.get("id") or function.get("id", "")
-        calls.append(ToolCall(name, function["arguments"], call_id, where))
+        calls.append(_new_tuple(ToolCall, (name, function["arguments"], call_id, (source, index, i))))
     return calls
+
+
+def _check_function(function: Any, where: str) -> None:
+    """The slow path of :func:`read_tool_calls`: raise for a malformed ``function``."""
+    if not isinstance(function, dict):
+        fail(f"{where}.function", "is required and must be an object")
+    if "name" not in function:
+        fail(f"{where}.function.name", "is required")
+    if "arguments" not in function:
+        fail(f"{where}.function.arguments", "is required")
 
 
 def read_tool_schemas(raw: Any, path: str) -> list[Any]:
@@ -192,22 +350,13 @@ def read_tool_schemas(raw: Any, path: str) -> list[Any]:
     return functions
 
 
-def optional_text(raw: dict[str, Any], key: str, path: str) -> str:
-    """A text field the reference writes as ``value or ""``: absent, null and "" all give ""."""
-    value = raw.get(key)
-    if not value:
-        return ""
-    if not isinstance(value, str):
-        # The reference would write repr(value) (``quirk:python-repr``); we refuse.
-        fail(f"{path}.{key}", f"must be a string, got {type_name(value)}")
-    return value
+def checked_text(value: Any, path: str) -> str:
+    """``value`` if it is a string, else :class:`FormatError` at ``path``.
 
-
-def required_text(value: Any, path: str) -> str:
-    """A text field the reference writes with str(): anything but a string is refused.
-
-    The reference would write ``None`` or a list's repr here (``quirk:none-rendered``,
-    ``quirk:python-repr``); a model never saw such text in training, so we reject it.
+    The slow path behind the renderers' inline ``value.__class__ is str`` checks (a
+    ``str`` subclass passes here). The reference would write ``None`` or a Python
+    repr for anything else (``quirk:none-rendered``, ``quirk:python-repr``); a model
+    never saw such text in training, so it is refused.
     """
     if not isinstance(value, str):
         fail(path, f"must be a string, got {type_name(value)}")

@@ -9,15 +9,31 @@ against.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from itertools import repeat
+from typing import Any, NamedTuple
 
 from deepseek_frontend.errors import FormatError
-from deepseek_frontend.formats._common import Item, ToolCall, fail, to_json
+from deepseek_frontend.formats._common import PromptBuilder, ToolCall, fail, from_json, scan_json, to_json
 from deepseek_frontend.formats.segments import PromptSegment
+
+
+class _Glue(NamedTuple):
+    """The constant text between DSML values, with the builder's marker embedded
+    where each ``｜DSML｜`` token goes (``M`` below); built once per marker."""
+
+    first_invoke: str  # \n\n<M{block}>\n<Minvoke name="
+    next_invoke: str  # \n<Minvoke name="
+    head_end: str  # ">\n
+    first_param: str  # <Mparameter name="
+    next_param: str  # \n<Mparameter name="
+    string_true: str  # " string="true">
+    string_false: str  # " string="false">
+    param_close: str  # </Mparameter>
+    invoke_close: str  # \n</Minvoke>
+    block_close: str  # \n</M{block}>
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,13 +47,40 @@ class DsmlSpelling:
     dsml: str
     block: str
     """Name of the wrapping element: ``tool_calls`` (V4) or ``function_calls`` (V3.2)."""
+    segment: PromptSegment = field(init=False)
+    """The shared special segment of ``dsml`` (built once, reused by every render)."""
+    _glue: dict[str, _Glue] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "segment", PromptSegment(self.dsml, special=True))
+        object.__setattr__(self, "_glue", {})
+
+    def glue(self, mark: str) -> _Glue:
+        """The DSML glue for a builder marker (a handful of markers exist, so this stays small)."""
+        glue = self._glue.get(mark)
+        if glue is None:
+            block = self.block
+            glue = self._glue[mark] = _Glue(
+                f'\n\n<{mark}{block}>\n<{mark}invoke name="',
+                f'\n<{mark}invoke name="',
+                '">\n',
+                f'<{mark}parameter name="',
+                f'\n<{mark}parameter name="',
+                '" string="true">',
+                '" string="false">',
+                f"</{mark}parameter>",
+                f"\n</{mark}invoke>",
+                f"\n</{mark}{block}>",
+            )
+        return glue
 
 
 ArgumentsReader = Callable[[ToolCall], dict[str, Any]]
+_NOT_SCANNED = (None, -1)
 
 
 def render_tool_calls(
-    out: list[Item], calls: list[ToolCall], sp: DsmlSpelling, read_arguments: ArgumentsReader
+    out: PromptBuilder, calls: list[ToolCall], sp: DsmlSpelling, read_arguments: ArgumentsReader
 ) -> None:
     """Append ``\\n\\n<DSML{block}>\\n<invoke ...>...\\n</DSML{block}>`` for ``calls``.
 
@@ -45,30 +88,49 @@ def render_tool_calls(
     they contain a DSML spelling; only the renderer's own ``｜DSML｜`` is special.
     A string value is written raw with ``string="true"``; anything else as JSON
     with ``string="false"``.
+
+    The hot path of a long agent prompt (about ten ``｜DSML｜`` tokens per call): the
+    constant glue between values carries the builder's marker inline, so a parameter
+    is one tuple extend, and the ``｜DSML｜`` segments go to ``out.specials`` in one
+    step at the end, counted (two per element: block, each invoke, each parameter).
     """
-    dsml = PromptSegment(sp.dsml, special=True)
-    append = out.append
-    out += ("\n\n<", dsml, sp.block, ">\n")
-    for n, call in enumerate(calls):
-        if n:
-            append("\n")
-        out += ("<", dsml, f'invoke name="{call.name}">\n')
-        arguments = read_arguments(call)
-        first = True
+    g = sp.glue(out.mark)
+    next_param, string_true, string_false, param_close = (
+        g.next_param,
+        g.string_true,
+        g.string_false,
+        g.param_close,
+    )
+    parts = out.parts
+    count = 2
+    invoke = g.first_invoke
+    for call in calls:
+        # The usual arguments (a JSON object, as a string with no surrounding space)
+        # decoded by the C scanner directly; anything else goes through the family's
+        # reader, which owns the rules and the errors.
+        raw = call.arguments
+        try:
+            arguments, end = scan_json(raw, 0) if raw.__class__ is str else _NOT_SCANNED
+        except Exception:  # not JSON at 0 (StopIteration), invalid, too deep: the reader decides
+            arguments, end = _NOT_SCANNED
+        if arguments.__class__ is not dict or end != len(raw):
+            arguments = read_arguments(call)
+        parts += (invoke, call.name, g.head_end)
+        invoke = g.next_invoke
+        param = g.first_param
         for key, value in arguments.items():
-            if not first:
-                append("\n")
-            first = False
             if isinstance(value, str):
-                body = f'parameter name="{key}" string="true">{value}'
+                parts += (param, key, string_true, value, param_close)
             else:
-                body = f'parameter name="{key}" string="false">{scalar_json(value, call.path)}'
-            out += ("<", dsml, body, "</", dsml, "parameter>")
-        out += ("\n</", dsml, "invoke>")
-    out += ("\n</", dsml, sp.block, ">")
+                parts += (param, key, string_false, scalar_json(value, call), param_close)
+            param = next_param
+        parts.append(g.invoke_close)
+        count += 2 + 2 * len(arguments)
+    parts.append(g.block_close)
+    out.specials += repeat(sp.segment, count)
 
 
-def scalar_json(value: Any, path: str) -> str:
+def scalar_json(value: Any, call: ToolCall) -> str:
     """``json.dumps`` of an argument value, with the common scalars done directly."""
     cls = value.__class__
     if cls is int:
@@ -79,7 +141,7 @@ def scalar_json(value: Any, path: str) -> str:
         return "false"
     if value is None:
         return "null"
-    return to_json(value, f"{path}.function.arguments")
+    return to_json(value, f"{call.path}.function.arguments")
 
 
 # --- strict completion parsing --------------------------------------------------------------
@@ -203,7 +265,7 @@ def lenient_arguments(call: ToolCall) -> dict[str, Any]:
     """
     raw = call.arguments
     try:
-        decoded = json.loads(raw)
+        decoded = from_json(raw)
     except Exception:  # mirrors the reference's catch-all fallback
         return {"arguments": raw}
     if not isinstance(decoded, dict):
@@ -218,7 +280,7 @@ def strict_arguments(call: ToolCall) -> dict[str, Any]:
     if not isinstance(raw, str):
         fail(where, f"must be a JSON string, got {type(raw).__name__}")
     try:
-        decoded = json.loads(raw)
+        decoded = from_json(raw)
     except ValueError as exc:
         fail(where, f"is not valid JSON ({exc})")
     if not isinstance(decoded, dict):

@@ -14,9 +14,11 @@ from typing import Any
 
 from deepseek_frontend.formats.effort import REASONING_EFFORT_PROFILES
 
-# Served-name fallbacks, anchored at the start: ``my-deepseek-v4`` is someone else's
-# model. The trailing group stops ``deepseek-v40`` / ``deepseek-v4pro``. V4.1 is tried
-# before V4, whose pattern would also accept ``deepseek-v4.1``.
+# Served-name fallbacks, anchored at the start of the name's last path component
+# (``deepseek-ai/DeepSeek-V4-Flash`` is a Hugging Face repo id for DeepSeek-V4-Flash;
+# ``my-deepseek-v4`` and ``foo/my-deepseek-v4`` are someone else's model). The
+# trailing group stops ``deepseek-v40`` / ``deepseek-v4pro``. V4.1 is tried before
+# V4, whose pattern would also accept ``deepseek-v4.1``.
 _NAME_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("deepseek_v41", re.compile(r"^deepseek[-_.]?v4[._]?1([-_.]|$)", re.IGNORECASE)),
     ("deepseek_v4", re.compile(r"^deepseek[-_.]?v4([-_.]|$)", re.IGNORECASE)),
@@ -72,8 +74,10 @@ def detect_family(
     without one, a DeepSeek architecture): a concrete other type such as ``llama``
     gives ``None`` whatever the served name says. Only without a usable config
     (no path, no file, unreadable, empty ``model_type``) is ``served_model_name``
-    matched, anchored and case-insensitive (``deepseek-v4-flash`` yes,
-    ``my-deepseek-v4`` / ``deepseek-v40`` no).
+    matched, anchored and case-insensitive, against its last ``/``-separated
+    component so that Hugging Face repo ids work (``deepseek-v4-flash`` and
+    ``deepseek-ai/DeepSeek-V4-Flash`` yes; ``my-deepseek-v4``, ``foo/my-deepseek-v4``
+    and ``deepseek-v40`` no).
     """
     config = _read_config(model_path)
     if config is not None:
@@ -82,8 +86,9 @@ def detect_family(
             return family
     if not served_model_name:
         return None
+    basename = served_model_name.rsplit("/", 1)[-1]
     for family, pattern in _NAME_PATTERNS:
-        if pattern.match(served_model_name):
+        if pattern.match(basename):
             return family
     return None
 

@@ -16,20 +16,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from deepseek_frontend.formats._common import (
-    Item,
+    PromptBuilder,
     ToolCall,
+    build_segments,
     check_thinking_mode,
+    checked_text,
     compile_template,
     expand_template,
     fail,
-    merge_plain,
-    optional_text,
+    item_path,
     read_tool_calls,
     read_tool_schemas,
-    required_text,
     to_json,
     type_name,
 )
@@ -111,7 +111,30 @@ class V32Spellings:
 DSV32_SPELLINGS = V32Spellings()
 """The DeepSeek-V3.2 table."""
 
-_DROP_KEPT_ROLES = frozenset({"user", "system", "tool"})
+_DROP_KEPT_ROLES = ("user", "system", "tool", "assistant")
+
+
+class _Msg(NamedTuple):
+    """A typed message: its role, the caller's dict, where it came from, its tool calls.
+
+    Built with ``tuple.__new__`` once per message per render; the path
+    (``messages[3]``) is built only for an error message.
+    """
+
+    role: Any
+    raw: Mapping[str, Any]
+    source: str
+    position: int
+    """Index in ``source``."""
+    calls: list[ToolCall]
+
+    @property
+    def path(self) -> str:
+        return item_path(self.source, self.position)
+
+
+_new_tuple = tuple.__new__
+_NO_CALLS: list[ToolCall] = []  # shared and never mutated
 
 
 class V32ChatFormat:
@@ -156,25 +179,21 @@ class V32ChatFormat:
         if new:
             # Checked only when something is rendered, as the reference does.
             check_thinking_mode(thinking_mode)
-
-        out: list[Item] = []
-        if add_default_bos_token and not ctx:
-            out.append(self._bos)
         last_user = _last_user_index(full)
         if new and thinking and drop_thinking:
-            for i, (role, _raw, path, _calls) in enumerate(full):
-                if i < last_user and role not in _DROP_KEPT_ROLES and role != "assistant":
+            for m in full[: max(last_user, 0)]:
+                if m.role not in _DROP_KEPT_ROLES:
                     # The reference drops this message but still renders as many
                     # messages as were given, so its indexes run past the end.
                     fail(
-                        path,
-                        f"a {role!r} message before the last user message cannot be rendered in "
+                        m.path,
+                        f"a {m.role!r} message before the last user message cannot be rendered in "
                         "thinking mode with drop_thinking (the reference encoder fails on it)",
                     )
         anchors = _tool_anchors(full)
-        for index in range(len(ctx), len(full)):
-            self._render_message(out, full, index, last_user, anchors, thinking)
-        return merge_plain(out)
+        bos = add_default_bos_token and not ctx
+        start = len(ctx)
+        return build_segments(lambda out: self._render(out, full, start, bos, last_user, anchors, thinking))
 
     def encode_messages(
         self,
@@ -198,99 +217,129 @@ class V32ChatFormat:
     # --- rendering ---------------------------------------------------------------------------
 
     @staticmethod
-    def _type(raw_messages: Any, name: str) -> list[tuple[Any, Mapping[str, Any], str, list[ToolCall]]]:
-        if not isinstance(raw_messages, list):
-            fail(name, f"must be a list of messages, got {type_name(raw_messages)}")
-        typed = []
+    def _type(raw_messages: Any, source: str) -> list[_Msg]:
+        if raw_messages.__class__ is not list and not isinstance(raw_messages, list):
+            fail(source, f"must be a list of messages, got {type_name(raw_messages)}")
+        typed: list[_Msg] = []
+        append = typed.append
         for i, raw in enumerate(raw_messages):
-            path = f"{name}[{i}]"
-            if not isinstance(raw, dict):
-                fail(path, f"must be an object, got {type_name(raw)}")
+            if raw.__class__ is not dict and not isinstance(raw, dict):
+                fail(item_path(source, i), f"must be an object, got {type_name(raw)}")
             role = raw.get("role")
-            calls = (
-                read_tool_calls(raw.get("tool_calls"), f"{path}.tool_calls") if role == "assistant" else []
-            )
-            typed.append((role, raw, path, calls))
+            calls = read_tool_calls(raw.get("tool_calls"), source, i) if role == "assistant" else _NO_CALLS
+            append(_new_tuple(_Msg, (role, raw, source, i, calls)))
         return typed
 
-    def _render_schemas(self, out: list[Item], raw: Mapping[str, Any], path: str) -> None:
+    def _render_schemas(self, out: PromptBuilder, m: _Msg) -> None:
+        raw = m.raw
         if raw.get("tools"):
-            functions = read_tool_schemas(raw["tools"], f"{path}.tools")
-            schemas = "\n".join(to_json(f, f"{path}.tools") for f in functions)
-            out.append("\n\n")
+            functions = read_tool_schemas(raw["tools"], f"{m.path}.tools")
+            schemas = "\n".join(to_json(f, f"{m.path}.tools") for f in functions)
+            out.parts.append("\n\n")
             expand_template(out, self._tools, schemas=schemas)
         if raw.get("response_format"):
-            out.append("\n\n")
-            schema = to_json(raw["response_format"], f"{path}.response_format")
+            out.parts.append("\n\n")
+            schema = to_json(raw["response_format"], f"{m.path}.response_format")
             expand_template(out, self._response_format, schema=schema)
 
-    def _render_message(
+    def _render(
         self,
-        out: list[Item],
-        full: list[tuple[Any, Mapping[str, Any], str, list[ToolCall]]],
-        index: int,
+        out: PromptBuilder,
+        full: list[_Msg],
+        start: int,
+        bos: bool,
         last_user: int,
         anchors: list[int],
         thinking: bool,
     ) -> None:
+        """Append messages ``full[start:]`` (and BOS) to ``out``: the hot loop, with the
+        roles inline and what it touches per message in locals (as in :mod:`.dsv4`)."""
         sp = self.spellings
-        role, raw, path, calls = full[index]
-        if role == "system":
-            content = optional_text(raw, "content", path)
-            if content:
-                out.append(content)
-            self._render_schemas(out, raw, path)
-        elif role in ("user", "developer"):
-            content = raw.get("content")
-            out.append(self._user)
-            if role == "developer":
-                if not content:
-                    fail(f"{path}.content", "a developer message needs non-empty content")
-                self._render_schemas(out, raw, path)
-                out.append(sp.developer_content_prefix)
-            text = _str_or_none(content, f"{path}.content")
-            if text:
-                out.append(text)
-            out.append(self._assistant)
-            out.append(self._think_start if thinking and index == last_user else self._think_end)
-        elif role == "tool":
-            anchor = anchors[index]
-            if anchor < 0 or full[anchor][0] != "assistant":
-                # (quirk:negative-index) The reference wraps around to the last
-                # message when a tool result opens the conversation.
-                fail(f"{path}.role", "a tool message must follow an assistant message with tool_calls")
-            order = index - anchor
-            expected = full[anchor][3]
-            if len(expected) < order:
-                fail(path, f"more tool results than the {len(expected)} tool call(s) of {full[anchor][2]}")
-            if order == 1:
-                out.append(sp.results_open)
-            out.append(sp.result_open + _str_or_none(raw.get("content"), f"{path}.content"))
-            out.append(sp.result_close)
-            if order == len(expected):
-                out.append(sp.results_close + "\n\n")
-                out.append(self._think_start if thinking and index >= last_user else self._think_end)
-        elif role == "assistant":
-            if thinking and index > last_user:
-                reasoning = optional_text(raw, "reasoning_content", path)
-                if not (reasoning or calls):
-                    fail(
-                        f"{path}.reasoning_content",
-                        "in thinking mode an assistant message after the last user message needs "
-                        "reasoning_content or tool_calls",
-                    )
-                if reasoning:
-                    out.append(reasoning)
-                out.append(self._think_end)
-            content = optional_text(raw, "content", path)
-            if content:
-                out.append(content)
-            if calls:
-                render_tool_calls(out, calls, self._dsml, strict_arguments)
-            out.append(self._eos)
-        else:
-            expected = "system, developer, user, tool or assistant"
-            fail(f"{path}.role", f"unknown role {role!r} (expected {expected})")
+        parts = out.parts
+        add = parts.append
+        special = out.specials.append
+        mark = out.mark
+        user_seg, assistant_seg, eos_seg = self._user, self._assistant, self._eos
+        think_start_seg, think_end_seg = self._think_start, self._think_end
+        dsml = self._dsml
+        if bos:
+            add(mark)
+            special(self._bos)
+        for index in range(start, len(full)):
+            m = full[index]
+            role = m.role
+            raw = m.raw
+            if role == "assistant":
+                calls = m.calls
+                if thinking and index > last_user:
+                    reasoning = raw.get("reasoning_content")
+                    if not (reasoning or calls):
+                        fail(
+                            f"{m.path}.reasoning_content",
+                            "in thinking mode an assistant message after the last user message needs "
+                            "reasoning_content or tool_calls",
+                        )
+                    if reasoning:
+                        if reasoning.__class__ is not str:
+                            reasoning = _text(m, "reasoning_content", reasoning)
+                        add(reasoning)
+                    add(mark)
+                    special(think_end_seg)
+                if content := raw.get("content"):
+                    add(content if content.__class__ is str else _text(m, "content", content))
+                if calls:
+                    render_tool_calls(out, calls, dsml, strict_arguments)
+                add(mark)
+                special(eos_seg)
+            elif role == "tool":
+                anchor = anchors[index]
+                if anchor < 0 or full[anchor].role != "assistant":
+                    # (quirk:negative-index) The reference wraps around to the last
+                    # message when a tool result opens the conversation.
+                    fail(f"{m.path}.role", "a tool message must follow an assistant message with tool_calls")
+                order = index - anchor
+                expected = len(full[anchor].calls)
+                if expected < order:
+                    fail(m.path, f"more tool results than the {expected} tool call(s) of {full[anchor].path}")
+                content = raw.get("content")
+                if content.__class__ is not str:
+                    content = _str_or_none(content, f"{m.path}.content")
+                if order == 1:
+                    add(sp.results_open)
+                parts += (sp.result_open, content, sp.result_close)
+                if order == expected:
+                    add(sp.results_close)
+                    add("\n\n")
+                    add(mark)
+                    special(think_start_seg if thinking and index >= last_user else think_end_seg)
+            elif role == "user" or role == "developer":
+                content = raw.get("content")
+                add(mark)
+                special(user_seg)
+                if role == "developer":
+                    if not content:
+                        fail(f"{m.path}.content", "a developer message needs non-empty content")
+                    self._render_schemas(out, m)
+                    add(sp.developer_content_prefix)
+                if content.__class__ is not str:
+                    content = _str_or_none(content, f"{m.path}.content")
+                add(content)
+                add(mark)
+                special(assistant_seg)
+                add(mark)
+                special(think_start_seg if thinking and index == last_user else think_end_seg)
+            elif role == "system":
+                if content := raw.get("content"):
+                    add(content if content.__class__ is str else _text(m, "content", content))
+                self._render_schemas(out, m)
+            else:
+                expected_roles = "system, developer, user, tool or assistant"
+                fail(f"{m.path}.role", f"unknown role {role!r} (expected {expected_roles})")
+
+
+def _text(m: _Msg, key: str, value: Any) -> str:
+    """Slow path of the inline ``value.__class__ is str`` checks (see :func:`checked_text`)."""
+    return checked_text(value, f"{m.path}.{key}")
 
 
 def _str_or_none(value: Any, path: str) -> str:
@@ -301,23 +350,23 @@ def _str_or_none(value: Any, path: str) -> str:
     """
     if value is None:
         return "None"
-    return required_text(value, path)
+    return checked_text(value, path)
 
 
-def _last_user_index(full: list[tuple[Any, Mapping[str, Any], str, list[ToolCall]]]) -> int:
+def _last_user_index(full: list[_Msg]) -> int:
     for i in range(len(full) - 1, -1, -1):
-        if full[i][0] in ("user", "developer"):
+        if full[i].role in ("user", "developer"):
             return i
     return -1
 
 
-def _tool_anchors(full: list[tuple[Any, Mapping[str, Any], str, list[ToolCall]]]) -> list[int]:
+def _tool_anchors(full: list[_Msg]) -> list[int]:
     """For each index, the nearest earlier non-tool message (-1 if none): one pass, not one per tool."""
     anchors: list[int] = []
     last = -1
-    for i, (role, _raw, _path, _calls) in enumerate(full):
+    for i, m in enumerate(full):
         anchors.append(last)
-        if role != "tool":
+        if m.role != "tool":
             last = i
     return anchors
 

@@ -26,20 +26,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from deepseek_frontend.formats._common import (
-    Item,
+    PromptBuilder,
     ToolCall,
+    build_segments,
     check_thinking_mode,
+    checked_text,
     compile_template,
     expand_template,
     fail,
-    merge_plain,
-    optional_text,
+    item_path,
     read_tool_calls,
     read_tool_schemas,
-    required_text,
     to_json,
     type_name,
 )
@@ -154,109 +154,120 @@ DSV4_SPELLINGS = V4Spellings()
 """The DeepSeek-V4 table (V4-Flash, V4-Pro, preview and 0731)."""
 
 
-class _Msg:
+class _Msg(NamedTuple):
     """A typed message after tool folding.
 
     ``raw`` is the caller's dict (read-only); fields are validated when the message
     is rendered, because the reference never reads a message it drops (a developer
     message with empty content before the last user turn is legal in thinking mode).
-    ``blocks`` (user messages only) holds ``("text", text, None, path)`` and
-    ``("tool", content, tool_use_id, path)`` entries.
+    ``blocks`` (user messages only) holds ``(is_tool, value, tool_call_id, index)``
+    entries, ``index`` being the block's position in ``source``.
+
+    A named tuple built with ``tuple.__new__``: one is built per message per render,
+    and a class ``__init__`` cost more than the rest of typing a message. The path
+    (``messages[3]``) is built only for an error message.
     """
 
-    __slots__ = ("blocks", "from_context", "keep_reasoning", "path", "raw", "role", "task", "tool_calls")
+    role: Any
+    source: str
+    """``"messages"`` or ``"context"``."""
+    position: int
+    """Index in ``source``."""
+    raw: Mapping[str, Any]
+    task: Any
+    blocks: list[_Block] | None
+    tool_calls: list[ToolCall]
+    keep_reasoning: bool
 
-    def __init__(
-        self,
-        role: Any,
-        path: str,
-        raw: Mapping[str, Any],
-        task: Any = None,
-        blocks: list[tuple[str, Any, Any, str]] | None = None,
-        tool_calls: list[ToolCall] | tuple[()] = (),
-        keep_reasoning: bool = True,
-        from_context: bool = False,
-    ) -> None:
-        self.role = role
-        self.path = path
-        self.raw = raw
-        self.task = task
-        self.blocks = blocks
-        self.tool_calls = tool_calls
-        self.keep_reasoning = keep_reasoning
-        self.from_context = from_context
+    @property
+    def path(self) -> str:
+        return item_path(self.source, self.position)
 
 
+_Block = tuple[bool, Any, Any, int]
+_new_tuple = tuple.__new__
 _EMPTY: Mapping[str, Any] = {}
+_NO_CALLS: list[ToolCall] = []  # shared and never mutated
 
 
-def _fold(raw_messages: Any, name: str, from_context: bool) -> list[_Msg]:
-    """Type messages and fold tool results / consecutive user turns into single user messages."""
-    if not isinstance(raw_messages, list):
-        fail(name, f"must be a list of messages, got {type_name(raw_messages)}")
+def _fold(raw_messages: Any, source: str) -> tuple[list[_Msg], bool]:
+    """Type messages and fold tool results / consecutive user turns into single user messages.
+
+    Also returns whether a non-user message carries ``tools`` (which switches
+    ``drop_thinking`` off), read in the same pass.
+    """
+    if raw_messages.__class__ is not list and not isinstance(raw_messages, list):
+        fail(source, f"must be a list of messages, got {type_name(raw_messages)}")
     out: list[_Msg] = []
+    append = out.append
+    has_tools = False
+    last: _Msg | None = None  # out[-1]
     for i, raw in enumerate(raw_messages):
-        path = f"{name}[{i}]"
-        if not isinstance(raw, dict):
-            fail(path, f"must be an object, got {type_name(raw)}")
+        if raw.__class__ is not dict and not isinstance(raw, dict):
+            fail(item_path(source, i), f"must be an object, got {type_name(raw)}")
         role = raw.get("role")
         if role == "tool":
-            block = ("tool", raw.get("content", ""), raw.get("tool_call_id", ""), path)
-            if out and out[-1].role == "user":
-                out[-1].blocks.append(block)  # type: ignore[union-attr]
-            else:
-                out.append(_Msg("user", path, _EMPTY, blocks=[block], from_context=from_context))
+            block = (True, raw.get("content", ""), raw.get("tool_call_id", ""), i)
+            if last is not None and last.role == "user":
+                last.blocks.append(block)  # type: ignore[union-attr]
+                continue
+            last = _new_tuple(_Msg, ("user", source, i, _EMPTY, None, [block], _NO_CALLS, True))
         elif role == "user":
-            block = ("text", raw.get("content", ""), None, path)
+            block = (False, raw.get("content", ""), None, i)
             # A user turn joins the previous user message unless that one carries a
             # task (its own task, if any, is then lost -- reference behaviour).
-            if out and out[-1].role == "user" and out[-1].task is None:
-                out[-1].blocks.append(block)  # type: ignore[union-attr]
-            else:
-                out.append(
-                    _Msg("user", path, raw, task=raw.get("task"), blocks=[block], from_context=from_context)
-                )
+            if last is not None and last.role == "user" and last.task is None:
+                last.blocks.append(block)  # type: ignore[union-attr]
+                continue
+            last = _new_tuple(_Msg, ("user", source, i, raw, raw.get("task"), [block], _NO_CALLS, True))
         else:
-            calls = (
-                read_tool_calls(raw.get("tool_calls"), f"{path}.tool_calls") if role == "assistant" else []
-            )
-            out.append(
-                _Msg(role, path, raw, task=raw.get("task"), tool_calls=calls, from_context=from_context)
-            )
-    return out
+            # (Folded user messages lose their tools, as in the reference.)
+            if not has_tools and raw.get("tools"):
+                has_tools = True
+            calls = read_tool_calls(raw.get("tool_calls"), source, i) if role == "assistant" else _NO_CALLS
+            last = _new_tuple(_Msg, (role, source, i, raw, raw.get("task"), None, calls, True))
+        append(last)
+    return out, has_tools
 
 
 def _sort_tool_results(msgs: list[_Msg]) -> None:
     """Order each user's tool results by the preceding assistant's call order.
 
     Results whose id is unknown sort as position 0 (the reference's default);
-    the sort is stable and other blocks keep their places.
+    the sort is stable and other blocks keep their places. The call-order table is
+    built only for a user message with two or more results to order.
     """
-    order: dict[Any, int] = {}
+    calls: list[ToolCall] = _NO_CALLS
     for m in msgs:
-        if m.role == "assistant" and m.tool_calls:
-            order = {}
-            for n, call in enumerate(m.tool_calls):
-                if call.call_id:
-                    try:
-                        order[call.call_id] = n
-                    except TypeError:
-                        fail(f"{call.path}.id", "must be a string")
-        elif m.role == "user" and m.blocks and order:
-            slots = [k for k, b in enumerate(m.blocks) if b[0] == "tool"]
-            if len(slots) < 2:
+        if m.tool_calls and m.role == "assistant":
+            calls = m.tool_calls
+            for call in calls:
+                # The ids key a table; an unhashable one is an error wherever it is.
+                if call.call_id.__class__ is not str:
+                    _check_hashable_id(call)
+        elif calls and m.blocks is not None and len(m.blocks) > 1 and m.role == "user":
+            blocks = m.blocks
+            slots = [k for k, b in enumerate(blocks) if b[0]]
+            order = {call.call_id: n for n, call in enumerate(calls) if call.call_id}
+            if len(slots) < 2 or not order:
                 continue
-
-            ordered = sorted((m.blocks[k] for k in slots), key=lambda b, o=order: _rank(o, b))
+            ordered = sorted((blocks[k] for k in slots), key=lambda b, o=order, m=m: _rank(o, b, m))
             for k, block in zip(slots, ordered, strict=True):
-                m.blocks[k] = block
+                blocks[k] = block
 
 
-def _rank(order: dict[Any, int], block: tuple[str, Any, Any, str]) -> int:
+def _check_hashable_id(call: ToolCall) -> None:
+    try:
+        hash(call.call_id)
+    except TypeError:
+        fail(f"{call.path}.id", "must be a string")
+
+
+def _rank(order: dict[Any, int], block: _Block, m: _Msg) -> int:
     try:
         return order.get(block[2], 0)
     except TypeError:  # an unhashable tool_call_id
-        fail(f"{block[3]}.tool_call_id", "must be a string")
+        fail(f"{item_path(m.source, block[3])}.tool_call_id", "must be a string")
 
 
 def _last_user_index(msgs: list[_Msg]) -> int:
@@ -274,11 +285,18 @@ def _drop_thinking(msgs: list[_Msg]) -> list[_Msg]:
     last_user = _last_user_index(msgs)
     out: list[_Msg] = []
     for i, m in enumerate(msgs):
-        if m.role in _KEPT_ROLES or i >= last_user:
+        if i >= last_user or _is_kept(m.role):
             out.append(m)
         elif m.role == "assistant":
-            out.append(_Msg(m.role, m.path, m.raw, m.task, m.blocks, m.tool_calls, False, m.from_context))
+            out.append(m._replace(keep_reasoning=False))
     return out
+
+
+def _is_kept(role: Any) -> bool:
+    try:
+        return role in _KEPT_ROLES
+    except TypeError:  # an unhashable role: not a kept one
+        return False
 
 
 class V4ChatFormat:
@@ -341,18 +359,13 @@ class V4ChatFormat:
             )
         thinking = thinking_mode == "thinking"
 
-        ctx = _fold(context, "context", True) if context else []
-        new = _fold(messages, "messages", False)
+        ctx, ctx_tools = _fold(context, "context") if context else ([], False)
+        new, new_tools = _fold(messages, "messages")
         full = ctx + new
         _sort_tool_results(full)
 
-        out: list[Item] = []
-        if add_default_bos_token and not ctx:
-            out.append(self._bos)
-
         # Tools anywhere switch dropping off, so tool-related reasoning stays visible.
-        # (Folded user messages have lost their tools, as in the reference.)
-        drop = drop_thinking and not any(m.role != "user" and m.raw.get("tools") for m in full)
+        drop = drop_thinking and not (ctx_tools or new_tools)
         if thinking and drop:
             full = _drop_thinking(full)
             # Reference quirk (quirk:context-count, also pinned by untagged cases): the
@@ -374,13 +387,9 @@ class V4ChatFormat:
                     f"{reasoning_effort!r} is not accepted by the {reasoning_effort_profile!r} profile "
                     f"(allowed: {allowed})",
                 )
-        last_user = _last_user_index(full)
-        effort_text = prompts.get(reasoning_effort, "")
-        for index in range(start, len(full)):
-            if index == 0 and thinking and effort_text:
-                out.append(effort_text)
-            self._render_message(out, full, index, last_user, thinking, drop)
-        return merge_plain(out)
+        bos = add_default_bos_token and not ctx
+        effort_text = prompts.get(reasoning_effort, "") if thinking else ""
+        return build_segments(lambda out: self._render(out, full, start, bos, effort_text, thinking, drop))
 
     def encode_messages(
         self,
@@ -420,114 +429,173 @@ class V4ChatFormat:
 
     # --- rendering ---------------------------------------------------------------------------
 
-    def _render_schemas(self, out: list[Item], m: _Msg) -> None:
+    def _render(
+        self,
+        out: PromptBuilder,
+        full: list[_Msg],
+        start: int,
+        bos: bool,
+        effort_text: str,
+        thinking: bool,
+        drop: bool,
+    ) -> None:
+        """Append messages ``full[start:]`` (and BOS / the effort text) to ``out``.
+
+        One loop over the messages with the common roles inline and everything it
+        touches per message read into locals: this loop is the renderer's hot path
+        (a method call and attribute lookups per message were a visible share).
+        A special token is ``add(mark); special(segment)`` (see :class:`PromptBuilder`).
+        """
+        parts = out.parts
+        add = parts.append
+        special = out.specials.append
+        mark = out.mark
+        user_seg, assistant_seg, eos_seg = self._user, self._assistant, self._eos
+        think_start_seg, think_end_seg = self._think_start, self._think_end
+        dsml = self._dsml
+        last_user = _last_user_index(full)
+        n = len(full)
+        if bos:
+            add(mark)
+            special(self._bos)
+        for index in range(start, n):
+            if index == 0 and effort_text:
+                add(effort_text)
+            m = full[index]
+            role = m.role
+            raw = m.raw
+            if role == "assistant":
+                # The previous message's task suppresses the thinking close (reference).
+                after_task = index > 0 and full[index - 1].task is not None
+                if thinking and (not drop or index > last_user) and not after_task:
+                    if m.keep_reasoning and (reasoning := raw.get("reasoning_content")):
+                        if reasoning.__class__ is not str:
+                            reasoning = _text(m, "reasoning_content", reasoning)
+                        add(reasoning)
+                    add(mark)
+                    special(think_end_seg)
+                if content := raw.get("content"):
+                    add(content if content.__class__ is str else _text(m, "content", content))
+                if m.tool_calls:
+                    render_tool_calls(out, m.tool_calls, dsml, lenient_arguments)
+                if not raw.get("wo_eos", False):
+                    add(mark)
+                    special(eos_seg)
+            elif role == "user":
+                add(mark)
+                special(user_seg)
+                self._user_blocks(out, m)
+            elif role == "system":
+                if content := raw.get("content"):
+                    add(content if content.__class__ is str else _text(m, "content", content))
+                self._render_schemas(out, m)
+            elif role == "developer":
+                content = raw.get("content")
+                if not content:
+                    fail(f"{m.path}.content", "a developer message needs non-empty content")
+                add(mark)
+                special(user_seg)
+                add(content if content.__class__ is str else _text(m, "content", content))
+                self._render_schemas(out, m)
+            elif role == "latest_reminder":
+                out.special(self._reminder)
+                add(checked_text(raw.get("content"), f"{m.path}.content"))
+            else:
+                fail(
+                    f"{m.path}.role",
+                    f"unknown role {role!r} (expected system, developer, user, "
+                    "tool, assistant or latest_reminder)",
+                )
+
+            # What follows the message: nothing when the next message opens itself;
+            # otherwise a task token, or the assistant turn opener after user input.
+            if index + 1 < n and full[index + 1].role not in ("assistant", "latest_reminder"):
+                continue
+            if m.task is not None:
+                self._render_task(out, m, thinking)
+            elif role == "user" or role == "developer":
+                add(mark)
+                special(assistant_seg)
+                # With drop on, only the last user turn opens thinking (a later user turn
+                # cannot exist at that point, so index >= last_user means "is the last").
+                add(mark)
+                special(think_start_seg if thinking and (not drop or index >= last_user) else think_end_seg)
+
+    def _render_task(self, out: PromptBuilder, m: _Msg, thinking: bool) -> None:
+        """The task token after a message carrying ``task`` (``action`` opens the turn first)."""
+        task = self._tasks.get(m.task) if isinstance(m.task, str) else None
+        if task is None:
+            fail(f"{m.path}.task", f"unknown task {m.task!r} (expected one of {sorted(self._tasks)})")
+        if m.task == "action":
+            out.special(self._assistant)
+            out.special(self._think_start if thinking else self._think_end)
+        out.special(task)
+
+    def _render_schemas(self, out: PromptBuilder, m: _Msg) -> None:
         """The tools and response-format appendix of a system or developer message."""
         raw = m.raw
         if raw.get("tools"):
             functions = read_tool_schemas(raw["tools"], f"{m.path}.tools")
             schemas = "\n".join(to_json(f, f"{m.path}.tools") for f in functions)
-            out.append(self._sep)
+            out.parts.append(self._sep)
             expand_template(out, self._tools, schemas=schemas)
         if raw.get("response_format"):
-            out.append(self._sep)
+            out.parts.append(self._sep)
             schema = to_json(raw["response_format"], f"{m.path}.response_format")
             expand_template(out, self._response_format, schema=schema)
 
-    def _user_blocks(self, out: list[Item], m: _Msg) -> None:
+    def _user_blocks(self, out: PromptBuilder, m: _Msg) -> None:
+        """A folded user message's text: its turns and tool results, joined by blank lines."""
+        blocks = m.blocks or ()
         sp = self.spellings
-        parts: list[str] = []
-        for kind, value, _tool_use_id, path in m.blocks or ():
-            if kind == "text":
-                parts.append(required_text(value, f"{path}.content"))
-                continue
-            if isinstance(value, list):
-                texts: list[str] = []
-                for j, part in enumerate(value):
-                    if not isinstance(part, dict):
-                        fail(f"{path}.content[{j}]", f"must be an object, got {type_name(part)}")
-                    if part.get("type") == "text":
-                        texts.append(required_text(part.get("text", ""), f"{path}.content[{j}].text"))
-                    else:
-                        texts.append(f"[Unsupported {part.get('type')}]")
-                value = "\n\n".join(texts)
+        if len(blocks) == 1:
+            # The common cases -- one user turn, or one tool result -- without a list.
+            block = blocks[0]
+            value = block[1]
+            if not block[0]:
+                out.parts.append(value if value.__class__ is str else _block_text(m, block))
             else:
-                value = required_text(value, f"{path}.content")
-            parts.append(sp.tool_result_open + value + sp.tool_result_close)
-        text = "\n\n".join(parts)
-        if text:
-            out.append(text)
-
-    def _render_message(
-        self,
-        out: list[Item],
-        full: list[_Msg],
-        index: int,
-        last_user: int,
-        thinking: bool,
-        drop: bool,
-    ) -> None:
-        m = full[index]
-        role = m.role
-        raw = m.raw
-        if role == "system":
-            content = optional_text(raw, "content", m.path)
-            if content:
-                out.append(content)
-            self._render_schemas(out, m)
-        elif role == "developer":
-            content = raw.get("content")
-            if not content:
-                fail(f"{m.path}.content", "a developer message needs non-empty content")
-            out.append(self._user)
-            out.append(required_text(content, f"{m.path}.content"))
-            self._render_schemas(out, m)
-        elif role == "user":
-            out.append(self._user)
-            self._user_blocks(out, m)
-        elif role == "latest_reminder":
-            out.append(self._reminder)
-            content = required_text(raw.get("content"), f"{m.path}.content")
-            if content:
-                out.append(content)
-        elif role == "assistant":
-            prev_has_task = index >= 1 and full[index - 1].task is not None
-            if thinking and not prev_has_task and (not drop or index > last_user):
-                reasoning = optional_text(raw, "reasoning_content", m.path) if m.keep_reasoning else ""
-                if reasoning:
-                    out.append(reasoning)
-                out.append(self._think_end)
-            content = optional_text(raw, "content", m.path)
-            if content:
-                out.append(content)
-            if m.tool_calls:
-                render_tool_calls(out, m.tool_calls, self._dsml, lenient_arguments)
-            if not raw.get("wo_eos", False):
-                out.append(self._eos)
-        else:
-            fail(
-                f"{m.path}.role",
-                f"unknown role {role!r} (expected system, developer, user, "
-                "tool, assistant or latest_reminder)",
-            )
-
-        # What follows the message: nothing when the next message opens itself;
-        # otherwise a task token, or the assistant turn opener after user input.
-        if index + 1 < len(full) and full[index + 1].role not in ("assistant", "latest_reminder"):
+                if value.__class__ is not str:
+                    value = _tool_result_text(m, block)
+                out.parts += (sp.tool_result_open, value, sp.tool_result_close)
             return
-        if m.task is not None:
-            task = self._tasks.get(m.task) if isinstance(m.task, str) else None
-            if task is None:
-                fail(f"{m.path}.task", f"unknown task {m.task!r} (expected one of {sorted(self._tasks)})")
-            if m.task == "action":
-                out.append(self._assistant)
-                out.append(self._think_start if thinking else self._think_end)
-            out.append(task)
-        elif role in ("user", "developer"):
-            out.append(self._assistant)
-            # With drop on, only the last user turn opens thinking (a later user turn
-            # cannot exist at that point, so index >= last_user means "is the last").
-            open_thinking = thinking and (not drop or index >= last_user)
-            out.append(self._think_start if open_thinking else self._think_end)
+        texts: list[str] = []
+        for block in blocks:
+            is_tool, value = block[0], block[1]
+            if not is_tool:
+                texts.append(value if value.__class__ is str else _block_text(m, block))
+                continue
+            if value.__class__ is not str:
+                value = _tool_result_text(m, block)
+            texts.append(sp.tool_result_open + value + sp.tool_result_close)
+        out.parts.append("\n\n".join(texts))
+
+
+def _text(m: _Msg, key: str, value: Any) -> str:
+    """Slow path of the inline ``value.__class__ is str`` checks: a ``str`` subclass
+    passes, anything else is a :class:`FormatError` naming the field."""
+    return checked_text(value, f"{m.path}.{key}")
+
+
+def _block_text(m: _Msg, block: _Block) -> str:
+    return checked_text(block[1], f"{item_path(m.source, block[3])}.content")
+
+
+def _tool_result_text(m: _Msg, block: _Block) -> str:
+    """A tool result given as content parts: text parts joined, others as placeholders."""
+    value = block[1]
+    path = item_path(m.source, block[3])
+    if not isinstance(value, list):
+        return checked_text(value, f"{path}.content")
+    texts: list[str] = []
+    for j, part in enumerate(value):
+        if not isinstance(part, dict):
+            fail(f"{path}.content[{j}]", f"must be an object, got {type_name(part)}")
+        if part.get("type") == "text":
+            texts.append(checked_text(part.get("text", ""), f"{path}.content[{j}].text"))
+        else:
+            texts.append(f"[Unsupported {part.get('type')}]")
+    return "\n\n".join(texts)
 
 
 _V4 = V4ChatFormat(DSV4_SPELLINGS)

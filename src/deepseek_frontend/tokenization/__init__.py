@@ -35,6 +35,7 @@ import logging
 import random
 import re
 import threading
+from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Sequence
 from importlib import resources
@@ -44,7 +45,7 @@ from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 from deepseek_frontend.errors import FormatError
-from deepseek_frontend.formats.segments import PromptSegment
+from deepseek_frontend.formats.segments import PromptSegment, join_segments
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,13 @@ logger = logging.getLogger(__name__)
 RUN_CACHE_MAX_CHARS = 64 * 1024 * 1024
 #: runs shorter than this are cheap to re-encode and not worth an LRU slot
 RUN_CACHE_MIN_CHARS = 16
+#: recent prompts kept for prefix reuse (one per conversation head) and the ids they may hold in all
+PREFIX_CACHE_MAX_ENTRIES = 256
+PREFIX_CACHE_MAX_IDS = 32 * 1024 * 1024
+#: segments identifying a conversation: BOS, system prompt (with tools), role token, first user turn
+PREFIX_KEY_SEGMENTS = 4
+#: block size of the C-level comparisons that locate where two prompts diverge
+_COMPARE_BLOCK = 2048
 #: fraction of prompts re-encoded whole to check the per-run invariant (the check costs one full encode)
 SELF_CHECK_RATE = 1 / 512
 
@@ -109,7 +117,121 @@ class RunCache:
         return len(self._entries)
 
     def __repr__(self) -> str:
-        return f"RunCache(entries={len(self._entries)}, chars={self._chars}, hits={self.hits}, misses={self.misses})"
+        return (
+            f"RunCache(entries={len(self._entries)}, chars={self._chars}, "
+            f"hits={self.hits}, misses={self.misses})"
+        )
+
+
+class PrefixCache:
+    """Recent prompts' segments and ids, found by the head of their conversation.
+
+    An agent resends its whole conversation every turn. The entry for a prompt
+    keeps its segment list, its ids, and for every special segment its index and
+    the id count after it. A new prompt with the same head (its first
+    :data:`PREFIX_KEY_SEGMENTS` segments) reuses the ids up to the last special
+    segment inside the common prefix: text runs between special tokens are
+    tokenized independently (see the module docstring), so those ids are exactly
+    what a fresh encode would give. Bounded by entry count and total ids; a
+    conversation's newest prompt replaces its previous one. Thread-safe.
+    """
+
+    def __init__(
+        self, max_entries: int = PREFIX_CACHE_MAX_ENTRIES, max_ids: int = PREFIX_CACHE_MAX_IDS
+    ) -> None:
+        self.max_entries = max_entries
+        self.max_ids = max_ids
+        self._entries: OrderedDict[tuple[PromptSegment, ...], _PrefixEntry] = OrderedDict()
+        self._ids = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+        #: ids served from the cache in all (a hit's reused prefix)
+        self.reused_ids = 0
+
+    def lookup(self, segments: list[PromptSegment]) -> tuple[int, list[int], list[int], list[int]] | None:
+        """``(start, ids, special_pos, special_end)`` to continue from, or ``None``.
+
+        ``ids`` are the ids of ``segments[:start]``; the lists are fresh copies.
+        """
+        key = tuple(segments[:PREFIX_KEY_SEGMENTS])
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        common = _common_prefix_length(entry.segments, segments)
+        last = bisect_left(entry.special_pos, common) - 1  # the last special segment inside the common part
+        if last < 0:
+            self.misses += 1
+            return None
+        self.hits += 1
+        n_ids = entry.special_end[last]
+        self.reused_ids += n_ids
+        return (
+            entry.special_pos[last] + 1,
+            entry.ids[:n_ids],
+            entry.special_pos[: last + 1],
+            entry.special_end[: last + 1],
+        )
+
+    def store(
+        self, segments: list[PromptSegment], ids: list[int], special_pos: list[int], special_end: list[int]
+    ) -> None:
+        if self.max_entries <= 0 or len(ids) > self.max_ids or not special_pos:
+            return
+        key = tuple(segments[:PREFIX_KEY_SEGMENTS])
+        entry = _PrefixEntry(segments, ids, special_pos, special_end)
+        with self._lock:
+            old = self._entries.pop(key, None)
+            if old is not None:
+                self._ids -= len(old.ids)
+            self._entries[key] = entry
+            self._ids += len(ids)
+            while self._entries and (len(self._entries) > self.max_entries or self._ids > self.max_ids):
+                _, dropped = self._entries.popitem(last=False)
+                self._ids -= len(dropped.ids)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._ids = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return (
+            f"PrefixCache(entries={len(self._entries)}, ids={self._ids}, "
+            f"hits={self.hits}, misses={self.misses})"
+        )
+
+
+class _PrefixEntry:
+    __slots__ = ("ids", "segments", "special_end", "special_pos")
+
+    def __init__(
+        self, segments: list[PromptSegment], ids: list[int], special_pos: list[int], special_end: list[int]
+    ) -> None:
+        self.segments = segments
+        self.ids = ids
+        self.special_pos = special_pos
+        self.special_end = special_end
+
+
+def _common_prefix_length(a: list[PromptSegment], b: list[PromptSegment]) -> int:
+    """Length of the common prefix of two segment lists, compared in C block by block."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n  # the usual case: the new prompt extends the old one
+    i = 0
+    while i + _COMPARE_BLOCK <= n and a[i : i + _COMPARE_BLOCK] == b[i : i + _COMPARE_BLOCK]:
+        i += _COMPARE_BLOCK
+    while a[i] == b[i]:  # stops inside this block: a difference exists before n
+        i += 1
+    return i
 
 
 class PromptTokenizer:
@@ -119,7 +241,9 @@ class PromptTokenizer:
     the only mutable state is the bounded run cache and its counters.
     """
 
-    def __init__(self, tokenizer_json: str, *, source: str = "<memory>", cache_max_chars: int = RUN_CACHE_MAX_CHARS):
+    def __init__(
+        self, tokenizer_json: str, *, source: str = "<memory>", cache_max_chars: int = RUN_CACHE_MAX_CHARS
+    ):
         self.source = source
         #: the tokenizer as published: recognises every added token (decode, raw prompts)
         self.full = Tokenizer.from_str(tokenizer_json)
@@ -136,9 +260,12 @@ class PromptTokenizer:
         self.bos_token_id = self.token_id(BOS_SPELLING)
         self.eos_token_id = self.token_id(EOS_SPELLING)
         self.cache = RunCache(cache_max_chars)
+        self.prefix_cache = PrefixCache()
         self.self_check_rate = SELF_CHECK_RATE
         self._rng = random.Random(0x5EED)
-        self._spelling_re = re.compile("|".join(re.escape(s) for s in sorted(self._added, key=len, reverse=True)))
+        self._spelling_re = re.compile(
+            "|".join(re.escape(s) for s in sorted(self._added, key=len, reverse=True))
+        )
         self._id_bytes = _byte_level_table(self.full, data)
 
     @classmethod
@@ -164,7 +291,9 @@ class PromptTokenizer:
         try:
             return self._added[spelling]
         except KeyError:
-            raise FormatError(f"{spelling!r} is not a single token of this tokenizer ({self.source})") from None
+            raise FormatError(
+                f"{spelling!r} is not a single token of this tokenizer ({self.source})"
+            ) from None
 
     # -- encoding ---------------------------------------------------------------
 
@@ -200,35 +329,68 @@ class PromptTokenizer:
             raise
 
     def encode_segments(self, segments: Sequence[PromptSegment]) -> list[int]:
-        """Prompt ids for renderer segments: special segments -> one id each, runs of text -> cached ids.
+        """Prompt ids for renderer segments: special segments -> one id each, runs of text -> ids.
 
-        Cache misses of one prompt are encoded together with ``encode_batch`` (the
-        Rust side spreads them over cores).
+        Two caches make a follow-up request cheap: the prefix cache finds the
+        previous prompt of the same conversation and reuses its ids up to the last
+        special token both prompts share (one C-level list comparison in the usual
+        append-a-turn case); the run cache serves text runs seen anywhere before.
+        What is left is encoded in one ``encode_batch`` call (the Rust side spreads
+        it over cores).
         """
-        runs: list[str | int] = []  # int: a special id; str: a text run
+        if not isinstance(segments, list):
+            segments = list(segments)
+        hit = self.prefix_cache.lookup(segments)
+        if hit is None:
+            start, ids, special_pos, special_end = 0, [], [], []
+        else:
+            start, ids, special_pos, special_end = hit
+        self._encode_from(segments, start, ids, special_pos, special_end)
+        self.prefix_cache.store(segments, ids, special_pos, special_end)
+        if self.self_check_rate and self._rng.random() < self.self_check_rate:
+            self._self_check(segments, ids)
+        return ids
+
+    def _encode_from(
+        self,
+        segments: list[PromptSegment],
+        start: int,
+        out: list[int],
+        special_pos: list[int],
+        special_end: list[int],
+    ) -> None:
+        """Append the ids of ``segments[start:]`` to ``out``; record each special segment's
+        index and the id count after it (the prefix cache's reuse points)."""
+        added = self._added
+        runs: list[str | int] = []  # int: a special id; str: a maximal text run
         pending: list[str] = []
-        for seg in segments:
-            if seg.special:
+        for index in range(start, len(segments)):
+            text, special = segments[index]
+            if special:
                 if pending:
-                    runs.append("".join(pending))
-                    pending.clear()
-                runs.append(self.token_id(seg.text))
-            elif seg.text:
-                pending.append(seg.text)
+                    runs.append(pending[0] if len(pending) == 1 else "".join(pending))
+                    pending = []
+                token = added.get(text)
+                if token is None:
+                    self.token_id(text)  # raises the FormatError naming the spelling
+                runs.append(token)  # type: ignore[arg-type]
+                special_pos.append(index)
+            elif text:
+                pending.append(text)
         if pending:
-            runs.append("".join(pending))
+            runs.append(pending[0] if len(pending) == 1 else "".join(pending))
 
         cache = self.cache
         resolved: dict[str, tuple[int, ...]] = {}
         missing: list[str] = []
         for run in runs:
-            if isinstance(run, str) and run not in resolved:
-                ids = cache.get(run) if len(run) >= RUN_CACHE_MIN_CHARS else None
+            if run.__class__ is str and run not in resolved:
+                ids = cache.get(run) if len(run) >= RUN_CACHE_MIN_CHARS else None  # type: ignore[arg-type]
                 if ids is None:
-                    missing.append(run)
-                    resolved[run] = ()
+                    missing.append(run)  # type: ignore[arg-type]
+                    resolved[run] = ()  # type: ignore[index]
                 else:
-                    resolved[run] = ids
+                    resolved[run] = ids  # type: ignore[index]
         if missing:
             for run, encoded in zip(missing, self._encode_texts(missing), strict=True):
                 ids = tuple(encoded)
@@ -236,26 +398,24 @@ class PromptTokenizer:
                 if len(run) >= RUN_CACHE_MIN_CHARS:
                     cache.put(run, ids)
 
-        out: list[int] = []
+        append, extend, mark = out.append, out.extend, special_end.append
         for run in runs:
-            if isinstance(run, int):
-                out.append(run)
+            if run.__class__ is int:
+                append(run)  # type: ignore[arg-type]
+                mark(len(out))
             else:
-                out.extend(resolved[run])
-        if self.self_check_rate and self._rng.random() < self.self_check_rate:
-            self._self_check(runs, out)
-        return out
+                extend(resolved[run])  # type: ignore[index]
 
-    def _self_check(self, runs: list[str | int], ids: list[int]) -> None:
+    def _self_check(self, segments: list[PromptSegment], ids: list[int]) -> None:
         """Compare with a whole-prompt encode; on mismatch, log and stop caching."""
-        if any(isinstance(r, str) and self._spelling_re.search(r) for r in runs):
+        if any(not seg.special and self._spelling_re.search(seg.text) for seg in segments):
             return  # request text spells a token: the safe ids differ from a naive encode by design
-        prompt = "".join(r if isinstance(r, str) else self.full.id_to_token(r) for r in runs)
-        expected = self.encode_raw(prompt)
-        if expected != ids:
-            logger.error("prompt run cache disagrees with a whole-prompt encode; disabling the cache")
+        if self.encode_raw(join_segments(segments)) != ids:
+            logger.error("prompt id caches disagree with a whole-prompt encode; disabling them")
             self.cache.clear()
             self.cache.max_chars = 0
+            self.prefix_cache.clear()
+            self.prefix_cache.max_entries = 0
 
     def contains_token_spelling(self, text: str) -> bool:
         """True when ``text`` spells an added token (such text is encoded as plain text)."""
@@ -355,6 +515,7 @@ __all__ = [
     "BOS_SPELLING",
     "EOS_SPELLING",
     "IncrementalDetokenizer",
+    "PrefixCache",
     "PromptTokenizer",
     "RunCache",
     "bundled_tokenizer_path",

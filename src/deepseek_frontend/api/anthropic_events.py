@@ -1,0 +1,399 @@
+"""Parser events -> Anthropic Messages stream events, and their accumulation.
+
+:class:`MessagesStreamEncoder` is a small state machine over the parser's events
+(``ReasoningDelta``, ``ContentDelta``, ``ToolCallStart``,
+``ToolCallArgumentsDelta``, ``ToolCallEnd``). It opens one content block per
+run of same-kind output and closes the previous block before the next opens,
+so indexes are dense and blocks never interleave::
+
+    message_start, ping
+    content_block_start(0, thinking)  thinking_delta*  signature_delta  content_block_stop(0)
+    content_block_start(1, text)      text_delta*                       content_block_stop(1)
+    content_block_start(2, tool_use)  input_json_delta*                 content_block_stop(2)
+    message_delta(stop_reason, usage)  message_stop
+
+A thinking block gets its ``signature`` (see :func:`thinking_signature`) in one
+``signature_delta`` just before it closes; tool input streams as
+``input_json_delta`` pieces exactly as the parser releases argument text.
+
+Each event is a ``(name, payload)`` pair; the route frames it with
+``sse.named_event``. A non-streaming answer is built by feeding the very same
+events to :class:`MessageAccumulator`, so both answers agree by construction.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import secrets
+import string
+from typing import Any, Literal
+
+from deepseek_frontend.errors import FrontendError
+from deepseek_frontend.parsing.events import (
+    ContentDelta,
+    Finish,
+    ReasoningDelta,
+    ToolCallArgumentsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
+
+__all__ = [
+    "MessageAccumulator",
+    "MessagesStreamEncoder",
+    "SSEEvent",
+    "anthropic_error_body",
+    "anthropic_error_type",
+    "new_message_id",
+    "new_tool_use_id",
+    "stop_reason_for",
+    "thinking_signature",
+]
+
+#: One stream event: (SSE event name, JSON payload). The name equals ``payload["type"]``.
+SSEEvent = tuple[str, dict[str, Any]]
+
+StopReason = Literal["end_turn", "max_tokens", "tool_use", "stop_sequence"]
+
+_SIGNATURE_DOMAIN = b"deepseek-frontend/thinking-signature/v1\x00"
+
+
+_ID_ALPHABET = string.ascii_letters + string.digits
+
+
+def _random_suffix(length: int = 24) -> str:
+    # base62 like Anthropic's own ids: safe in URLs, logs and shell commands
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(length))
+
+
+def new_message_id() -> str:
+    """A fresh ``msg_...`` id."""
+    return "msg_" + _random_suffix()
+
+
+def new_tool_use_id() -> str:
+    """A fresh ``toolu_...`` id."""
+    return "toolu_" + _random_suffix()
+
+
+def thinking_signature(reasoning: str) -> str:
+    """The ``signature`` sent with a thinking block: a SHA-256 digest of its text.
+
+    Anthropic signs thinking so that it can verify replayed blocks. This server
+    never needs to: DeepSeek re-renders reasoning from its text, and incoming
+    signatures are ignored. The digest is a stable, opaque non-empty value that
+    agent SDKs require to be present.
+    """
+    digest = hashlib.sha256(_SIGNATURE_DOMAIN + reasoning.encode("utf-8")).digest()
+    return base64.b64encode(digest).decode()
+
+
+def stop_reason_for(finish_reason: str, matched_stop: str | None = None) -> StopReason:
+    """Map the pipeline's finish reason onto Anthropic's ``stop_reason``.
+
+    ``tool_calls`` -> ``tool_use``; ``length`` -> ``max_tokens``; ``stop`` ->
+    ``stop_sequence`` when a client stop string matched, else ``end_turn``.
+    """
+    if finish_reason == "tool_calls":
+        return "tool_use"
+    if finish_reason == "length":
+        return "max_tokens"
+    if matched_stop is not None:
+        return "stop_sequence"
+    return "end_turn"
+
+
+# Anthropic's error types by HTTP status
+# (https://docs.anthropic.com/en/api/errors): the frontend's error tree maps onto these.
+_ANTHROPIC_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    502: "api_error",
+    503: "overloaded_error",
+    504: "api_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_type(err: FrontendError) -> str:
+    """Anthropic's ``error.type`` for a frontend error (by its HTTP status)."""
+    return _ANTHROPIC_ERROR_TYPES.get(err.status_code, "api_error")
+
+
+def anthropic_error_body(err: FrontendError) -> dict[str, Any]:
+    """Anthropic's error object: ``{"type": "error", "error": {"type": ..., "message": ...}}``.
+
+    Used both as an HTTP error body and as the payload of an ``error`` stream event.
+    """
+    return {"type": "error", "error": {"type": anthropic_error_type(err), "message": err.message}}
+
+
+class MessagesStreamEncoder:
+    """Turns parser events into Anthropic stream events for one response.
+
+    Lifecycle: :meth:`start` once, then any number of :meth:`feed` (or the
+    per-kind methods), then :meth:`finish` once. Calls after ``finish`` raise
+    ``RuntimeError``. Tool-call ``index`` values are the parser's; the encoder
+    assigns content-block indexes and ``toolu_`` ids itself.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        input_tokens: int,
+        cache_read_input_tokens: int = 0,
+        message_id: str | None = None,
+    ) -> None:
+        self.message_id = message_id or new_message_id()
+        self.model = model
+        self.input_tokens = input_tokens
+        self.cache_read_input_tokens = cache_read_input_tokens
+        self._block_index = -1
+        #: "thinking" | "text" | "tool_use" | None (no block open)
+        self._open: str | None = None
+        self._open_tool: int | None = None
+        self._reasoning: list[str] = []
+        self._finished = False
+        #: parser tool index -> our tool_use id, for every call started so far
+        self.tool_ids: dict[int, str] = {}
+
+    def __repr__(self) -> str:
+        blocks = self._block_index + 1
+        return f"MessagesStreamEncoder(id={self.message_id!r}, open={self._open!r}, blocks={blocks})"
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> list[SSEEvent]:
+        """``message_start`` (empty content, prompt usage) followed by one ``ping``."""
+        message = {
+            "id": self.message_id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": self.input_tokens,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": self.cache_read_input_tokens,
+                "output_tokens": 0,
+            },
+        }
+        return [("message_start", {"type": "message_start", "message": message}), ping_event()]
+
+    def feed(self, event: object) -> list[SSEEvent]:
+        """Translate one parser event. ``Finish`` is ignored here: pass its reason to :meth:`finish`."""
+        if isinstance(event, ReasoningDelta):
+            return self.reasoning(event.text)
+        if isinstance(event, ContentDelta):
+            return self.text(event.text)
+        if isinstance(event, ToolCallStart):
+            return self.tool_start(event.index, event.name)
+        if isinstance(event, ToolCallArgumentsDelta):
+            return self.tool_arguments(event.index, event.text)
+        if isinstance(event, ToolCallEnd):
+            return self.tool_end(event.index)
+        if isinstance(event, Finish):
+            return []
+        raise TypeError(f"unexpected parser event {event!r}")
+
+    def reasoning(self, text: str) -> list[SSEEvent]:
+        """A piece of reasoning: ``thinking_delta`` in the open (or a new) thinking block."""
+        self._check_open()
+        if not text:
+            return []
+        out: list[SSEEvent] = []
+        if self._open != "thinking":
+            out += self._close_block()
+            out.append(self._open_block("thinking", {"type": "thinking", "thinking": "", "signature": ""}))
+        self._reasoning.append(text)
+        out.append(self._delta({"type": "thinking_delta", "thinking": text}))
+        return out
+
+    def text(self, text: str) -> list[SSEEvent]:
+        """A piece of answer text: ``text_delta`` in the open (or a new) text block."""
+        self._check_open()
+        if not text:
+            return []
+        out: list[SSEEvent] = []
+        if self._open != "text":
+            out += self._close_block()
+            out.append(self._open_block("text", {"type": "text", "text": ""}))
+        out.append(self._delta({"type": "text_delta", "text": text}))
+        return out
+
+    def tool_start(self, index: int, name: str) -> list[SSEEvent]:
+        """A tool call begins: close the open block, open a ``tool_use`` block with empty input."""
+        self._check_open()
+        out = self._close_block()
+        tool_id = new_tool_use_id()
+        self.tool_ids[index] = tool_id
+        out.append(
+            self._open_block("tool_use", {"type": "tool_use", "id": tool_id, "name": name, "input": {}})
+        )
+        self._open_tool = index
+        return out
+
+    def tool_arguments(self, index: int, text: str) -> list[SSEEvent]:
+        """Argument JSON text of the open call, as ``input_json_delta``."""
+        self._check_open()
+        if not text:
+            return []
+        if self._open != "tool_use" or self._open_tool != index:
+            raise RuntimeError(f"arguments for tool call {index} arrived while it is not open")
+        return [self._delta({"type": "input_json_delta", "partial_json": text})]
+
+    def tool_end(self, index: int) -> list[SSEEvent]:
+        """The call's arguments are complete: close its block."""
+        self._check_open()
+        if self._open == "tool_use" and self._open_tool == index:
+            return self._close_block()
+        return []
+
+    def finish(
+        self,
+        *,
+        stop_reason: StopReason,
+        output_tokens: int,
+        stop_sequence: str | None = None,
+        input_tokens: int | None = None,
+        cache_read_input_tokens: int | None = None,
+    ) -> list[SSEEvent]:
+        """Close the open block, then ``message_delta`` (stop reason, usage) and ``message_stop``.
+
+        ``input_tokens`` / ``cache_read_input_tokens`` update the counts sent in
+        ``message_start`` (the engine reports cache hits only as it finishes).
+        """
+        if input_tokens is not None:
+            self.input_tokens = input_tokens
+        if cache_read_input_tokens is not None:
+            self.cache_read_input_tokens = cache_read_input_tokens
+        self._check_open()
+        out = self._close_block()
+        self._finished = True
+        out.append(
+            (
+                "message_delta",
+                {
+                    "type": "message_delta",
+                    "delta": {
+                        "stop_reason": stop_reason,
+                        "stop_sequence": stop_sequence if stop_reason == "stop_sequence" else None,
+                    },
+                    "usage": {
+                        "input_tokens": self.input_tokens,
+                        "cache_creation_input_tokens": 0,
+                        "cache_read_input_tokens": self.cache_read_input_tokens,
+                        "output_tokens": output_tokens,
+                    },
+                },
+            )
+        )
+        out.append(("message_stop", {"type": "message_stop"}))
+        return out
+
+    def error(self, err: FrontendError) -> list[SSEEvent]:
+        """An ``error`` event (Anthropic's error shape) for a failure mid-stream; ends the encoder."""
+        self._finished = True
+        return [("error", anthropic_error_body(err))]
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._finished:
+            raise RuntimeError("MessagesStreamEncoder used after finish()")
+
+    def _open_block(self, kind: str, block: dict[str, Any]) -> SSEEvent:
+        self._block_index += 1
+        self._open = kind
+        return (
+            "content_block_start",
+            {"type": "content_block_start", "index": self._block_index, "content_block": block},
+        )
+
+    def _delta(self, delta: dict[str, Any]) -> SSEEvent:
+        return (
+            "content_block_delta",
+            {"type": "content_block_delta", "index": self._block_index, "delta": delta},
+        )
+
+    def _close_block(self) -> list[SSEEvent]:
+        if self._open is None:
+            return []
+        out: list[SSEEvent] = []
+        if self._open == "thinking":
+            signature = thinking_signature("".join(self._reasoning))
+            self._reasoning.clear()
+            out.append(self._delta({"type": "signature_delta", "signature": signature}))
+        out.append(("content_block_stop", {"type": "content_block_stop", "index": self._block_index}))
+        self._open = None
+        self._open_tool = None
+        return out
+
+
+def ping_event() -> SSEEvent:
+    """A ``ping`` keep-alive event."""
+    return ("ping", {"type": "ping"})
+
+
+class MessageAccumulator:
+    """Builds the final Messages response from the stream events an encoder produced.
+
+    This is the non-streaming answer: the same events, folded. Tool input is the
+    JSON parse of the concatenated ``input_json_delta`` pieces (``{}`` when none).
+    """
+
+    def __init__(self) -> None:
+        self._message: dict[str, Any] | None = None
+        self._json: dict[int, list[str]] = {}
+
+    def add(self, events: list[SSEEvent]) -> None:
+        """Fold events in stream order."""
+        for name, payload in events:
+            self._add_one(name, payload)
+
+    def _add_one(self, name: str, payload: dict[str, Any]) -> None:
+        if name == "message_start":
+            self._message = json.loads(json.dumps(payload["message"]))  # private deep copy
+            return
+        message = self._message
+        if message is None:
+            raise RuntimeError(f"{name} before message_start")
+        if name == "content_block_start":
+            message["content"].append(dict(payload["content_block"]))
+        elif name == "content_block_delta":
+            block = message["content"][payload["index"]]
+            delta = payload["delta"]
+            kind = delta["type"]
+            if kind == "text_delta":
+                block["text"] += delta["text"]
+            elif kind == "thinking_delta":
+                block["thinking"] += delta["thinking"]
+            elif kind == "signature_delta":
+                block["signature"] = delta["signature"]
+            elif kind == "input_json_delta":
+                self._json.setdefault(payload["index"], []).append(delta["partial_json"])
+        elif name == "content_block_stop":
+            index = payload["index"]
+            block = message["content"][index]
+            if block["type"] == "tool_use" and index in self._json:
+                block["input"] = json.loads("".join(self._json.pop(index)))
+        elif name == "message_delta":
+            message["stop_reason"] = payload["delta"]["stop_reason"]
+            message["stop_sequence"] = payload["delta"]["stop_sequence"]
+            message["usage"].update(payload["usage"])
+
+    def result(self) -> dict[str, Any]:
+        """The Messages response object."""
+        if self._message is None:
+            raise RuntimeError("no message_start seen")
+        return self._message

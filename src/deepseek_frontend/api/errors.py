@@ -1,0 +1,68 @@
+"""Errors as HTTP answers.
+
+Every ``FrontendError`` already knows its status and error type
+(``deepseek_frontend.errors``); this module only chooses the JSON shape. The
+shape is pluggable: OpenAI routes use :func:`openai_error_body`, the Anthropic
+adapter passes its own :data:`ErrorBodyRenderer` to :func:`error_response` and
+to the stream helpers.
+
+OpenAI shape::
+
+    {"error": {"message": "...", "type": "invalid_request_error",
+               "param": "messages[2].content", "code": null}}
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+from starlette.responses import Response
+
+from deepseek_frontend.errors import FrontendError
+
+log = logging.getLogger("deepseek_frontend.api")
+
+#: Turns an error into the JSON object a protocol sends (body of a response or of an SSE error event).
+ErrorBodyRenderer = Callable[[FrontendError], dict[str, Any]]
+
+
+class InternalServerError(FrontendError):
+    """An unexpected exception, reported without its internals (HTTP 500)."""
+
+
+def as_frontend_error(exc: BaseException) -> FrontendError:
+    """``exc`` itself when it is a ``FrontendError``, else a generic 500 (the cause is logged)."""
+    if isinstance(exc, FrontendError):
+        return exc
+    log.exception("unexpected error", exc_info=exc)
+    return InternalServerError(f"internal server error ({type(exc).__name__})")
+
+
+def openai_error_body(err: FrontendError) -> dict[str, Any]:
+    """The OpenAI error object for ``err``."""
+    return {
+        "error": {
+            "message": err.message,
+            "type": err.error_type,
+            "param": err.param,
+            "code": err.code,
+        }
+    }
+
+
+def error_response(
+    exc: BaseException,
+    render: ErrorBodyRenderer = openai_error_body,
+    headers: dict[str, str] | None = None,
+) -> Response:
+    """A JSON response with the status ``exc`` maps to, in the shape ``render`` gives."""
+    err = as_frontend_error(exc)
+    return Response(
+        orjson.dumps(render(err)),
+        status_code=err.status_code,
+        media_type="application/json",
+        headers=headers,
+    )

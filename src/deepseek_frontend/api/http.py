@@ -1,0 +1,277 @@
+"""HTTP plumbing shared by every protocol adapter (OpenAI, Anthropic, Responses).
+
+* :class:`FrontendState` -- what the app holds at ``app.state.frontend``.
+* :func:`read_json` -- body size limit (413) and orjson parsing (400).
+* :func:`api_route` -- wraps an endpoint: request id, in-flight gauge, request
+  counter by status and error type, error responses in the protocol's shape.
+* :class:`EventStreamResponse` -- an SSE response whose body iterator is always
+  closed (and therefore its engine requests aborted) when the response ends,
+  whether it finished, failed or the client went away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+import orjson
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from deepseek_frontend.errors import FrontendError, PayloadTooLargeError, RequestError
+
+from .errors import ErrorBodyRenderer, as_frontend_error, error_response, openai_error_body
+from .sse import MEDIA_TYPE, SSE_HEADERS
+
+if TYPE_CHECKING:
+    from deepseek_frontend.tokenization import PromptTokenizer
+
+    from .config import ServerConfig
+    from .metrics import FrontendMetrics
+    from .pipeline import ChatPipeline
+
+log = logging.getLogger("deepseek_frontend.api")
+
+REQUEST_ID_HEADER = "x-request-id"
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class FrontendState:
+    """Shared state of one server (``app.state.frontend``)."""
+
+    config: ServerConfig
+    pipeline: ChatPipeline
+    tokenizer: PromptTokenizer
+    metrics: FrontendMetrics
+    #: the WorkerPool (or in-process simulated engine) behind the pipeline
+    backend: Any
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def get_state(request: Request) -> FrontendState:
+    return request.app.state.frontend
+
+
+def new_request_id(prefix: str = "chatcmpl") -> str:
+    """``<prefix>-<32 hex>``: unique per request; also the engine request id."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
+    """The request body as a JSON object.
+
+    Raises ``PayloadTooLargeError`` past ``max_bytes`` (checked on Content-Length
+    first, then while reading, so a lying client cannot make us buffer more) and
+    ``RequestError`` for invalid JSON or a non-object body.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise PayloadTooLargeError(f"request body is {declared} bytes; the limit is {max_bytes}")
+    parts: list[bytes] = []
+    size = 0
+    try:
+        async for part in request.stream():
+            size += len(part)
+            if size > max_bytes:
+                raise PayloadTooLargeError(f"request body exceeds the limit of {max_bytes} bytes")
+            parts.append(part)
+    except ClientDisconnect:
+        raise RequestError("client disconnected while sending the body") from None
+    body = b"".join(parts)
+    if not body:
+        raise RequestError("request body is empty; expected a JSON object")
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise RequestError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise RequestError(f"request body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+class RequestTracker:
+    """Per-request bookkeeping: in-flight gauge, status counter, e2e latency, one log line.
+
+    ``finish`` is idempotent: the wrapper calls it for plain responses, a streaming
+    response calls it when its body ends (``deferred`` set by the endpoint).
+    """
+
+    __slots__ = ("_done", "deferred", "endpoint", "metrics", "request_id", "started", "stream_error")
+
+    def __init__(self, metrics: FrontendMetrics, endpoint: str, request_id: str) -> None:
+        self.metrics = metrics
+        self.endpoint = endpoint
+        self.request_id = request_id
+        self.started = time.perf_counter()
+        self.deferred = False
+        #: error type of an in-band error event a stream ended with ('' if none)
+        self.stream_error = ""
+        self._done = False
+        metrics.in_flight.labels(endpoint).inc()
+
+    def finish(self, status: int, error_type: str = "") -> None:
+        if self._done:
+            return
+        self._done = True
+        m = self.metrics
+        elapsed = time.perf_counter() - self.started
+        m.in_flight.labels(self.endpoint).dec()
+        m.requests.labels(self.endpoint, str(status), error_type).inc()
+        m.e2e.observe(elapsed)
+        level = logging.INFO if status < 500 else logging.WARNING
+        log.log(
+            level,
+            "request done",
+            extra={
+                "request_id": self.request_id,
+                "endpoint": self.endpoint,
+                "status": status,
+                "error_type": error_type or "-",
+                "seconds": round(elapsed, 4),
+            },
+        )
+
+
+Endpoint = Callable[[Request, RequestTracker], Awaitable[Response]]
+
+
+def api_route(
+    endpoint: str, render: ErrorBodyRenderer = openai_error_body, prefix: str = "chatcmpl"
+) -> Callable[[Endpoint], Callable[[Request], Awaitable[Response]]]:
+    """Decorate ``async def handler(request, tracker) -> Response`` into a Starlette endpoint.
+
+    The request id (``request.state.request_id``, also echoed as ``x-request-id``)
+    is ``<prefix>-<hex>``; a ``FrontendError`` (or any exception) becomes an error
+    response rendered by ``render``.
+    """
+
+    def decorate(fn: Endpoint) -> Callable[[Request], Awaitable[Response]]:
+        @functools.wraps(fn)
+        async def handler(request: Request) -> Response:
+            state = get_state(request)
+            request_id = new_request_id(prefix)
+            request.state.request_id = request_id
+            tracker = RequestTracker(state.metrics, endpoint, request_id)
+            try:
+                response = await fn(request, tracker)
+            except Exception as exc:
+                err = as_frontend_error(exc)
+                response = error_response(err, render)
+                tracker.finish(response.status_code, err.error_type)
+                if err.status_code >= 500:
+                    log.warning("request failed: %s", err.message, extra={"request_id": request_id})
+            else:
+                if not tracker.deferred:
+                    tracker.finish(response.status_code)
+            response.headers.setdefault(
+                REQUEST_ID_HEADER, request.headers.get(REQUEST_ID_HEADER) or request_id
+            )
+            return response
+
+        return handler
+
+    return decorate
+
+
+class EventStreamResponse(StreamingResponse):
+    """``text/event-stream`` response that always closes its body iterator.
+
+    Starlette cancels the streaming task when the client disconnects; an async
+    generator suspended at a ``yield`` at that moment would only be finalised by
+    the garbage collector. Closing it here, shielded from the cancellation, runs
+    its ``finally`` (engine abort) deterministically. The tracker records status
+    200 for a stream that ran to its end, 499 for one the client abandoned, and the
+    error type a body generator reports through :attr:`error_type`.
+    """
+
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        tracker: RequestTracker | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self._body_done = False
+        super().__init__(content, media_type=MEDIA_TYPE, headers={**SSE_HEADERS, **(headers or {})})
+        self._tracker = tracker
+        if tracker is not None:
+            tracker.deferred = True
+
+    async def stream_response(self, send: Send) -> None:
+        # Starlette's loop, minus its per-part type check: our bodies are always bytes.
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        async for part in self.body_iterator:
+            await send({"type": "http.response.body", "body": part, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        # Reached only when the whole body was sent: a disconnect cancels this coroutine.
+        self._body_done = True
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                aclose = getattr(self.body_iterator, "aclose", None)
+                if aclose is not None:
+                    with contextlib.suppress(Exception):
+                        await aclose()
+            if self._tracker is not None:
+                if self._tracker.stream_error:
+                    self._tracker.finish(200, self._tracker.stream_error)
+                elif self._body_done:
+                    self._tracker.finish(200)
+                else:
+                    # the client went away before the end (nginx's "client closed request")
+                    self._tracker.finish(499, "client_disconnected")
+
+
+class ClientGoneError(FrontendError):
+    """The client disconnected before a non-streaming answer was ready (logged as 499)."""
+
+    status_code = 499
+    error_type = "client_disconnected"
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+    """Await ``work`` (e.g. folding a whole non-streaming answer) unless the client leaves first.
+
+    The request body must already be read: the next ASGI message is then the disconnect.
+    On a disconnect ``work`` is cancelled -- which closes its engine streams and so aborts
+    the engine requests -- and ``ClientGoneError`` is raised.
+    """
+    task = asyncio.ensure_future(work)
+
+    async def wait_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(wait_disconnect())
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+    if task.cancelled():
+        raise ClientGoneError("the client disconnected before the response was ready")
+    return task.result()
+
+
+def stream_error_body(
+    exc: BaseException, render: ErrorBodyRenderer = openai_error_body
+) -> tuple[FrontendError, Any]:
+    """The error a stream reports in-band, and its JSON body in the protocol's shape."""
+    err = as_frontend_error(exc)
+    return err, render(err)

@@ -1,0 +1,405 @@
+"""OpenAI Responses requests -> the pipeline's OpenAI-style chat request.
+
+The Responses API is a re-shaped Chat Completions: ``input`` items become chat
+messages and the rest maps field by field. Translation rules (pinned by tests in
+``tests/api_responses``):
+
+* ``input`` as a string is one user message. As items: messages (``role``
+  user/assistant/system/developer, content a string or ``input_text`` /
+  ``output_text`` parts joined with a blank line), ``function_call``,
+  ``function_call_output`` and ``reasoning`` items.
+* ``instructions`` becomes a leading system message. ``developer`` messages are
+  system messages (OpenAI defines them as the same thing for its newer models).
+* Consecutive ``function_call`` items join the assistant message before them (or
+  a new one); a ``reasoning`` item becomes the ``reasoning_content`` of the
+  assistant turn that follows it. Its text comes from ``content``
+  (``reasoning_text`` parts), else from an ``encrypted_content`` this server
+  produced (:func:`encode_reasoning`, not encryption: the reasoning text itself,
+  so stateless clients such as Codex can hand it back); ``summary`` is not used
+  (a summary is not what the model wrote).
+* ``function_call_output`` becomes a ``tool`` message; its ``call_id`` must name
+  an earlier ``function_call``.
+* ``tools`` (``type: "function"`` only), ``tool_choice``, ``parallel_tool_calls``,
+  ``reasoning.effort`` (``"none"`` turns thinking off), ``max_output_tokens``,
+  ``text.format`` (-> ``response_format``), ``temperature``, ``top_p``.
+* Stateless: ``previous_response_id``, ``conversation``, ``background`` and
+  ``store: true`` are rejected with a 400 that says so; ``item_reference`` items
+  likewise. Unknown top-level fields are ignored.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import Mapping
+from typing import Any
+
+from deepseek_frontend.api.anthropic_convert import (
+    ConvertedChat,
+    _kind,
+    _optional_number,
+    _positive_int,
+    _require_list,
+    _require_object,
+    _require_str,
+)
+from deepseek_frontend.errors import RequestError, UnsupportedFeatureError
+
+__all__ = [
+    "REASONING_BLOB_PREFIX",
+    "convert_responses_request",
+    "decode_reasoning",
+    "encode_reasoning",
+]
+
+#: Marks an ``encrypted_content`` produced by this server (base64 of the UTF-8 reasoning text).
+REASONING_BLOB_PREFIX = "dsfe-reasoning-v1:"
+
+_EFFORT_WORDS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
+_ChatMessage = dict[str, Any]
+
+
+def encode_reasoning(text: str) -> str:
+    """The ``encrypted_content`` of a reasoning item: the text, base64-encoded and tagged.
+
+    Not encryption -- this server keeps no state and has nothing to hide from the
+    client that received the reasoning anyway; the field only lets stateless
+    clients return reasoning they were not shown as text.
+    """
+    return REASONING_BLOB_PREFIX + base64.b64encode(text.encode("utf-8")).decode("ascii")
+
+
+def decode_reasoning(blob: str) -> str | None:
+    """The text inside an :func:`encode_reasoning` blob; ``None`` for anyone else's blob."""
+    if not blob.startswith(REASONING_BLOB_PREFIX):
+        return None
+    try:
+        return base64.b64decode(blob[len(REASONING_BLOB_PREFIX) :], validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+def _parts_text(content: Any, param: str, allowed: tuple[str, ...]) -> str:
+    if isinstance(content, str):
+        return content
+    parts = _require_list(content, param)
+    texts: list[str] = []
+    for i, part in enumerate(parts):
+        pparam = f"{param}[{i}]"
+        part = _require_object(part, pparam)
+        kind = part.get("type")
+        if kind in allowed:
+            texts.append(_require_str(part.get("text"), f"{pparam}.text"))
+        elif kind == "refusal":
+            texts.append(_require_str(part.get("refusal"), f"{pparam}.refusal"))
+        elif kind in ("input_image", "input_file", "input_audio"):
+            raise UnsupportedFeatureError(
+                f"{pparam}: content part type {kind!r} is not supported (this model accepts text only)",
+                param=f"{pparam}.type",
+            )
+        else:
+            raise RequestError(
+                f"{pparam}.type: unexpected content part type {kind!r}", param=f"{pparam}.type"
+            )
+    return "\n\n".join(texts)
+
+
+def _reasoning_text(item: Mapping[str, Any], param: str) -> str:
+    content = item.get("content")
+    if content:
+        parts = _require_list(content, f"{param}.content")
+        texts = []
+        for i, part in enumerate(parts):
+            part = _require_object(part, f"{param}.content[{i}]")
+            texts.append(_require_str(part.get("text"), f"{param}.content[{i}].text"))
+        return "".join(texts)
+    blob = item.get("encrypted_content")
+    if isinstance(blob, str):
+        text = decode_reasoning(blob)
+        if text is not None:
+            return text
+    return ""
+
+
+class _InputBuilder:
+    """Folds Responses input items into chat messages, in order."""
+
+    def __init__(self) -> None:
+        self.messages: list[_ChatMessage] = []
+        self.call_ids: set[str] = set()
+        self._pending_reasoning: str | None = None
+
+    def _assistant_turn(self) -> _ChatMessage:
+        """The assistant message function calls attach to: the last one if nothing followed it."""
+        last = self.messages[-1] if self.messages else None
+        if last is not None and last["role"] == "assistant" and self._pending_reasoning is None:
+            return last
+        message: _ChatMessage = {"role": "assistant", "content": ""}
+        self._attach_reasoning(message)
+        self.messages.append(message)
+        return message
+
+    def _attach_reasoning(self, message: _ChatMessage) -> None:
+        if self._pending_reasoning is not None:
+            message["reasoning_content"] = self._pending_reasoning
+            self._pending_reasoning = None
+
+    def message(self, item: Mapping[str, Any], param: str) -> None:
+        role = item.get("role")
+        if role not in ("user", "assistant", "system", "developer"):
+            raise RequestError(
+                f"{param}.role: expected user, assistant, system or developer, got {role!r}",
+                param=f"{param}.role",
+            )
+        if "content" not in item:
+            raise RequestError(f"{param}.content: required", param=f"{param}.content")
+        allowed = ("output_text", "text") if role == "assistant" else ("input_text", "text", "output_text")
+        text = _parts_text(item["content"], f"{param}.content", allowed)
+        if role == "assistant":
+            message: _ChatMessage = {"role": "assistant", "content": text}
+            self._attach_reasoning(message)
+            self.messages.append(message)
+            return
+        self._drop_pending_reasoning()
+        self.messages.append({"role": "system" if role == "developer" else role, "content": text})
+
+    def function_call(self, item: Mapping[str, Any], param: str) -> None:
+        call_id = _require_str(item.get("call_id"), f"{param}.call_id")
+        if not call_id:
+            raise RequestError(f"{param}.call_id: must not be empty", param=f"{param}.call_id")
+        if call_id in self.call_ids:
+            raise RequestError(f"{param}.call_id: duplicate call_id {call_id!r}", param=f"{param}.call_id")
+        name = _require_str(item.get("name"), f"{param}.name")
+        arguments = _require_str(item.get("arguments"), f"{param}.arguments")
+        message = self._assistant_turn()
+        message.setdefault("tool_calls", []).append(
+            {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        )
+        self.call_ids.add(call_id)
+
+    def function_call_output(self, item: Mapping[str, Any], param: str) -> None:
+        call_id = _require_str(item.get("call_id"), f"{param}.call_id")
+        if call_id not in self.call_ids:
+            raise RequestError(
+                f"{param}.call_id: no earlier function_call has call_id {call_id!r}", param=f"{param}.call_id"
+            )
+        output = item.get("output")
+        text = _parts_text(output, f"{param}.output", ("input_text", "output_text", "text"))
+        self._drop_pending_reasoning()
+        self.messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
+
+    def reasoning(self, item: Mapping[str, Any], param: str) -> None:
+        text = _reasoning_text(item, param)
+        # Several reasoning items before one turn: their texts concatenate.
+        self._pending_reasoning = (self._pending_reasoning or "") + text
+
+    def _drop_pending_reasoning(self) -> None:
+        # Reasoning followed by a non-assistant item has no turn to belong to.
+        self._pending_reasoning = None
+
+
+def _convert_input(raw: Any) -> list[_ChatMessage]:
+    if isinstance(raw, str):
+        return [{"role": "user", "content": raw}]
+    items = _require_list(raw, "input")
+    if not items:
+        raise RequestError("input: at least one item is required", param="input")
+    builder = _InputBuilder()
+    for i, item in enumerate(items):
+        param = f"input[{i}]"
+        item = _require_object(item, param)
+        kind = item.get("type", "message" if "role" in item else None)
+        if kind == "message":
+            builder.message(item, param)
+        elif kind == "function_call":
+            builder.function_call(item, param)
+        elif kind == "function_call_output":
+            builder.function_call_output(item, param)
+        elif kind == "reasoning":
+            builder.reasoning(item, param)
+        elif kind == "item_reference":
+            raise RequestError(
+                f"{param}: item_reference needs stored responses; this server is stateless -- "
+                "send the items themselves",
+                param=f"{param}.type",
+            )
+        else:
+            raise UnsupportedFeatureError(
+                f"{param}.type: input item type {kind!r} is not supported", param=param
+            )
+    messages = builder.messages
+    if not messages:
+        raise RequestError("input: no message to answer", param="input")
+    if messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
+        raise UnsupportedFeatureError(
+            "input: the last item must not be an assistant message (continuing a response is not supported)",
+            param=f"input[{len(items) - 1}]",
+        )
+    return messages
+
+
+def _convert_tools(raw: Any) -> list[dict[str, Any]] | None:
+    if raw is None:
+        return None
+    tools = _require_list(raw, "tools")
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for i, tool in enumerate(tools):
+        param = f"tools[{i}]"
+        tool = _require_object(tool, param)
+        if tool.get("type") != "function":
+            raise UnsupportedFeatureError(
+                f"{param}.type: only function tools are supported, got {tool.get('type')!r}",
+                param=f"{param}.type",
+            )
+        name = _require_str(tool.get("name"), f"{param}.name")
+        if not name:
+            raise RequestError(f"{param}.name: must not be empty", param=f"{param}.name")
+        if name in seen:
+            raise RequestError(f"{param}.name: duplicate tool name {name!r}", param=f"{param}.name")
+        seen.add(name)
+        function: dict[str, Any] = {"name": name}
+        if tool.get("description") is not None:
+            function["description"] = _require_str(tool["description"], f"{param}.description")
+        parameters = tool.get("parameters")
+        function["parameters"] = (
+            dict(_require_object(parameters, f"{param}.parameters"))
+            if parameters is not None
+            else {"type": "object", "properties": {}}
+        )
+        if tool.get("strict") is not None:
+            function["strict"] = bool(tool["strict"])
+        out.append({"type": "function", "function": function})
+    return out or None
+
+
+def _convert_tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> str | dict[str, Any] | None:
+    if raw is None:
+        return None
+    if raw in ("auto", "none"):
+        return str(raw)
+    if raw == "required":
+        if not tools:
+            raise RequestError("tool_choice: 'required' needs tools", param="tool_choice")
+        return "required"
+    if isinstance(raw, Mapping) and raw.get("type") == "function":
+        name = _require_str(raw.get("name"), "tool_choice.name")
+        if name not in {t["function"]["name"] for t in tools or []}:
+            raise RequestError(
+                f"tool_choice.name: no tool named {name!r} is declared", param="tool_choice.name"
+            )
+        return {"type": "function", "function": {"name": name}}
+    raise RequestError(
+        f"tool_choice: expected 'auto', 'none', 'required' or a function choice, got {_kind(raw)}",
+        param="tool_choice",
+    )
+
+
+def _convert_text_format(raw: Any) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    text = _require_object(raw, "text")
+    fmt = text.get("format")
+    if fmt is None:
+        return None
+    fmt = _require_object(fmt, "text.format")
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        schema = _require_object(fmt.get("schema"), "text.format.schema")
+        spec: dict[str, Any] = {"name": _require_str(fmt.get("name", "response"), "text.format.name")}
+        spec["schema"] = dict(schema)
+        if fmt.get("strict") is not None:
+            spec["strict"] = bool(fmt["strict"])
+        if fmt.get("description") is not None:
+            spec["description"] = _require_str(fmt["description"], "text.format.description")
+        return {"type": "json_schema", "json_schema": spec}
+    raise RequestError(
+        f"text.format.type: expected text, json_object or json_schema, got {kind!r}", param="text.format.type"
+    )
+
+
+def _reject_stateful(body: Mapping[str, Any]) -> None:
+    stateless = "this server is stateless: send the whole conversation in input"
+    if body.get("previous_response_id") is not None:
+        raise RequestError(
+            f"previous_response_id is not supported; {stateless}", param="previous_response_id"
+        )
+    if body.get("conversation") is not None:
+        raise RequestError(f"conversation is not supported; {stateless}", param="conversation")
+    if body.get("store") is True:
+        raise RequestError(
+            f"store: true is not supported; {stateless} (set store to false or omit it)", param="store"
+        )
+    if body.get("background") is True:
+        raise RequestError("background: true is not supported (responses are not stored)", param="background")
+
+
+def convert_responses_request(body: Any) -> ConvertedChat:
+    """Validate an OpenAI Responses request body and translate it.
+
+    Raises :class:`RequestError` (``param`` set) on an invalid or stateful request
+    and :class:`UnsupportedFeatureError` for features this server does not offer.
+    """
+    body = _require_object(body, "body")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise RequestError("model: required (a non-empty string)", param="model")
+    _reject_stateful(body)
+    if "input" not in body:
+        raise RequestError("input: required", param="input")
+    messages = _convert_input(body["input"])
+    instructions = body.get("instructions")
+    if instructions is not None:
+        messages.insert(0, {"role": "system", "content": _require_str(instructions, "instructions")})
+
+    tools = _convert_tools(body.get("tools"))
+    tool_choice = _convert_tool_choice(body.get("tool_choice"), tools)
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):
+        raise RequestError("parallel_tool_calls: expected a boolean", param="parallel_tool_calls")
+
+    thinking: bool | None = None
+    effort: str | None = None
+    reasoning = body.get("reasoning")
+    if reasoning is not None:
+        reasoning = _require_object(reasoning, "reasoning")
+        word = reasoning.get("effort")
+        if word is not None:
+            if word not in _EFFORT_WORDS:
+                raise RequestError(
+                    f"reasoning.effort: expected one of {', '.join(_EFFORT_WORDS)}, got {word!r}",
+                    param="reasoning.effort",
+                )
+            if word == "none":
+                thinking = False
+            else:
+                thinking, effort = True, str(word)
+
+    max_tokens = body.get("max_output_tokens")
+    if max_tokens is not None:
+        max_tokens = _positive_int(max_tokens, "max_output_tokens")
+    stream = body.get("stream", False)
+    if not isinstance(stream, bool):
+        raise RequestError("stream: expected a boolean", param="stream")
+    user = body.get("user") or body.get("safety_identifier")
+
+    return ConvertedChat(
+        model=model,
+        messages=messages,
+        max_tokens=max_tokens,
+        tools=tools,
+        tool_choice=tool_choice,
+        parallel_tool_calls=parallel,
+        thinking=thinking,
+        reasoning_effort=effort,
+        temperature=_optional_number(body, "temperature", 0.0, 2.0),
+        top_p=_optional_number(body, "top_p", 0.0, 1.0),
+        stream=stream,
+        response_format=_convert_text_format(body.get("text")),
+        user=user if isinstance(user, str) else None,
+    )

@@ -1,0 +1,333 @@
+"""Parser events -> OpenAI Responses stream events, and their accumulation.
+
+:class:`ResponsesStreamEncoder` turns the parser's events into the typed
+Responses events. Every run of same-kind output is one output item, closed
+before the next one opens::
+
+    response.created, response.in_progress
+    output_item.added(reasoning)  content_part.added(reasoning_text)
+        reasoning_text.delta*  reasoning_text.done  content_part.done  output_item.done
+    output_item.added(message)    content_part.added(output_text)
+        output_text.delta*     output_text.done     content_part.done  output_item.done
+    output_item.added(function_call)
+        function_call_arguments.delta*  function_call_arguments.done   output_item.done
+    response.completed  (or response.incomplete when max_output_tokens cut the answer)
+
+``sequence_number`` counts every event from 0; ``output_index`` is the item's
+position in ``response.output``. The final response object carried by
+``response.completed`` is built from the same events, and is also the
+non-streaming answer.
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+import time
+from typing import Any
+
+from deepseek_frontend.api.anthropic_events import SSEEvent
+from deepseek_frontend.api.responses_convert import encode_reasoning
+from deepseek_frontend.errors import FrontendError
+from deepseek_frontend.parsing.events import (
+    ContentDelta,
+    Finish,
+    ReasoningDelta,
+    ToolCallArgumentsDelta,
+    ToolCallEnd,
+    ToolCallStart,
+)
+
+__all__ = [
+    "ResponsesStreamEncoder",
+    "new_response_id",
+]
+
+_ID_ALPHABET = string.ascii_lowercase + string.digits
+
+
+def _new_id(prefix: str) -> str:
+    return prefix + "".join(secrets.choice(_ID_ALPHABET) for _ in range(32))
+
+
+def new_response_id() -> str:
+    """A fresh ``resp_...`` id."""
+    return _new_id("resp_")
+
+
+class ResponsesStreamEncoder:
+    """Turns parser events into Responses stream events for one response.
+
+    Lifecycle: :meth:`start` once, :meth:`feed` (or the per-kind methods) any
+    number of times, :meth:`finish` once; :attr:`response` is then the final
+    response object. ``echo`` holds the request settings a response reports
+    (instructions, tools, tool_choice, temperature, ...).
+    """
+
+    def __init__(
+        self,
+        *,
+        model: str,
+        input_tokens: int,
+        cached_tokens: int = 0,
+        echo: dict[str, Any] | None = None,
+        response_id: str | None = None,
+    ) -> None:
+        self.response_id = response_id or new_response_id()
+        self.model = model
+        self.input_tokens = input_tokens
+        self.cached_tokens = cached_tokens
+        self._echo = echo or {}
+        self._created_at = int(time.time())
+        self._seq = 0
+        self._output: list[dict[str, Any]] = []
+        #: "reasoning" | "message" | "function_call" | None
+        self._open: str | None = None
+        self._open_tool: int | None = None
+        self._text: list[str] = []
+        self._finished = False
+        #: the final response object, set by :meth:`finish`
+        self.response: dict[str, Any] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"ResponsesStreamEncoder(id={self.response_id!r}, open={self._open!r}, items={len(self._output)})"
+        )
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> list[SSEEvent]:
+        """``response.created`` and ``response.in_progress``."""
+        snapshot = self._response_object("in_progress", output=[])
+        return [
+            self._event("response.created", response=snapshot),
+            self._event("response.in_progress", response=snapshot),
+        ]
+
+    def feed(self, event: object) -> list[SSEEvent]:
+        """Translate one parser event. ``Finish`` is ignored here: pass its reason to :meth:`finish`."""
+        if isinstance(event, ReasoningDelta):
+            return self.reasoning(event.text)
+        if isinstance(event, ContentDelta):
+            return self.text(event.text)
+        if isinstance(event, ToolCallStart):
+            return self.tool_start(event.index, event.name, event.id)
+        if isinstance(event, ToolCallArgumentsDelta):
+            return self.tool_arguments(event.index, event.text)
+        if isinstance(event, ToolCallEnd):
+            return self.tool_end(event.index)
+        if isinstance(event, Finish):
+            return []
+        raise TypeError(f"unexpected parser event {event!r}")
+
+    def reasoning(self, text: str) -> list[SSEEvent]:
+        """A piece of reasoning, as ``response.reasoning_text.delta`` of a reasoning item."""
+        self._check_open()
+        if not text:
+            return []
+        out: list[SSEEvent] = []
+        if self._open != "reasoning":
+            out += self._close_item()
+            item = {
+                "type": "reasoning",
+                "id": _new_id("rs_"),
+                "summary": [],
+                "content": [],
+                "status": "in_progress",
+            }
+            out.append(self._add_item("reasoning", item))
+            out.append(
+                self._part_event("response.content_part.added", {"type": "reasoning_text", "text": ""})
+            )
+        self._text.append(text)
+        out.append(self._item_event("response.reasoning_text.delta", content_index=0, delta=text))
+        return out
+
+    def text(self, text: str) -> list[SSEEvent]:
+        """A piece of answer text, as ``response.output_text.delta`` of a message item."""
+        self._check_open()
+        if not text:
+            return []
+        out: list[SSEEvent] = []
+        if self._open != "message":
+            out += self._close_item()
+            item = {
+                "type": "message",
+                "id": _new_id("msg_"),
+                "role": "assistant",
+                "status": "in_progress",
+                "content": [],
+            }
+            out.append(self._add_item("message", item))
+            out.append(
+                self._part_event(
+                    "response.content_part.added",
+                    {"type": "output_text", "text": "", "annotations": [], "logprobs": []},
+                )
+            )
+        self._text.append(text)
+        out.append(self._item_event("response.output_text.delta", content_index=0, delta=text, logprobs=[]))
+        return out
+
+    def tool_start(self, index: int, name: str, call_id: str | None = None) -> list[SSEEvent]:
+        """A function call begins: a ``function_call`` item with empty arguments."""
+        self._check_open()
+        out = self._close_item()
+        item = {
+            "type": "function_call",
+            "id": _new_id("fc_"),
+            "call_id": call_id if call_id and call_id.startswith("call_") else _new_id("call_"),
+            "name": name,
+            "arguments": "",
+            "status": "in_progress",
+        }
+        out.append(self._add_item("function_call", item))
+        self._open_tool = index
+        return out
+
+    def tool_arguments(self, index: int, text: str) -> list[SSEEvent]:
+        """Argument JSON text of the open call."""
+        self._check_open()
+        if not text:
+            return []
+        if self._open != "function_call" or self._open_tool != index:
+            raise RuntimeError(f"arguments for tool call {index} arrived while it is not open")
+        self._text.append(text)
+        return [self._item_event("response.function_call_arguments.delta", delta=text)]
+
+    def tool_end(self, index: int) -> list[SSEEvent]:
+        """The call's arguments are complete: close its item."""
+        self._check_open()
+        if self._open == "function_call" and self._open_tool == index:
+            return self._close_item()
+        return []
+
+    def finish(self, *, finish_reason: str, output_tokens: int, reasoning_tokens: int = 0) -> list[SSEEvent]:
+        """Close the open item, then ``response.completed`` -- or ``response.incomplete``
+        (``incomplete_details.reason = "max_output_tokens"``) when ``finish_reason`` is ``length``."""
+        self._check_open()
+        incomplete = finish_reason == "length"
+        out = self._close_item(status="incomplete" if incomplete else "completed")
+        self._finished = True
+        usage = {
+            "input_tokens": self.input_tokens,
+            "input_tokens_details": {"cached_tokens": self.cached_tokens, "cache_write_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
+            "total_tokens": self.input_tokens + output_tokens,
+        }
+        response = self._response_object(
+            "incomplete" if incomplete else "completed",
+            output=self._output,
+            usage=usage,
+            incomplete_details={"reason": "max_output_tokens"} if incomplete else None,
+        )
+        self.response = response
+        out.append(
+            self._event("response.incomplete" if incomplete else "response.completed", response=response)
+        )
+        return out
+
+    def error(self, err: FrontendError) -> list[SSEEvent]:
+        """An ``error`` event for a failure after the stream started; the encoder is then finished."""
+        self._finished = True
+        return [
+            self._event(
+                "error",
+                code=err.code or err.error_type,
+                message=err.message,
+                param=err.param,
+            )
+        ]
+
+    # -- internals --------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._finished:
+            raise RuntimeError("ResponsesStreamEncoder used after finish()")
+
+    def _response_object(
+        self,
+        status: str,
+        *,
+        output: list[dict[str, Any]],
+        usage: dict[str, Any] | None = None,
+        incomplete_details: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        echo = self._echo
+        return {
+            "id": self.response_id,
+            "object": "response",
+            "created_at": self._created_at,
+            "status": status,
+            "error": None,
+            "incomplete_details": incomplete_details,
+            "instructions": echo.get("instructions"),
+            "max_output_tokens": echo.get("max_output_tokens"),
+            "model": self.model,
+            "output": [dict(item) for item in output],
+            "parallel_tool_calls": echo.get("parallel_tool_calls", True),
+            "previous_response_id": None,
+            "reasoning": echo.get("reasoning", {"effort": None, "summary": None}),
+            "store": False,
+            "temperature": echo.get("temperature", 1.0),
+            "text": echo.get("text", {"format": {"type": "text"}}),
+            "tool_choice": echo.get("tool_choice", "auto"),
+            "tools": echo.get("tools", []),
+            "top_p": echo.get("top_p", 1.0),
+            "truncation": "disabled",
+            "usage": usage,
+            "user": echo.get("user"),
+            "metadata": echo.get("metadata", {}),
+        }
+
+    def _event(self, kind: str, **fields: Any) -> SSEEvent:
+        payload = {"type": kind, "sequence_number": self._seq, **fields}
+        self._seq += 1
+        return (kind, payload)
+
+    def _item_event(self, kind: str, **fields: Any) -> SSEEvent:
+        item = self._output[-1]
+        return self._event(kind, item_id=item["id"], output_index=len(self._output) - 1, **fields)
+
+    def _part_event(self, kind: str, part: dict[str, Any]) -> SSEEvent:
+        return self._item_event(kind, content_index=0, part=part)
+
+    def _add_item(self, kind: str, item: dict[str, Any]) -> SSEEvent:
+        self._output.append(item)
+        self._open = kind
+        self._text = []
+        return self._event("response.output_item.added", output_index=len(self._output) - 1, item=dict(item))
+
+    def _close_item(self, status: str = "completed") -> list[SSEEvent]:
+        if self._open is None:
+            return []
+        item = self._output[-1]
+        text = "".join(self._text)
+        out: list[SSEEvent] = []
+        if self._open == "reasoning":
+            part = {"type": "reasoning_text", "text": text}
+            out.append(self._item_event("response.reasoning_text.done", content_index=0, text=text))
+            out.append(self._part_event("response.content_part.done", part))
+            item["content"] = [part]
+            item["encrypted_content"] = encode_reasoning(text)
+        elif self._open == "message":
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            out.append(self._item_event("response.output_text.done", content_index=0, text=text, logprobs=[]))
+            out.append(self._part_event("response.content_part.done", part))
+            item["content"] = [part]
+        else:
+            item["arguments"] = text or "{}"
+            out.append(
+                self._item_event(
+                    "response.function_call_arguments.done", name=item["name"], arguments=text or "{}"
+                )
+            )
+        item["status"] = status
+        out.append(
+            self._event("response.output_item.done", output_index=len(self._output) - 1, item=dict(item))
+        )
+        self._open = None
+        self._open_tool = None
+        self._text = []
+        return out

@@ -1,0 +1,84 @@
+"""Shared by ``render`` and ``tokenize``: read an OpenAI chat request body and render it offline.
+
+The request goes through exactly the server's path (``openai_chat.to_chat_request``
+then ``PromptRenderer``), so what these commands print is what ``serve`` would send.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from deepseek_frontend.errors import FrontendError, RequestError
+from deepseek_frontend.formats.segments import PromptSegment
+
+#: the bundled example request (``deepseek-frontend render`` with no FILE)
+EXAMPLE_REQUEST = Path(__file__).resolve().parent.parent / "examples" / "chat_request.json"
+
+
+def add_request_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "file",
+        nargs="?",
+        default=str(EXAMPLE_REQUEST),
+        metavar="FILE.json",
+        help="an OpenAI /v1/chat/completions request body ('-' for stdin; default: a bundled example)",
+    )
+    parser.add_argument(
+        "--model-path", default=None, help="checkpoint directory (config.json, tokenizer.json)"
+    )
+    parser.add_argument(
+        "--reasoning-effort-profile",
+        choices=("preview", "official"),
+        default=None,
+        help="effort profile of the checkpoint (default: detected from the checkpoint, else preview)",
+    )
+    parser.add_argument(
+        "--default-thinking",
+        choices=("on", "off"),
+        default="on",
+        help="thinking mode when the request does not say (as the server's flag)",
+    )
+
+
+def load_body(file: str) -> dict[str, Any]:
+    raw = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise RequestError(f"{file}: not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise RequestError(f"{file}: a chat request body must be a JSON object")
+    return body
+
+
+def render_request(args: argparse.Namespace) -> tuple[list[PromptSegment], Any]:
+    """The prompt segments of the request in ``args.file`` and the ``ServerConfig`` used."""
+    from deepseek_frontend.api.config import ServerConfig
+    from deepseek_frontend.api.openai_chat import to_chat_request
+    from deepseek_frontend.api.pipeline import PromptRenderer
+    from deepseek_frontend.formats import default_effort_profile, detect_family
+
+    body = load_body(args.file)
+    model = body.get("model") if isinstance(body.get("model"), str) else None
+    family = detect_family(args.model_path, model) or "deepseek_v4"
+    config = ServerConfig(
+        served_model_name=model or "deepseek",
+        family=family,
+        model_path=args.model_path,
+        default_thinking=args.default_thinking == "on",
+        reasoning_effort_profile=args.reasoning_effort_profile
+        or default_effort_profile(args.model_path, model),
+    )
+    req = to_chat_request(body, config, "offline")
+    return PromptRenderer(family, config.reasoning_effort_profile).render(req), config
+
+
+def report_error(exc: FrontendError) -> int:
+    where = f" ({exc.param})" if exc.param else ""
+    print(f"error{where}: {exc.message}", file=sys.stderr)
+    return 2

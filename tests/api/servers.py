@@ -1,0 +1,109 @@
+"""Start ``deepseek-frontend`` subprocesses on free ports for end-to-end tests.
+
+Each process runs one command module (``serve`` or ``sim-engine``) exactly as the
+``deepseek-frontend`` CLI dispatches it: ``add_arguments`` on a fresh parser, then
+``run(args)``. Going through the module rather than the console script keeps these tests
+about the server, not about the dispatcher (which has its own tests).
+
+Each process binds port 0 and logs the real address; :func:`start` waits for that
+line and then for the given health path to answer -- no fixed sleeps. ``stop``
+terminates the process (then kills it) and returns its log for failure messages.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+_ADDRESS = re.compile(r"listening on (http://[0-9.]+:\d+)")
+#: seconds a process may take to start (loading the tokenizer takes about a second)
+START_TIMEOUT_S = 60.0
+#: CLI command -> the module the CLI dispatches it to
+_COMMANDS = {
+    "serve": "deepseek_frontend.api.serve_command",
+    "sim-engine": "deepseek_frontend.engines.sim_command",
+}
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+    args: list[str] = field(default_factory=list)
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        return self.log()
+
+
+def start(args: list[str], health_path: str, *, expect_healthy: bool = True) -> Server:
+    """Run ``deepseek-frontend ARGS`` and wait until ``health_path`` answers (200 unless not expected)."""
+    fd, name = tempfile.mkstemp(prefix="dsfe-test-", suffix=".log")
+    log_path = Path(name)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("DEEPSEEK_FRONTEND_API_KEY", None)
+    module = _COMMANDS[args[0]]
+    launcher = (
+        "import argparse, importlib, sys\n"
+        f"m = importlib.import_module({module!r})\n"
+        "p = argparse.ArgumentParser()\n"
+        "m.add_arguments(p)\n"
+        "sys.exit(m.run(p.parse_args(sys.argv[1:])) or 0)\n"
+    )
+    cmd = [sys.executable, "-c", launcher, *args[1:]]
+    proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env)
+    os.close(fd)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    url = None
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{args[0]} exited with {proc.returncode}:\n{log_path.read_text()}")
+        match = _ADDRESS.search(log_path.read_text(encoding="utf-8", errors="replace"))
+        if match:
+            url = match.group(1)
+            break
+        time.sleep(0.05)
+    if url is None:
+        proc.kill()
+        raise RuntimeError(f"{args[0]} did not report its address:\n{log_path.read_text()}")
+    server = Server(proc, url, log_path, args)
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.get(url + health_path, timeout=2.0)
+            if r.status_code == 200 or not expect_healthy:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.05)
+    server.stop()
+    raise RuntimeError(f"{args[0]} never became healthy:\n{server.log()}")
+
+
+def start_sim_engine(*extra: str) -> Server:
+    return start(["sim-engine", "--port", "0", *extra], "/health")
+
+
+def start_frontend(*extra: str, expect_healthy: bool = True) -> Server:
+    return start(
+        ["serve", "--port", "0", *extra],
+        "/live" if not expect_healthy else "/health",
+        expect_healthy=expect_healthy,
+    )

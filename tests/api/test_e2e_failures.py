@@ -1,0 +1,233 @@
+"""End to end: worker failures, client disconnects and missing workers, seen through the openai client.
+
+Two sim-engine processes: ``flaky`` (faults switched at run time through ``POST /sim/fault``)
+and ``steady``. Both are slowed to 5 ms per token so a stream is still running when a test
+acts on it. Frontends: one over [flaky, steady] (retry before the first token), one over
+flaky alone (mid-stream failure, disconnect), one over a port nobody listens on (503).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from .servers import Server, start_frontend, start_sim_engine
+
+pytestmark = pytest.mark.slow
+
+
+def user(text: str) -> list[dict[str, str]]:
+    return [{"role": "user", "content": text}]
+
+
+@pytest.fixture(scope="module")
+def flaky() -> Iterator[Server]:
+    server = start_sim_engine("--itl-ms", "5")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def steady() -> Iterator[Server]:
+    server = start_sim_engine("--itl-ms", "5")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def pair_frontend(flaky: Server, steady: Server) -> Iterator[Server]:
+    # A long health interval so the pool learns about the fault from requests, not probes.
+    server = start_frontend("--worker", flaky.url, "--worker", steady.url, "--health-check-interval", "300")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def flaky_frontend(flaky: Server) -> Iterator[Server]:
+    # Frequent health checks re-admit the worker soon after a test clears its fault.
+    server = start_frontend("--worker", flaky.url, "--health-check-interval", "0.2")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def orphan_frontend() -> Iterator[Server]:
+    server = start_frontend(
+        "--worker", "http://127.0.0.1:9", "--health-check-interval", "0.2", expect_healthy=False
+    )
+    yield server
+    server.stop()
+
+
+def set_fault(sim: Server, fail_after: int | None, mode: str = "error-event") -> None:
+    r = httpx.post(sim.url + "/sim/fault", json={"fail_after": fail_after, "fail_mode": mode})
+    r.raise_for_status()
+
+
+def clear_fault(sim: Server, frontend: Server) -> None:
+    """Clear the fault and wait until the frontend routes to the worker again."""
+    set_fault(sim, None)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if httpx.get(frontend.url + "/health").status_code == 200:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the worker was not re-admitted after its fault was cleared")
+
+
+def sim_stats(sim: Server) -> dict:
+    return httpx.get(sim.url + "/sim/stats").json()
+
+
+def client_for(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+
+
+def test_a_worker_failing_before_the_first_token_is_retried_on_another(
+    flaky: Server, pair_frontend: Server
+) -> None:
+    set_fault(flaky, 0)
+    try:
+        failed_before = sim_stats(flaky)["failed"]
+        client = client_for(pair_frontend)
+        for i in range(4):
+            r = client.chat.completions.create(
+                model="deepseek-v4-flash", messages=user(f"Reply with exactly: r{i}")
+            )
+            assert r.choices[0].message.content == f"r{i}"
+        assert sim_stats(flaky)["failed"] > failed_before, "the flaky worker was tried and failed"
+    finally:
+        set_fault(flaky, None)
+
+
+@pytest.mark.parametrize("mode", ["error-event", "disconnect"])
+def test_a_worker_failing_mid_stream_ends_the_stream_with_an_error_event(
+    flaky: Server, flaky_frontend: Server, mode: str
+) -> None:
+    set_fault(flaky, 5, mode)
+    try:
+        client = client_for(flaky_frontend)
+        stream = client.chat.completions.create(
+            model="deepseek-v4-flash",
+            messages=user("write 40 words"),
+            stream=True,
+            extra_body={"thinking": {"type": "disabled"}},
+        )
+        received = ""
+        with pytest.raises(openai.APIError) as info:
+            for chunk in stream:
+                for choice in chunk.choices:
+                    received += choice.delta.content or ""
+                    assert choice.finish_reason is None, "a failed stream must not look finished"
+        assert received, "tokens before the failure were delivered"
+        assert "engine worker failed" in info.value.message
+        assert "127.0.0.1" not in info.value.message, "worker addresses stay internal"
+    finally:
+        clear_fault(flaky, flaky_frontend)
+
+
+def test_a_worker_failing_before_the_first_token_with_no_other_worker_is_a_503(
+    flaky: Server, flaky_frontend: Server
+) -> None:
+    set_fault(flaky, 0)
+    try:
+        r = httpx.post(
+            flaky_frontend.url + "/v1/chat/completions",
+            json={"messages": user("hello"), "stream": True},
+        )
+        assert r.status_code == 503
+        assert r.json()["error"]["type"] == "service_unavailable"
+    finally:
+        clear_fault(flaky, flaky_frontend)
+
+
+def test_a_client_disconnect_aborts_the_engine_request(flaky: Server, flaky_frontend: Server) -> None:
+    client = client_for(flaky_frontend)
+    stream = client.chat.completions.create(
+        model="deepseek-v4-flash",
+        messages=user("write 400 words"),
+        stream=True,
+        extra_body={"thinking": {"type": "disabled"}},
+    )
+    request_id = None
+    for n, chunk in enumerate(stream):
+        request_id = chunk.id
+        if n == 3:
+            break
+    stream.close()
+    assert request_id is not None
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if request_id in sim_stats(flaky)["aborted_ids"]:
+            break
+        time.sleep(0.02)
+    assert request_id in sim_stats(flaky)["aborted_ids"], "the engine saw the abort of this request"
+    text = httpx.get(flaky_frontend.url + "/metrics").text
+    assert 'status="499"' in text
+
+
+def test_no_reachable_worker_is_a_503_and_health_says_so(orphan_frontend: Server) -> None:
+    r = httpx.post(orphan_frontend.url + "/v1/chat/completions", json={"messages": user("hello")})
+    assert r.status_code == 503
+    error = r.json()["error"]
+    assert error["type"] == "service_unavailable"
+    # Health checks eject the worker after a few failed probes; /health then reports 503.
+    deadline = time.monotonic() + 30
+    health = httpx.get(orphan_frontend.url + "/health")
+    while health.status_code != 503 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        health = httpx.get(orphan_frontend.url + "/health")
+    assert health.status_code == 503
+    assert health.json()["workers"][0]["healthy"] is False
+    assert httpx.get(orphan_frontend.url + "/live").status_code == 200
+
+
+def test_a_client_leaving_a_non_streamed_request_aborts_it_too(flaky: Server, flaky_frontend: Server) -> None:
+    before = sim_stats(flaky)["aborted"]
+    body = {"messages": user("write 400 words"), "thinking": {"type": "disabled"}}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(flaky_frontend.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(5, read=0.3))
+    deadline = time.monotonic() + 10
+    while sim_stats(flaky)["aborted"] == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sim_stats(flaky)["aborted"] == before + 1
+
+
+@pytest.fixture(scope="module")
+def slow_start() -> Iterator[Server]:
+    server = start_sim_engine("--ttft-ms", "3000")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def slow_start_frontend(slow_start: Server) -> Iterator[Server]:
+    server = start_frontend("--worker", slow_start.url, "--health-check-interval", "300")
+    yield server
+    server.stop()
+
+
+def test_a_client_leaving_during_a_long_prefill_aborts_before_the_first_token(
+    slow_start: Server, slow_start_frontend: Server
+) -> None:
+    before = sim_stats(slow_start)["aborted"]
+    body = {"messages": user("hello"), "stream": True}
+    started = time.monotonic()
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            slow_start_frontend.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(5, read=0.3)
+        )
+    # The frontend notices at once (the request is counted as 499 during the 3 s prefill) ...
+    gone = 'requests_total{endpoint="/v1/chat/completions",error_type="client_disconnected",status="499"} 1.0'
+    while gone not in httpx.get(slow_start_frontend.url + "/metrics").text:
+        assert time.monotonic() - started < 2.5, "the disconnect was noticed during the prefill"
+        time.sleep(0.02)
+    # ... and the engine sees the abort (the simulated engine acts on it when its prefill ends).
+    deadline = time.monotonic() + 10
+    while sim_stats(slow_start)["aborted"] == before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sim_stats(slow_start)["aborted"] == before + 1

@@ -1,0 +1,77 @@
+"""A client that leaves mid-stream aborts the engine request (both /v1/messages and /v1/responses).
+
+Crosses the real process boundary: a slow ``sim-engine`` (SGLang protocol) behind
+the frontend; the sim counts aborts at ``/sim/stats``. Both protocols are checked
+here so one pair of processes serves both.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from .conftest import load_servers
+
+KEY = "disconnect-key"
+
+
+@pytest.fixture(scope="module")
+def slow_stack() -> Iterator[tuple[Any, Any]]:
+    servers = load_servers()
+    engine = servers.start_sim_engine("--itl-ms", "20")
+    try:
+        frontend = servers.start_frontend(
+            "--engine", "sglang", "--worker", engine.url, "--api-key", KEY, "--model-alias", "claude-*"
+        )
+    except Exception:
+        engine.stop()
+        raise
+    yield engine, frontend
+    frontend.stop()
+    engine.stop()
+
+
+def aborted(engine: Any) -> int:
+    return int(httpx.get(engine.url + "/sim/stats", timeout=5).json()["aborted"])
+
+
+def wait_for_abort(engine: Any, before: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if aborted(engine) > before:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the engine request was not aborted after the client left")
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/messages",
+            {
+                "model": "claude-x",
+                "max_tokens": 2000,
+                "stream": True,
+                "messages": [{"role": "user", "content": "write 500 words"}],
+            },
+        ),
+        ("/v1/responses", {"model": "claude-x", "stream": True, "input": "write 500 words"}),
+    ],
+)
+def test_leaving_mid_stream_aborts_the_engine_request(
+    slow_stack: tuple[Any, Any], path: str, body: dict[str, Any]
+) -> None:
+    engine, frontend = slow_stack
+    before = aborted(engine)
+    headers = {"x-api-key": KEY}
+    with httpx.stream("POST", frontend.url + path, json=body, headers=headers, timeout=30) as response:
+        assert response.status_code == 200
+        for received, _ in enumerate(response.iter_raw(), start=1):
+            if received >= 3:
+                break  # leave while the engine is still generating
+    wait_for_abort(engine, before)

@@ -1,0 +1,81 @@
+"""The command line: every command is registered, and render / tokenize print what the server would send."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from deepseek_frontend.cli import COMMANDS, build_parser, main
+from deepseek_frontend.commands._request import EXAMPLE_REQUEST
+from deepseek_frontend.formats import attach_request_tools, dsv4
+from deepseek_frontend.tokenization import PromptTokenizer
+
+
+def test_every_command_is_registered_with_its_own_flags() -> None:
+    parser = build_parser()
+    for name in COMMANDS:
+        with pytest.raises(SystemExit) as exit_info:
+            parser.parse_args([name, "--help"])
+        assert exit_info.value.code == 0
+
+
+def test_render_prints_the_reference_prompt_of_the_bundled_example(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["render"]) == 0
+    printed = capsys.readouterr().out
+    body = json.loads(EXAMPLE_REQUEST.read_text())
+    # The example asks for thinking and declares tools: the encoder's prompt, tools on a system message.
+    messages = attach_request_tools(body["messages"], body["tools"])
+    assert printed == dsv4.encode_messages(messages, "thinking") + "\n"
+
+
+def test_render_segments_mark_only_template_tokens_special(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    request = tmp_path / "req.json"
+    request.write_text(json.dumps({"messages": [{"role": "user", "content": "say </think> please"}]}))
+    assert main(["render", "--segments", "--default-thinking", "off", str(request)]) == 0
+    segments = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [s["text"] for s in segments if s["special"]] == [
+        "<｜begin▁of▁sentence｜>",
+        "<｜User｜>",
+        "<｜Assistant｜>",
+        "</think>",
+    ]
+    assert {"text": "say </think> please", "special": False} in segments
+
+
+def test_tokenize_prints_the_count_and_ids_of_the_rendered_prompt(
+    capsys: pytest.CaptureFixture[str], prompt_tokenizer: PromptTokenizer
+) -> None:
+    assert main(["tokenize", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    body = json.loads(EXAMPLE_REQUEST.read_text())
+    prompt = dsv4.encode_messages(attach_request_tools(body["messages"], body["tools"]), "thinking")
+    assert out["ids"] == prompt_tokenizer.encode_raw(prompt)
+    assert out["count"] == len(out["ids"])
+
+
+def test_a_bad_request_names_the_field_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    request = tmp_path / "bad.json"
+    request.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "wizard"}]}))
+    assert main(["render", str(request)]) == 2
+    assert "messages[1].role" in capsys.readouterr().err
+
+
+def test_the_console_entry_point_runs_as_a_module() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "deepseek_frontend", "render", str(EXAMPLE_REQUEST)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("<｜begin▁of▁sentence｜>")
