@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from .servers import Server, start_frontend, start_sim_engine
+from tests.support.servers import Server, start_frontend, start_sim_engine
 
 API_KEY = "test-key"
 MAX_BODY = 1_000_000

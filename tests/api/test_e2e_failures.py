@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from .servers import Server, start_frontend, start_sim_engine
+from tests.support.servers import Server, start_frontend, start_sim_engine
 
 pytestmark = pytest.mark.slow
 

@@ -15,8 +15,9 @@ import httpx
 import openai
 import pytest
 
+from tests.support.servers import Server
+
 from .conftest import API_KEY, MAX_BODY
-from .servers import Server
 
 WEATHER = {
     "type": "function",

@@ -14,17 +14,16 @@ from typing import Any
 import httpx
 import pytest
 
-from .conftest import load_servers
+from tests.support.servers import Server, start_frontend, start_sim_engine
 
 KEY = "disconnect-key"
 
 
 @pytest.fixture(scope="module")
-def slow_stack() -> Iterator[tuple[Any, Any]]:
-    servers = load_servers()
-    engine = servers.start_sim_engine("--itl-ms", "20")
+def slow_stack() -> Iterator[tuple[Server, Server]]:
+    engine = start_sim_engine("--itl-ms", "20")
     try:
-        frontend = servers.start_frontend(
+        frontend = start_frontend(
             "--engine", "sglang", "--worker", engine.url, "--api-key", KEY, "--model-alias", "claude-*"
         )
     except Exception:
@@ -35,7 +34,7 @@ def slow_stack() -> Iterator[tuple[Any, Any]]:
     engine.stop()
 
 
-def aborted(engine: Any) -> int:
+def aborted(engine: Server) -> int:
     return int(httpx.get(engine.url + "/sim/stats", timeout=5).json()["aborted"])
 
 

@@ -12,10 +12,11 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from formats_golden import is_quirk, load_cases
 
 from deepseek_frontend.errors import FormatError
 from deepseek_frontend.formats import dsv4, dsv32
+
+from .formats_golden import is_quirk, load_cases
 
 # A rejected request names a message field (messages[3].content, context[0].role,
 # messages[1].tool_calls[0].function.arguments) or the request-level argument at fault.

@@ -13,9 +13,10 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from formats_golden import is_quirk, load_cases
 
 from deepseek_frontend.formats import PromptSegment, dsv4, dsv32, join_segments
+
+from .formats_golden import is_quirk, load_cases
 
 ALL_TOKEN_SPELLINGS = {
     "<｜begin▁of▁sentence｜>",

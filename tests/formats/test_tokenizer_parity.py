@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from formats_golden import is_quirk, load_cases
 
 from deepseek_frontend.formats import dsv4
 from deepseek_frontend.tokenization import PromptTokenizer
+
+from .formats_golden import is_quirk, load_cases
 
 
 def _takes_part(case: dict[str, Any]) -> bool:

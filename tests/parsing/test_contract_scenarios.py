@@ -14,7 +14,10 @@ import json
 from dataclasses import dataclass, field
 
 import pytest
-from dsml_harness import (
+
+from deepseek_frontend.parsing import ContentDelta, StreamParser, ToolCallArgumentsDelta
+
+from .dsml_harness import (
     CHUNKINGS,
     EOS,
     Run,
@@ -26,8 +29,6 @@ from dsml_harness import (
     param,
     run,
 )
-
-from deepseek_frontend.parsing import ContentDelta, StreamParser, ToolCallArgumentsDelta
 
 WEATHER = '{"city": "Paris", "days": 3}'
 TOOLS = [

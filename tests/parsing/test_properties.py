@@ -18,9 +18,10 @@ import json
 import re
 from itertools import pairwise
 
-from dsml_harness import EOS, get_grammar, markup_in, run
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
+
+from .dsml_harness import EOS, get_grammar, markup_in, run
 
 _FORBIDDEN = ("<｜", "</｜", "<think>", "</think>")
 _ALPHABET = st.sampled_from([*'ab xyz<>/\n"\\｜{}é😀\t:=', "think", "DSML", "</th", "<thi", "\n\n"])

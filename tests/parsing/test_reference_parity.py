@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from dsml_harness import load_jsonl, run
 
 from deepseek_frontend.parsing import parse_completion
+
+from .dsml_harness import load_jsonl, run
 
 _FAMILIES = {"dsv4_parse.jsonl": "deepseek_v4", "dsv32_parse.jsonl": "deepseek_v32"}
 

@@ -7,7 +7,6 @@ import json
 import logging
 
 import pytest
-from dsml_harness import EOS, block, canonical_call, invoke, param, run
 
 from deepseek_frontend.errors import RequestError, UnsupportedModelError
 from deepseek_frontend.parsing import (
@@ -20,6 +19,8 @@ from deepseek_frontend.parsing import (
     get_grammar,
     parse_completion,
 )
+
+from .dsml_harness import EOS, block, canonical_call, invoke, param, run
 
 TOOLS = [
     {

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from recipe_checks import REPO_ROOT, parse_dockerfile
+
+from .recipe_checks import REPO_ROOT, parse_dockerfile
 
 #: seconds the replayed container gets to answer its health check (the Dockerfile's --start-period is 30 s)
 STARTUP_TIMEOUT = 60.0

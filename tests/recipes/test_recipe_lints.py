@@ -7,7 +7,10 @@ Each test reads every manifest of both variants (B200 FP4 and H200 FP8; DGD and 
 from __future__ import annotations
 
 import pytest
-from recipe_checks import (
+
+from deepseek_frontend.cli import build_parser
+
+from .recipe_checks import (
     NAMESPACE_REF,
     SGLANG_PROBE_PATHS,
     VARIANT_DIRS,
@@ -26,8 +29,6 @@ from recipe_checks import (
     service_target_port,
     sglang_flag_problems,
 )
-
-from deepseek_frontend.cli import build_parser
 
 VARIANTS = sorted(VARIANT_DIRS)
 GPUS_PER_WORKER = 4

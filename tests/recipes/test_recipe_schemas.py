@@ -10,7 +10,8 @@ from __future__ import annotations
 import copy
 
 import pytest
-from recipe_checks import (
+
+from .recipe_checks import (
     DGD_CRD_PATH,
     K8S_VERSIONS,
     VARIANT_DIRS,
