@@ -8,7 +8,12 @@ import deepseek_recipe as recipe
 import pytest
 
 from deepseek_frontend.errors import FormatError, RequestError
-from deepseek_frontend.formats import REASONING_EFFORT_PROFILES, dsv4, normalize_reasoning_effort
+from deepseek_frontend.formats import (
+    EFFORT_WORDS,
+    REASONING_EFFORT_PROFILES,
+    dsv4,
+    normalize_reasoning_effort,
+)
 
 BOS = "<｜begin▁of▁sentence｜>"
 CONVERSATION = [{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}]
@@ -38,13 +43,25 @@ def test_official_profile_writes_deepseek_recipes_effort_text(effort: str) -> No
     assert _ours(effort, "official") == _recipe(effort).prompt
 
 
-@pytest.mark.parametrize("word", [None, "none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra"])
+def _recipe_for_word(word: str | None) -> tuple[str, recipe.RenderedPrompt]:
+    """deepseek-recipe's own reading of ``word`` in a Chat Completions request for a V4
+    checkpoint: the thinking mode it picks and the prompt it renders."""
+    body: dict[str, Any] = {"model": "DeepSeek-V4-Pro", "messages": CONVERSATION}
+    if word is not None:
+        body["reasoning_effort"] = word
+    conversation = recipe.ChatCompletionRequest(body).convert(recipe.ConversionOptions()).conversation
+    mode = "thinking" if conversation.thinking_mode else "chat"
+    return mode, recipe.DeepseekV4Encoding().render_conversation(conversation)
+
+
+@pytest.mark.parametrize("word", [None, *EFFORT_WORDS])
 def test_official_profile_renders_each_user_word_like_deepseek_recipe(word: str | None) -> None:
-    # deepseek-recipe knows low/high/xhigh/max and an unset effort; the words it does
-    # not know are compared through the value they are documented to mean.
-    as_recipe = {"none": "low", "minimal": "low", "medium": "high", "ultra": "max"}.get(word, word)  # type: ignore[arg-type]
-    ours = _ours(normalize_reasoning_effort(word, "official"), "official")
-    assert ours == _recipe(as_recipe).prompt
+    # The oracle reads the word itself (deepseek-recipe's request conversion), so no
+    # expected value is restated here. Whether a word switches thinking off ("none"
+    # does there) is the API layer's call; the mode is taken from the oracle.
+    mode, rendered = _recipe_for_word(word)
+    ours = _ours(normalize_reasoning_effort(word, "official"), "official", thinking_mode=mode)
+    assert ours == rendered.prompt
 
 
 def test_official_effort_texts_are_plain_text_in_deepseek_recipe_too() -> None:
@@ -99,38 +116,45 @@ def test_an_unknown_profile_is_refused() -> None:
         normalize_reasoning_effort("high", "beta")
 
 
-MAPPING: dict[str, dict[Any, Any]] = {
-    "preview": {
-        None: None,
-        "none": None,
-        "minimal": "high",
-        "low": "high",
-        "medium": "high",
-        "high": "high",
-        "xhigh": "max",
-        "max": "max",
-        "ultra": "max",
-    },
-    "official": {
-        None: "high",
-        "none": "low",
-        "minimal": "low",
-        "low": "low",
-        "medium": "high",
-        "high": "high",
-        "xhigh": "high",
-        "max": "max",
-        "ultra": "max",
-    },
-}
+STRENGTH = ("none", "minimal", "low", "medium", "high", "xhigh", "max", "ultra")
+"""The effort words from weakest to strongest (OpenAI's, then max and ultra)."""
+
+
+def _rank(word: str) -> int:
+    return STRENGTH.index(word)
+
+
+@pytest.mark.parametrize("word", [None, *EFFORT_WORDS])
+def test_preview_profile_maps_words_as_deepseeks_api_does_for_preview_checkpoints(word: str | None) -> None:
+    # Documented facts (docs/formats.md, "Reasoning effort"): the preview encoder knows
+    # only high and max; unset and "none" keep the encoder's default (None, the lowest),
+    # words from minimal to high go to high (DeepSeek's API maps low and medium to
+    # high), xhigh and above to max (the API maps xhigh to max).
+    if word is None or word == "none":
+        assert normalize_reasoning_effort(word, "preview") is None
+    else:
+        expected = "max" if _rank(word) >= _rank("xhigh") else "high"
+        assert normalize_reasoning_effort(word, "preview") == expected
 
 
 @pytest.mark.parametrize("profile", REASONING_EFFORT_PROFILES)
-def test_user_effort_words_map_to_values_the_profiles_encoder_accepts(profile: str) -> None:
-    for word, value in MAPPING[profile].items():
-        assert normalize_reasoning_effort(word, profile) == value
-        _ours(value, profile)  # accepted by the encoder of that profile
-    assert normalize_reasoning_effort("MAX", profile) == MAPPING[profile]["max"]
+def test_none_asks_for_the_lowest_effort_the_profile_renders(profile: str) -> None:
+    # In thinking mode (if the API layer keeps it on), "none" writes no effort text.
+    assert _prefix(_ours(normalize_reasoning_effort("none", profile), profile)) == ""
+
+
+@pytest.mark.parametrize("profile", REASONING_EFFORT_PROFILES)
+def test_every_user_word_maps_to_an_effort_the_profiles_encoder_accepts(profile: str) -> None:
+    for word in (None, *EFFORT_WORDS):
+        _ours(normalize_reasoning_effort(word, profile), profile)  # raises FormatError otherwise
+
+
+@pytest.mark.parametrize("profile", REASONING_EFFORT_PROFILES)
+@pytest.mark.parametrize("word", EFFORT_WORDS)
+def test_effort_words_are_case_insensitive(profile: str, word: str) -> None:
+    expected = normalize_reasoning_effort(word, profile)
+    assert normalize_reasoning_effort(word.upper(), profile) == expected
+    assert normalize_reasoning_effort(word.capitalize(), profile) == expected
 
 
 @pytest.mark.parametrize("word", ["extreme", "", "HIGHEST", 3])

@@ -23,7 +23,21 @@ from .formats_golden import is_quirk, load_cases
 WHERE = re.compile(r"^((messages|context)\[\d+\](\.[A-Za-z_]+|\[\d+\])*|thinking_mode|reasoning_effort): ")
 
 
-def _check_encode(module: ModuleType, case: dict[str, Any]) -> None:
+FAMILIES: dict[str, ModuleType] = {"dsv4": dsv4, "dsv32": dsv32}
+"""Fixture file prefix -> the family module its cases are rendered and parsed with."""
+
+
+def _cases(kind: str) -> list[Any]:
+    """Every family's golden ``{prefix}_{kind}.jsonl`` cases as ``(module, case)`` params."""
+    return [
+        pytest.param(module, *p.values, id=p.id)
+        for prefix, module in FAMILIES.items()
+        for p in load_cases(f"{prefix}_{kind}.jsonl")
+    ]
+
+
+@pytest.mark.parametrize(("module", "case"), _cases("encode"))
+def test_each_family_renders_like_its_reference_encoder(module: ModuleType, case: dict[str, Any]) -> None:
     if "error" in case:
         with pytest.raises(FormatError) as info:
             module.encode_messages(case["messages"], **case["kwargs"])
@@ -39,7 +53,8 @@ def _check_encode(module: ModuleType, case: dict[str, Any]) -> None:
     assert prompt == case["expected"]
 
 
-def _check_parse(module: ModuleType, case: dict[str, Any]) -> None:
+@pytest.mark.parametrize(("module", "case"), _cases("parse"))
+def test_each_family_parses_completions_like_its_reference(module: ModuleType, case: dict[str, Any]) -> None:
     if "error" in case:
         with pytest.raises(FormatError, match=r"^completion: "):
             module.parse_message_from_completion_text(case["text"], case["thinking_mode"])
@@ -47,30 +62,13 @@ def _check_parse(module: ModuleType, case: dict[str, Any]) -> None:
     assert module.parse_message_from_completion_text(case["text"], case["thinking_mode"]) == case["expected"]
 
 
-@pytest.mark.parametrize("case", load_cases("dsv4_encode.jsonl"))
-def test_v4_renders_like_the_reference_encoder(case: dict[str, Any]) -> None:
-    _check_encode(dsv4, case)
-
-
-@pytest.mark.parametrize("case", load_cases("dsv32_encode.jsonl"))
-def test_v32_renders_like_the_reference_encoder(case: dict[str, Any]) -> None:
-    _check_encode(dsv32, case)
-
-
-@pytest.mark.parametrize("case", load_cases("dsv4_parse.jsonl"))
-def test_v4_parses_completions_like_the_reference(case: dict[str, Any]) -> None:
-    _check_parse(dsv4, case)
-
-
-@pytest.mark.parametrize("case", load_cases("dsv32_parse.jsonl"))
-def test_v32_parses_completions_like_the_reference(case: dict[str, Any]) -> None:
-    _check_parse(dsv32, case)
-
-
 def test_the_fixture_files_hold_the_documented_case_counts() -> None:
     # Guards against a truncated checkout silently shrinking the parity suite.
-    counts = {name: len(load_cases(name)) for name in ("dsv4_encode.jsonl", "dsv32_encode.jsonl")}
-    counts |= {name: len(load_cases(name)) for name in ("dsv4_parse.jsonl", "dsv32_parse.jsonl")}
+    counts = {
+        f"{prefix}_{kind}.jsonl": len(load_cases(f"{prefix}_{kind}.jsonl"))
+        for prefix in FAMILIES
+        for kind in ("encode", "parse")
+    }
     assert counts == {
         "dsv4_encode.jsonl": 400,
         "dsv32_encode.jsonl": 150,

@@ -58,21 +58,25 @@ def _work(module: ModuleType, turns: int, counted: str, monkeypatch: pytest.Monk
     return calls, CountingDict.reads
 
 
-@pytest.mark.parametrize("module", [dsv4, dsv32], ids=["dsv4", "dsv32"])
+@pytest.fixture(params=[dsv4, dsv32], ids=["dsv4", "dsv32"])
+def module(request: pytest.FixtureRequest) -> ModuleType:
+    """Each family module."""
+    return request.param  # type: ignore[no-any-return]
+
+
 def test_the_last_user_message_is_searched_a_fixed_number_of_times(
     module: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    small, _ = _work(module, 10, "_last_user_index", monkeypatch)
-    large, _ = _work(module, 1000, "_last_user_index", monkeypatch)
-    assert small == large <= 3
+    small, _ = _work(module, 10, "last_user_index", monkeypatch)
+    large, _ = _work(module, 1000, "last_user_index", monkeypatch)
+    assert 1 <= small == large <= 3
 
 
-@pytest.mark.parametrize("module", [dsv4, dsv32], ids=["dsv4", "dsv32"])
 def test_message_reads_grow_linearly_with_the_conversation(
     module: ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, small = _work(module, 100, "_last_user_index", monkeypatch)
-    _, large = _work(module, 1000, "_last_user_index", monkeypatch)
+    _, small = _work(module, 100, "last_user_index", monkeypatch)
+    _, large = _work(module, 1000, "last_user_index", monkeypatch)
     # Ten times the turns, ten times the reads (plus the fixed system/user head).
     assert large <= 10 * small
     assert large >= 9 * small

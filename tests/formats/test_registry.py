@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 
 from deepseek_frontend.errors import UnsupportedModelError
@@ -20,6 +22,20 @@ def test_every_format_module_offers_the_same_entry_points() -> None:
         assert family == module.FAMILY
         for name in ("render_prompt_segments", "encode_messages", "parse_message_from_completion_text"):
             assert callable(getattr(module, name))
+
+
+@pytest.mark.parametrize("family", ["deepseek_v4", "deepseek_v32"])
+def test_encode_messages_takes_exactly_the_arguments_of_render_prompt_segments(family: str) -> None:
+    # Callers (the API pipeline, the render command) pick arguments by signature.
+    module = get_chat_format(family)
+    render = inspect.signature(module.render_prompt_segments)
+    encode = inspect.signature(module.encode_messages)
+    assert list(encode.parameters.values()) == list(render.parameters.values())
+    assert encode.return_annotation == "str"
+    messages = [{"role": "user", "content": "hi"}]
+    assert module.encode_messages(messages, thinking_mode="chat", context=None) == "".join(
+        segment.text for segment in module.render_prompt_segments(messages, "chat")
+    )
 
 
 def test_v41_is_detected_but_refused_with_a_clear_message() -> None:

@@ -75,6 +75,27 @@ class DsmlSpelling:
         return glue
 
 
+def dsml_example(block: str, call_name: str) -> str:
+    """The two-call DSML example both families' tools prose shows, as template text.
+
+    ``{dsml}`` fields stand for the family's DSML spelling (``compile_template`` makes
+    them special segments); ``block`` is the wrapping element's name and
+    ``$<call_name>`` / ``$<call_name>2`` the placeholder call names the family's
+    prose uses. Ends with a newline.
+    """
+    return (
+        f"<{{dsml}}{block}>\n"
+        f'<{{dsml}}invoke name="${call_name}">\n'
+        '<{dsml}parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</{dsml}parameter>\n'
+        "...\n"
+        "</{dsml}invoke>\n"
+        f'<{{dsml}}invoke name="${call_name}2">\n'
+        "...\n"
+        "</{dsml}invoke>\n"
+        f"</{{dsml}}{block}>\n"
+    )
+
+
 ArgumentsReader = Callable[[ToolCall], dict[str, Any]]
 _NOT_SCANNED = (None, -1)
 

@@ -19,43 +19,33 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from deepseek_frontend.formats._common import (
+    NO_CALLS,
     PromptBuilder,
     ToolCall,
     build_segments,
     check_thinking_mode,
     checked_text,
-    compile_template,
-    expand_template,
     fail,
+    field_text,
     item_path,
+    joined,
+    last_user_index,
     read_tool_calls,
-    read_tool_schemas,
-    to_json,
     type_name,
 )
-from deepseek_frontend.formats._dsml import (
-    DsmlSpelling,
-    parse_completion,
-    render_tool_calls,
-    strict_arguments,
-)
-from deepseek_frontend.formats.segments import PromptSegment, join_segments
+from deepseek_frontend.formats._dsml import dsml_example, render_tool_calls, strict_arguments
+from deepseek_frontend.formats._family import ChatFormat, Spellings
+from deepseek_frontend.formats.segments import PromptSegment
 
-_TOOLS_TEMPLATE = """## Tools
+_TOOLS_TEMPLATE = (
+    """## Tools
 
 You have access to a set of tools you can use to answer the user's question.
 You can invoke functions by writing a "<{dsml}function_calls>" block like the following \
 as part of your reply to the user:
-<{dsml}function_calls>
-<{dsml}invoke name="$FUNCTION_NAME">
-<{dsml}parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</{dsml}parameter>
-...
-</{dsml}invoke>
-<{dsml}invoke name="$FUNCTION_NAME2">
-...
-</{dsml}invoke>
-</{dsml}function_calls>
-
+"""
+    + dsml_example("function_calls", "FUNCTION_NAME")
+    + """
 String and scalar parameters should be specified as is without any escaping or quotes, \
 while lists and objects should use JSON format. The "string" attribute should be set to "true" \
 for string type parameters and "false" for other types (numbers, booleans, arrays, objects).
@@ -78,34 +68,21 @@ Here are the functions available in JSONSchema format:
 {schemas}
 </functions>
 """
+)
 
 
 @dataclass(frozen=True)
-class V32Spellings:
-    """Every token spelling and template text of the V3.2 family."""
+class V32Spellings(Spellings):
+    """Every token spelling and template text of the V3.2 family (the spellings it
+    shares with V4 are the defaults of :class:`Spellings`)."""
 
-    bos: str = "<｜begin▁of▁sentence｜>"
-    eos: str = "<｜end▁of▁sentence｜>"
-    user: str = "<｜User｜>"
-    assistant: str = "<｜Assistant｜>"
-    think_start: str = "<think>"
-    think_end: str = "</think>"
-    dsml: str = "｜DSML｜"
     tool_calls_block: str = "function_calls"
     tools_template: str = _TOOLS_TEMPLATE
-    response_format_template: str = (
-        "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n{schema}"
-    )
     developer_content_prefix: str = "\n\n# The user's message is: "
     results_open: str = "\n\n<function_results>"
     result_open: str = "\n<result>"
     result_close: str = "</result>"
     results_close: str = "\n</function_results>"
-
-    def special_spellings(self) -> frozenset[str]:
-        """Every spelling this family's renderer may emit as a special segment."""
-        fixed = (self.bos, self.eos, self.user, self.assistant)
-        return frozenset((*fixed, self.think_start, self.think_end, self.dsml))
 
 
 DSV32_SPELLINGS = V32Spellings()
@@ -134,28 +111,15 @@ class _Msg(NamedTuple):
 
 
 _new_tuple = tuple.__new__
-_NO_CALLS: list[ToolCall] = []  # shared and never mutated
 
 
-class V32ChatFormat:
+class V32ChatFormat(ChatFormat):
     """The V3.2 renderer and parser for one spellings table."""
 
+    spellings: V32Spellings
+
     def __init__(self, spellings: V32Spellings, family: str = "deepseek_v32") -> None:
-        self.family = family
-        self.spellings = spellings
-        sp = spellings
-        tokens = {"dsml": sp.dsml, "think_start": sp.think_start, "think_end": sp.think_end}
-        self._tools = compile_template(sp.tools_template, tokens)
-        self._response_format = compile_template(sp.response_format_template, tokens)
-        self._dsml = DsmlSpelling(sp.bos, sp.eos, sp.think_start, sp.think_end, sp.dsml, sp.tool_calls_block)
-        seg = PromptSegment
-        self._bos = seg(sp.bos, True)
-        self._eos = seg(sp.eos, True)
-        self._user = seg(sp.user, True)
-        self._assistant = seg(sp.assistant, True)
-        self._think_start = seg(sp.think_start, True)
-        self._think_end = seg(sp.think_end, True)
-        self.special_spellings = sp.special_spellings()
+        super().__init__(spellings, family)
 
     def render_prompt_segments(
         self,
@@ -179,7 +143,7 @@ class V32ChatFormat:
         if new:
             # Checked only when something is rendered, as the reference does.
             check_thinking_mode(thinking_mode)
-        last_user = _last_user_index(full)
+        last_user = last_user_index(full)
         if new and thinking and drop_thinking:
             for m in full[: max(last_user, 0)]:
                 if m.role not in _DROP_KEPT_ROLES:
@@ -195,24 +159,7 @@ class V32ChatFormat:
         start = len(ctx)
         return build_segments(lambda out: self._render(out, full, start, bos, last_user, anchors, thinking))
 
-    def encode_messages(
-        self,
-        messages: list[dict[str, Any]],
-        thinking_mode: str,
-        context: list[dict[str, Any]] | None = None,
-        drop_thinking: bool = True,
-        add_default_bos_token: bool = True,
-    ) -> str:
-        """The prompt string: ``join_segments(render_prompt_segments(...))``."""
-        return join_segments(
-            self.render_prompt_segments(
-                messages, thinking_mode, context, drop_thinking, add_default_bos_token
-            )
-        )
-
-    def parse_message_from_completion_text(self, text: str, thinking_mode: str) -> dict[str, Any]:
-        """Strictly parse one whole raw completion (contract as in :mod:`.dsv4`)."""
-        return parse_completion(text, thinking_mode, self._dsml)
+    encode_messages = joined(render_prompt_segments)
 
     # --- rendering ---------------------------------------------------------------------------
 
@@ -226,21 +173,9 @@ class V32ChatFormat:
             if raw.__class__ is not dict and not isinstance(raw, dict):
                 fail(item_path(source, i), f"must be an object, got {type_name(raw)}")
             role = raw.get("role")
-            calls = read_tool_calls(raw.get("tool_calls"), source, i) if role == "assistant" else _NO_CALLS
+            calls = read_tool_calls(raw.get("tool_calls"), source, i) if role == "assistant" else NO_CALLS
             append(_new_tuple(_Msg, (role, raw, source, i, calls)))
         return typed
-
-    def _render_schemas(self, out: PromptBuilder, m: _Msg) -> None:
-        raw = m.raw
-        if raw.get("tools"):
-            functions = read_tool_schemas(raw["tools"], f"{m.path}.tools")
-            schemas = "\n".join(to_json(f, f"{m.path}.tools") for f in functions)
-            out.parts.append("\n\n")
-            expand_template(out, self._tools, schemas=schemas)
-        if raw.get("response_format"):
-            out.parts.append("\n\n")
-            schema = to_json(raw["response_format"], f"{m.path}.response_format")
-            expand_template(out, self._response_format, schema=schema)
 
     def _render(
         self,
@@ -253,7 +188,13 @@ class V32ChatFormat:
         thinking: bool,
     ) -> None:
         """Append messages ``full[start:]`` (and BOS) to ``out``: the hot loop, with the
-        roles inline and what it touches per message in locals (as in :mod:`.dsv4`)."""
+        roles inline and what it touches per message in locals (as in :mod:`.dsv4`).
+
+        Kept apart from V4's look-alike loop on purpose: here ``tool`` messages are
+        their own role inside ``<function_results>``, the assistant opener follows every
+        user turn, and reasoning after the last user turn is required (see
+        ``V4ChatFormat._render`` on why the roles are not shared methods).
+        """
         sp = self.spellings
         parts = out.parts
         add = parts.append
@@ -281,12 +222,12 @@ class V32ChatFormat:
                         )
                     if reasoning:
                         if reasoning.__class__ is not str:
-                            reasoning = _text(m, "reasoning_content", reasoning)
+                            reasoning = field_text(m, "reasoning_content", reasoning)
                         add(reasoning)
                     add(mark)
                     special(think_end_seg)
                 if content := raw.get("content"):
-                    add(content if content.__class__ is str else _text(m, "content", content))
+                    add(content if content.__class__ is str else field_text(m, "content", content))
                 if calls:
                     render_tool_calls(out, calls, dsml, strict_arguments)
                 add(mark)
@@ -329,17 +270,10 @@ class V32ChatFormat:
                 add(mark)
                 special(think_start_seg if thinking and index == last_user else think_end_seg)
             elif role == "system":
-                if content := raw.get("content"):
-                    add(content if content.__class__ is str else _text(m, "content", content))
-                self._render_schemas(out, m)
+                self._render_system(out, m)
             else:
                 expected_roles = "system, developer, user, tool or assistant"
                 fail(f"{m.path}.role", f"unknown role {role!r} (expected {expected_roles})")
-
-
-def _text(m: _Msg, key: str, value: Any) -> str:
-    """Slow path of the inline ``value.__class__ is str`` checks (see :func:`checked_text`)."""
-    return checked_text(value, f"{m.path}.{key}")
 
 
 def _str_or_none(value: Any, path: str) -> str:
@@ -351,13 +285,6 @@ def _str_or_none(value: Any, path: str) -> str:
     if value is None:
         return "None"
     return checked_text(value, path)
-
-
-def _last_user_index(full: list[_Msg]) -> int:
-    for i in range(len(full) - 1, -1, -1):
-        if full[i].role in ("user", "developer"):
-            return i
-    return -1
 
 
 def _tool_anchors(full: list[_Msg]) -> list[int]:
@@ -372,7 +299,7 @@ def _tool_anchors(full: list[_Msg]) -> list[int]:
 
 
 _V32 = V32ChatFormat(DSV32_SPELLINGS)
-FAMILY = "deepseek_v32"
+FAMILY = _V32.family
 SPECIAL_SPELLINGS: frozenset[str] = _V32.special_spellings
 
 

@@ -29,27 +29,23 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from deepseek_frontend.formats._common import (
+    NO_CALLS,
     PromptBuilder,
     ToolCall,
     build_segments,
     check_thinking_mode,
     checked_text,
-    compile_template,
-    expand_template,
     fail,
+    field_text,
     item_path,
+    joined,
+    last_user_index,
     read_tool_calls,
-    read_tool_schemas,
-    to_json,
     type_name,
 )
-from deepseek_frontend.formats._dsml import (
-    DsmlSpelling,
-    lenient_arguments,
-    parse_completion,
-    render_tool_calls,
-)
-from deepseek_frontend.formats.segments import PromptSegment, join_segments
+from deepseek_frontend.formats._dsml import dsml_example, lenient_arguments, render_tool_calls
+from deepseek_frontend.formats._family import ChatFormat, Spellings
+from deepseek_frontend.formats.segments import PromptSegment
 
 _ABSOLUTE_MAXIMUM = (
     "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
@@ -68,21 +64,15 @@ _BEYOND_MAXIMUM = (
     "certain that no assumption remains unchecked and no error remains undiscovered.\n\n"
 )
 
-_TOOLS_TEMPLATE = """## Tools
+_TOOLS_TEMPLATE = (
+    """## Tools
 
 You have access to a set of tools to help answer the user's question. \
 You can invoke tools by writing a "<{dsml}tool_calls>" block like the following:
 
-<{dsml}tool_calls>
-<{dsml}invoke name="$TOOL_NAME">
-<{dsml}parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</{dsml}parameter>
-...
-</{dsml}invoke>
-<{dsml}invoke name="$TOOL_NAME2">
-...
-</{dsml}invoke>
-</{dsml}tool_calls>
-
+"""
+    + dsml_example("tool_calls", "TOOL_NAME")
+    + """
 String parameters should be specified as is and set `string="true"`. \
 For all other types (numbers, booleans, arrays, objects), \
 pass the value in JSON format and set `string="false"`.
@@ -98,26 +88,22 @@ Otherwise, output directly after {think_end} with tool calls or final response.
 
 You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.
 """
+)
 
 
 @dataclass(frozen=True)
-class V4Spellings:
-    """Every token spelling and template text of one V4-style family.
+class V4Spellings(Spellings):
+    """Every token spelling and template text of one V4-style family (the spellings
+    V4 shares with V3.2 are the defaults of :class:`Spellings`).
 
     ``effort_prompts[profile][effort]`` is the text written before the first message
     in thinking mode; the keys of a profile's mapping are the efforts the encoder
     accepts (``None`` included), ``default_effort`` what ``None`` means.
     """
 
-    bos: str = "<｜begin▁of▁sentence｜>"
-    eos: str = "<｜end▁of▁sentence｜>"
-    user: str = "<｜User｜>"
-    assistant: str = "<｜Assistant｜>"
-    latest_reminder: str = "<｜latest_reminder｜>"
-    think_start: str = "<think>"
-    think_end: str = "</think>"
-    dsml: str = "｜DSML｜"
     tool_calls_block: str = "tool_calls"
+    tools_template: str = _TOOLS_TEMPLATE
+    latest_reminder: str = "<｜latest_reminder｜>"
     tasks: Mapping[str, str] = field(
         default_factory=lambda: {
             "action": "<｜action｜>",
@@ -127,10 +113,6 @@ class V4Spellings:
             "title": "<｜title｜>",
             "read_url": "<｜read_url｜>",
         }
-    )
-    tools_template: str = _TOOLS_TEMPLATE
-    response_format_template: str = (
-        "## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n{schema}"
     )
     tool_result_open: str = "<tool_result>"
     tool_result_close: str = "</tool_result>"
@@ -146,8 +128,7 @@ class V4Spellings:
 
     def special_spellings(self) -> frozenset[str]:
         """Every spelling this family's renderer may emit as a special segment."""
-        fixed = (self.bos, self.eos, self.user, self.assistant, self.latest_reminder)
-        return frozenset((*fixed, self.think_start, self.think_end, self.dsml, *self.tasks.values()))
+        return super().special_spellings() | {self.latest_reminder, *self.tasks.values()}
 
 
 DSV4_SPELLINGS = V4Spellings()
@@ -187,7 +168,6 @@ class _Msg(NamedTuple):
 _Block = tuple[bool, Any, Any, int]
 _new_tuple = tuple.__new__
 _EMPTY: Mapping[str, Any] = {}
-_NO_CALLS: list[ToolCall] = []  # shared and never mutated
 
 
 def _fold(raw_messages: Any, source: str) -> tuple[list[_Msg], bool]:
@@ -211,7 +191,7 @@ def _fold(raw_messages: Any, source: str) -> tuple[list[_Msg], bool]:
             if last is not None and last.role == "user":
                 last.blocks.append(block)  # type: ignore[union-attr]
                 continue
-            last = _new_tuple(_Msg, ("user", source, i, _EMPTY, None, [block], _NO_CALLS, True))
+            last = _new_tuple(_Msg, ("user", source, i, _EMPTY, None, [block], NO_CALLS, True))
         elif role == "user":
             block = (False, raw.get("content", ""), None, i)
             # A user turn joins the previous user message unless that one carries a
@@ -219,12 +199,12 @@ def _fold(raw_messages: Any, source: str) -> tuple[list[_Msg], bool]:
             if last is not None and last.role == "user" and last.task is None:
                 last.blocks.append(block)  # type: ignore[union-attr]
                 continue
-            last = _new_tuple(_Msg, ("user", source, i, raw, raw.get("task"), [block], _NO_CALLS, True))
+            last = _new_tuple(_Msg, ("user", source, i, raw, raw.get("task"), [block], NO_CALLS, True))
         else:
             # (Folded user messages lose their tools, as in the reference.)
             if not has_tools and raw.get("tools"):
                 has_tools = True
-            calls = read_tool_calls(raw.get("tool_calls"), source, i) if role == "assistant" else _NO_CALLS
+            calls = read_tool_calls(raw.get("tool_calls"), source, i) if role == "assistant" else NO_CALLS
             last = _new_tuple(_Msg, (role, source, i, raw, raw.get("task"), None, calls, True))
         append(last)
     return out, has_tools
@@ -237,7 +217,7 @@ def _sort_tool_results(msgs: list[_Msg]) -> None:
     the sort is stable and other blocks keep their places. The call-order table is
     built only for a user message with two or more results to order.
     """
-    calls: list[ToolCall] = _NO_CALLS
+    calls: list[ToolCall] = NO_CALLS
     for m in msgs:
         if m.tool_calls and m.role == "assistant":
             calls = m.tool_calls
@@ -270,19 +250,12 @@ def _rank(order: dict[Any, int], block: _Block, m: _Msg) -> int:
         fail(f"{item_path(m.source, block[3])}.tool_call_id", "must be a string")
 
 
-def _last_user_index(msgs: list[_Msg]) -> int:
-    for i in range(len(msgs) - 1, -1, -1):
-        if msgs[i].role in ("user", "developer"):
-            return i
-    return -1
-
-
 _KEPT_ROLES = frozenset({"user", "system", "tool", "latest_reminder", "direct_search_results"})
 
 
 def _drop_thinking(msgs: list[_Msg]) -> list[_Msg]:
     """Earlier turns lose their reasoning; developer/unknown messages before the last user go."""
-    last_user = _last_user_index(msgs)
+    last_user = last_user_index(msgs)
     out: list[_Msg] = []
     for i, m in enumerate(msgs):
         if i >= last_user or _is_kept(m.role):
@@ -299,30 +272,15 @@ def _is_kept(role: Any) -> bool:
         return False
 
 
-class V4ChatFormat:
+class V4ChatFormat(ChatFormat):
     """The V4 renderer and parser for one spellings table."""
 
-    family: str
+    spellings: V4Spellings
 
     def __init__(self, spellings: V4Spellings, family: str = "deepseek_v4") -> None:
-        self.family = family
-        self.spellings = spellings
-        sp = spellings
-        tokens = {"dsml": sp.dsml, "think_start": sp.think_start, "think_end": sp.think_end}
-        self._tools = compile_template(sp.tools_template, tokens)
-        self._response_format = compile_template(sp.response_format_template, tokens)
-        self._dsml = DsmlSpelling(sp.bos, sp.eos, sp.think_start, sp.think_end, sp.dsml, sp.tool_calls_block)
-        seg = PromptSegment
-        self._bos = seg(sp.bos, True)
-        self._eos = seg(sp.eos, True)
-        self._user = seg(sp.user, True)
-        self._assistant = seg(sp.assistant, True)
-        self._reminder = seg(sp.latest_reminder, True)
-        self._think_start = seg(sp.think_start, True)
-        self._think_end = seg(sp.think_end, True)
-        self._tasks = {name: seg(text, True) for name, text in sp.tasks.items()}
-        self._sep = "\n\n"
-        self.special_spellings = sp.special_spellings()
+        super().__init__(spellings, family)
+        self._reminder = PromptSegment(spellings.latest_reminder, True)
+        self._tasks = {name: PromptSegment(text, True) for name, text in spellings.tasks.items()}
 
     # --- public API --------------------------------------------------------------------------
 
@@ -391,41 +349,7 @@ class V4ChatFormat:
         effort_text = prompts.get(reasoning_effort, "") if thinking else ""
         return build_segments(lambda out: self._render(out, full, start, bos, effort_text, thinking, drop))
 
-    def encode_messages(
-        self,
-        messages: list[dict[str, Any]],
-        thinking_mode: str,
-        context: list[dict[str, Any]] | None = None,
-        drop_thinking: bool = True,
-        add_default_bos_token: bool = True,
-        reasoning_effort: str | None = None,
-        *,
-        reasoning_effort_profile: str = "preview",
-    ) -> str:
-        """The prompt string: ``join_segments(render_prompt_segments(...))``."""
-        return join_segments(
-            self.render_prompt_segments(
-                messages,
-                thinking_mode,
-                context,
-                drop_thinking,
-                add_default_bos_token,
-                reasoning_effort,
-                reasoning_effort_profile=reasoning_effort_profile,
-            )
-        )
-
-    def parse_message_from_completion_text(self, text: str, thinking_mode: str) -> dict[str, Any]:
-        """Strictly parse one whole raw completion into an assistant message.
-
-        ``text`` is everything generated after the prompt, normally ending with EOS.
-        Returns ``{"role": "assistant", "content", "reasoning_content", "tool_calls"}``
-        with OpenAI-shaped calls whose ``arguments`` string is built exactly as the
-        reference builds it. Raises :class:`FormatError` for anything malformed or
-        truncated that the reference rejects (a block cut right after an ``invoke``
-        line is accepted, as there).
-        """
-        return parse_completion(text, thinking_mode, self._dsml)
+    encode_messages = joined(render_prompt_segments)
 
     # --- rendering ---------------------------------------------------------------------------
 
@@ -445,6 +369,11 @@ class V4ChatFormat:
         touches per message read into locals: this loop is the renderer's hot path
         (a method call and attribute lookups per message were a visible share).
         A special token is ``add(mark); special(segment)`` (see :class:`PromptBuilder`).
+
+        V3.2's loop looks alike (same locals, same assistant tail) and stays separate
+        on purpose: the role rules differ (folded tool results, tasks, ``wo_eos``,
+        reasoning kept or dropped), and a shared per-role method would put a call per
+        message back on this path.
         """
         parts = out.parts
         add = parts.append
@@ -453,7 +382,7 @@ class V4ChatFormat:
         user_seg, assistant_seg, eos_seg = self._user, self._assistant, self._eos
         think_start_seg, think_end_seg = self._think_start, self._think_end
         dsml = self._dsml
-        last_user = _last_user_index(full)
+        last_user = last_user_index(full)
         n = len(full)
         if bos:
             add(mark)
@@ -470,12 +399,12 @@ class V4ChatFormat:
                 if thinking and (not drop or index > last_user) and not after_task:
                     if m.keep_reasoning and (reasoning := raw.get("reasoning_content")):
                         if reasoning.__class__ is not str:
-                            reasoning = _text(m, "reasoning_content", reasoning)
+                            reasoning = field_text(m, "reasoning_content", reasoning)
                         add(reasoning)
                     add(mark)
                     special(think_end_seg)
                 if content := raw.get("content"):
-                    add(content if content.__class__ is str else _text(m, "content", content))
+                    add(content if content.__class__ is str else field_text(m, "content", content))
                 if m.tool_calls:
                     render_tool_calls(out, m.tool_calls, dsml, lenient_arguments)
                 if not raw.get("wo_eos", False):
@@ -486,16 +415,14 @@ class V4ChatFormat:
                 special(user_seg)
                 self._user_blocks(out, m)
             elif role == "system":
-                if content := raw.get("content"):
-                    add(content if content.__class__ is str else _text(m, "content", content))
-                self._render_schemas(out, m)
+                self._render_system(out, m)
             elif role == "developer":
                 content = raw.get("content")
                 if not content:
                     fail(f"{m.path}.content", "a developer message needs non-empty content")
                 add(mark)
                 special(user_seg)
-                add(content if content.__class__ is str else _text(m, "content", content))
+                add(content if content.__class__ is str else field_text(m, "content", content))
                 self._render_schemas(out, m)
             elif role == "latest_reminder":
                 out.special(self._reminder)
@@ -531,19 +458,6 @@ class V4ChatFormat:
             out.special(self._think_start if thinking else self._think_end)
         out.special(task)
 
-    def _render_schemas(self, out: PromptBuilder, m: _Msg) -> None:
-        """The tools and response-format appendix of a system or developer message."""
-        raw = m.raw
-        if raw.get("tools"):
-            functions = read_tool_schemas(raw["tools"], f"{m.path}.tools")
-            schemas = "\n".join(to_json(f, f"{m.path}.tools") for f in functions)
-            out.parts.append(self._sep)
-            expand_template(out, self._tools, schemas=schemas)
-        if raw.get("response_format"):
-            out.parts.append(self._sep)
-            schema = to_json(raw["response_format"], f"{m.path}.response_format")
-            expand_template(out, self._response_format, schema=schema)
-
     def _user_blocks(self, out: PromptBuilder, m: _Msg) -> None:
         """A folded user message's text: its turns and tool results, joined by blank lines."""
         blocks = m.blocks or ()
@@ -571,12 +485,6 @@ class V4ChatFormat:
         out.parts.append("\n\n".join(texts))
 
 
-def _text(m: _Msg, key: str, value: Any) -> str:
-    """Slow path of the inline ``value.__class__ is str`` checks: a ``str`` subclass
-    passes, anything else is a :class:`FormatError` naming the field."""
-    return checked_text(value, f"{m.path}.{key}")
-
-
 def _block_text(m: _Msg, block: _Block) -> str:
     return checked_text(block[1], f"{item_path(m.source, block[3])}.content")
 
@@ -599,7 +507,7 @@ def _tool_result_text(m: _Msg, block: _Block) -> str:
 
 
 _V4 = V4ChatFormat(DSV4_SPELLINGS)
-FAMILY = "deepseek_v4"
+FAMILY = _V4.family
 SPECIAL_SPELLINGS: frozenset[str] = _V4.special_spellings
 
 
