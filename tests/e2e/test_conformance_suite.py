@@ -1,69 +1,32 @@
 """``deepseek-frontend e2e`` against a real ``deepseek-frontend serve`` (built-in simulated engine).
 
-One server per module, started as a subprocess on a free port with an API key; the suite runs as a
-subprocess too, exactly as an operator runs it after a deployment.
+One server per module, started as a subprocess on a free port with an API key (``tests/support/servers.py``);
+the suite runs as a subprocess too, exactly as an operator runs it after a deployment.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
-import httpx
 import pytest
 
 from deepseek_frontend.e2e.checks import all_checks
+from tests.support.servers import free_port, start_frontend
 
 API_KEY = "e2e-test-key"
 MODEL = "deepseek-ai/DeepSeek-V4-Flash"
-STARTUP_TIMEOUT_S = 60.0
 SUITE_TIMEOUT_S = 240.0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def server() -> Iterator[str]:
     """Base URL of a frontend serving the simulated engine, requiring ``API_KEY``."""
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = {k: v for k, v in os.environ.items() if k != "DEEPSEEK_FRONTEND_API_KEY"}
-    argv = [
-        sys.executable, "-m", "deepseek_frontend", "serve",
-        "--host", "127.0.0.1", "--port", str(port),
-        "--served-model-name", MODEL, "--api-key", API_KEY,
-    ]  # fmt: skip
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + STARTUP_TIMEOUT_S
-            while True:
-                assert proc.poll() is None, "server exited:\n" + log_path.read_text(errors="replace")
-                try:
-                    if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "server not healthy in time:\n" + log_path.read_text()
-                time.sleep(0.1)
-            yield base
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+    with start_frontend("--served-model-name", MODEL, "--api-key", API_KEY) as frontend:
+        yield frontend.url
 
 
 def run_e2e(*args: str) -> subprocess.CompletedProcess[str]:
@@ -155,7 +118,7 @@ def test_a_wrong_model_name_fails_the_models_list_check(server: str) -> None:
 
 
 def test_an_unreachable_endpoint_is_reported_as_errors_not_a_crash() -> None:
-    url = f"http://127.0.0.1:{_free_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     result = run_e2e(
         "--base-url", url, "--model", MODEL, "--only", "models_list", "--timeout", "5", "--json", "-"
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from tests.support.servers import free_port, stop_process
 
 from .recipe_checks import REPO_ROOT, parse_dockerfile
 
@@ -51,12 +52,6 @@ def test_image_installs_only_the_project_wheel_built_without_dependencies() -> N
 
 
 # --- replay of the build on the host -------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _run(argv: list[str], timeout: float) -> None:
@@ -124,7 +119,7 @@ class Served:
 def served(image_venv: Path, tmp_path: Path) -> Iterator[Served]:
     """The image's default command, run from the replayed venv on a free port."""
     dockerfile = parse_dockerfile()
-    port = _free_port()
+    port = free_port()
     argv = [str(image_venv / "bin" / dockerfile.entrypoint[0]), *dockerfile.cmd]
     argv[argv.index("--port") + 1] = str(port)
     argv[argv.index("--host") + 1] = "127.0.0.1"
@@ -135,12 +130,7 @@ def served(image_venv: Path, tmp_path: Path) -> Iterator[Served]:
     try:
         yield Served(port, proc, log_path)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
         log.close()
 
 
@@ -168,5 +158,5 @@ def test_image_build_steps_yield_a_server_that_passes_its_own_health_check(
 
 @pytest.mark.slow
 def test_image_health_check_fails_when_nothing_answers(image_venv: Path) -> None:
-    result = _health_check(image_venv, _free_port())
+    result = _health_check(image_venv, free_port())
     assert result.returncode != 0

@@ -7,19 +7,26 @@ about the server, not about the dispatcher (which has its own tests).
 
 Each process binds port 0 and logs the real address; :func:`start` waits for that
 line and then for the given health path to answer -- no fixed sleeps. ``stop``
-terminates the process (then kills it) and returns its log for failure messages.
+terminates the process (then kills it) and returns its log for failure messages; a
+:class:`Server` is also a context manager that stops on exit.
+
+Tests that run some other process (an installed console script, a replayed image) reuse
+:func:`stop_process` and :func:`free_port`.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
+from typing import Any
 
 import httpx
 
@@ -33,6 +40,25 @@ _COMMANDS = {
 }
 
 
+def free_port() -> int:
+    """A localhost port nothing listens on right now (for a process that must be told its port, or for
+    an address that must refuse connections)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
+    """Terminate ``proc`` and wait for it; kill it if it has not exited after ``timeout`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout)
+
+
 @dataclass
 class Server:
     proc: subprocess.Popen[bytes]
@@ -44,14 +70,16 @@ class Server:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
     def stop(self) -> str:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
         return self.log()
+
+    def __enter__(self) -> Server:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
 
 
 def start(args: list[str], health_path: str, *, expect_healthy: bool = True) -> Server:

@@ -9,26 +9,13 @@ from pathlib import Path
 import pytest
 
 from deepseek_frontend.errors import FormatError
+from deepseek_frontend.formats import dsv4, dsv32
 from deepseek_frontend.formats.segments import PromptSegment as Seg
 from deepseek_frontend.formats.segments import join_segments
 from deepseek_frontend.tokenization import PrefixCache, PromptTokenizer, RunCache, bundled_tokenizer_path
 
-TEMPLATE_SPELLINGS = [
-    "<｜begin▁of▁sentence｜>",
-    "<｜end▁of▁sentence｜>",
-    "<｜User｜>",
-    "<｜Assistant｜>",
-    "<think>",
-    "</think>",
-    "｜DSML｜",
-    "<｜latest_reminder｜>",
-    "<｜action｜>",
-    "<｜query｜>",
-    "<｜authority｜>",
-    "<｜domain｜>",
-    "<｜title｜>",
-    "<｜read_url｜>",
-]
+#: every special token a renderer of either family can write
+TEMPLATE_SPELLINGS = sorted(dsv4.SPECIAL_SPELLINGS | dsv32.SPECIAL_SPELLINGS)
 
 
 def conversation(user_text: str) -> list[Seg]:

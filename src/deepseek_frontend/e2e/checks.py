@@ -424,13 +424,16 @@ def check_tool_required(ctx: SuiteContext) -> str:
     return f"{len(calls)} call(s): " + json.dumps(calls[0], ensure_ascii=False)
 
 
-def auto_stream(ctx: SuiteContext) -> StreamSummary:
+def weather_stream(ctx: SuiteContext, key: str, prompt: str) -> StreamSummary:
+    """The streamed answer to ``prompt`` with get_weather offered (``tool_choice`` auto), once per ``key``."""
     return ctx.once(
-        "auto_stream",
-        lambda: summarize_stream(
-            ctx.chat_stream(user(WEATHER_PROMPT), tools=[WEATHER_TOOL], tool_choice="auto")
-        ),
+        key,
+        lambda: summarize_stream(ctx.chat_stream(user(prompt), tools=[WEATHER_TOOL], tool_choice="auto")),
     )
+
+
+def auto_stream(ctx: SuiteContext) -> StreamSummary:
+    return weather_stream(ctx, "auto_stream", WEATHER_PROMPT)
 
 
 def check_tool_auto_stream(ctx: SuiteContext) -> str:
@@ -446,12 +449,7 @@ def check_tool_auto_stream(ctx: SuiteContext) -> str:
 
 
 def parallel_stream(ctx: SuiteContext) -> StreamSummary:
-    return ctx.once(
-        "parallel",
-        lambda: summarize_stream(
-            ctx.chat_stream(user(PARALLEL_PROMPT), tools=[WEATHER_TOOL], tool_choice="auto")
-        ),
-    )
+    return weather_stream(ctx, "parallel", PARALLEL_PROMPT)
 
 
 def check_parallel_calls(ctx: SuiteContext) -> str:

@@ -8,13 +8,15 @@
     ├── SimulatedEngine (sim.py)    in-process, deterministic DSV4 output (rules in sim_model.py)
     └── WorkerPool (pool.py)        least-outstanding routing, health checks, ejection, early retry
 
-``sim_server.py`` serves a SimulatedEngine over SGLang's HTTP protocol and
+The two HTTP clients share ``_http.py`` (connection pool, SSE reading, failure mapping,
+health probe). ``sim_server.py`` serves a SimulatedEngine over SGLang's HTTP protocol and
 ``sim_command.py`` is the ``deepseek-frontend sim-engine`` command. Failures follow
 the tree in :mod:`deepseek_frontend.errors`: ``EngineUnavailableError`` before the first
 chunk (retryable), ``EngineStreamError`` after it, ``RequestError`` when the worker rejects
 the request.
 """
 
+from deepseek_frontend.engines._http import new_http_client
 from deepseek_frontend.engines.base import (
     ConstraintKind,
     DecodingConstraint,
@@ -27,7 +29,7 @@ from deepseek_frontend.engines.base import (
     WorkerStatus,
 )
 from deepseek_frontend.engines.pool import WorkerPool, from_urls
-from deepseek_frontend.engines.sglang import SGLangClient, new_http_client
+from deepseek_frontend.engines.sglang import SGLangClient
 from deepseek_frontend.engines.sim import SimulatedEngine, load_sim_tokenizer
 from deepseek_frontend.engines.vllm import VLLMClient
 

@@ -34,6 +34,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from deepseek_frontend.engines._http import new_http_client
 from deepseek_frontend.engines.base import (
     ConstraintKind,
     EngineChunk,
@@ -41,7 +42,7 @@ from deepseek_frontend.engines.base import (
     GenerateRequest,
     WorkerStatus,
 )
-from deepseek_frontend.engines.sglang import SGLangClient, new_http_client
+from deepseek_frontend.engines.sglang import SGLangClient
 from deepseek_frontend.errors import EngineStreamError, EngineUnavailableError, NoHealthyWorkerError
 
 __all__ = ["Resolver", "WorkerPool", "from_urls", "system_resolver"]

@@ -30,78 +30,19 @@ from typing import Any
 import httpx
 import orjson
 
-from deepseek_frontend.engines.base import (
-    EngineChunk,
-    EngineClient,
-    EngineFinishReason,
-    GenerateRequest,
-    TokenLogprob,
+from deepseek_frontend.engines._http import (
+    CONTROL_TIMEOUT_S,
+    HTTPEngineClient,
+    StreamProgress,
+    iter_sse_data,
+    new_http_client,
+    open_event_stream,
+    sampling_fields,
 )
-from deepseek_frontend.errors import EngineStreamError, EngineUnavailableError, RequestError
+from deepseek_frontend.engines.base import EngineChunk, EngineFinishReason, GenerateRequest, TokenLogprob
+from deepseek_frontend.errors import EngineUnavailableError
 
 __all__ = ["SGLangClient", "new_http_client"]
-
-#: connections per worker; a frontend streams hundreds of requests to one worker at once
-MAX_CONNECTIONS = 1024
-#: seconds to wait for a worker to accept a request and send headers
-CONNECT_TIMEOUT_S = 10.0
-#: seconds an abort or health probe may take before we give up on it
-CONTROL_TIMEOUT_S = 5.0
-
-
-def new_http_client(max_connections: int = MAX_CONNECTIONS) -> httpx.AsyncClient:
-    """An ``httpx.AsyncClient`` sized for streaming many requests to a few workers.
-
-    No read timeout: a stream may legitimately pause for a long prefill.
-    """
-    return httpx.AsyncClient(
-        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        timeout=httpx.Timeout(CONNECT_TIMEOUT_S, read=None),
-        trust_env=False,
-    )
-
-
-def error_message(body: bytes, fallback: str) -> str:
-    """The human message of an engine error body (``{"error": {"message"}}`` and friends)."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        text = body.decode("utf-8", "replace").strip()
-        return text[:500] or fallback
-    if isinstance(data, dict):
-        err = data.get("error", data)
-        if isinstance(err, dict):
-            for key in ("message", "detail", "msg"):
-                if isinstance(err.get(key), str):
-                    return err[key]
-        if isinstance(err, str):
-            return err
-        if isinstance(data.get("detail"), str):
-            return data["detail"]
-    return fallback
-
-
-async def iter_sse_data(response: httpx.Response) -> AsyncIterator[bytes]:
-    """The ``data:`` payloads of an SSE body, as bytes (no text decoding: orjson reads bytes).
-
-    Only ``data`` fields matter for these engines; comments and other fields are skipped.
-    Lines end with ``\\n`` (``\\r\\n`` tolerated). A trailing line without a newline is kept.
-    """
-    buffer = b""
-    async for raw in response.aiter_bytes():
-        buffer = buffer + raw if buffer else raw
-        start = 0
-        while True:
-            end = buffer.find(b"\n", start)
-            if end < 0:
-                break
-            line = buffer[start:end]
-            start = end + 1
-            if line.startswith(b"data:"):
-                yield line[5:].strip()
-        buffer = buffer[start:]
-    if buffer.startswith(b"data:"):
-        yield buffer[5:].strip()
 
 
 class _ChunkDiffer:
@@ -189,12 +130,15 @@ async def _drain(events: AsyncIterator[bytes]) -> None:
                 break
 
 
-class SGLangClient(EngineClient):
+class SGLangClient(HTTPEngineClient):
     """One SGLang worker at ``base_url`` (see module docstring for the protocol and failures).
 
     ``http`` may be shared between clients (the pool does); a client only closes an
     ``httpx.AsyncClient`` it created itself. ``cumulative``: None = detect per request.
+    Health is ``GET /health_generate`` (the worker generates one token): 200 = healthy.
     """
+
+    health_path = "/health_generate"
 
     def __init__(
         self,
@@ -204,12 +148,8 @@ class SGLangClient(EngineClient):
         cumulative: bool | None = None,
         control_timeout_s: float = CONTROL_TIMEOUT_S,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.name = self.base_url
-        self._own_http = http is None
-        self._http = http or new_http_client()
+        super().__init__(base_url, http=http, control_timeout_s=control_timeout_s)
         self.cumulative = cumulative
-        self.control_timeout_s = control_timeout_s
         self._pending_aborts: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
@@ -219,18 +159,7 @@ class SGLangClient(EngineClient):
     def request_body(request: GenerateRequest) -> dict[str, Any]:
         """The ``/generate`` JSON body for ``request`` (engine-protocols.md)."""
         s = request.sampling
-        params: dict[str, Any] = {
-            "max_new_tokens": s.max_new_tokens,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "top_k": s.top_k,
-            "min_p": s.min_p,
-            "frequency_penalty": s.frequency_penalty,
-            "presence_penalty": s.presence_penalty,
-            "repetition_penalty": s.repetition_penalty,
-            "stop_token_ids": list(s.stop_token_ids),
-            "skip_special_tokens": False,
-        }
+        params: dict[str, Any] = {"max_new_tokens": s.max_new_tokens, **sampling_fields(s)}
         if s.seed is not None:
             params["sampling_seed"] = s.seed
         if s.constraint is not None:
@@ -248,75 +177,55 @@ class SGLangClient(EngineClient):
         rid = request.request_id
         body = orjson.dumps(self.request_body(request))
         differ = _ChunkDiffer(self.cumulative)
-        yielded = False
+        progress = StreamProgress(self.name)
         #: True once the worker has the request running; False again when it finished
         running = False
         finished = False
         consumer_left = False
         try:
-            try:
-                stream_cm = self._http.stream(
-                    "POST",
-                    self.base_url + "/generate",
-                    content=body,
-                    headers={"content-type": "application/json", "accept": "text/event-stream"},
-                )
-                response = await stream_cm.__aenter__()
-            except httpx.HTTPError as exc:
-                raise EngineUnavailableError(f"{self.name}: cannot reach worker: {exc!r}") from exc
-            try:
-                if response.status_code != 200:
-                    text = await response.aread()
-                    message = error_message(text, f"HTTP {response.status_code}")
-                    if response.status_code in (400, 422):  # the engine's own validation
-                        raise RequestError(f"engine rejected the request: {message}")
-                    raise EngineUnavailableError(f"{self.name}: HTTP {response.status_code}: {message}")
+            async with open_event_stream(
+                self._http, self.name, self.base_url + "/generate", body
+            ) as response:
                 running = True
-                events = iter_sse_data(response)
-                async for data in events:
-                    if data == b"[DONE]":
-                        break
-                    if not data:
-                        continue
-                    try:
-                        obj = orjson.loads(data)
-                    except orjson.JSONDecodeError as exc:
-                        raise self._broken(yielded, f"unparsable chunk {data[:200]!r}") from exc
-                    if "error" in obj:
-                        err = obj["error"]
-                        msg = err.get("message") if isinstance(err, dict) else str(err)
-                        raise self._broken(yielded, f"engine error: {msg}")
-                    meta = obj.get("meta_info") or {}
-                    ids = obj.get("output_ids")
-                    if ids is None:
-                        ids = obj.get("token_ids") or []
-                    completion = meta.get("completion_tokens")
-                    new = differ.new_ids(ids, completion)
-                    reason, matched, message = _finish(meta)
-                    if not new and reason is None:
-                        continue
-                    chunk = EngineChunk(
-                        new,
-                        reason,
-                        matched,
-                        meta.get("prompt_tokens"),
-                        completion,
-                        meta.get("cached_tokens"),
-                        _logprobs(meta, len(new)) if meta.get("output_token_logprobs") else None,
-                        message,
-                    )
-                    yielded = True
-                    if reason is not None:
-                        finished = True
-                    yield chunk
-                    if finished:
-                        await _drain(events)
-                        return
-                raise self._broken(yielded, "stream ended without a finish reason")
-            except httpx.HTTPError as exc:
-                raise self._broken(yielded, f"stream broke: {exc!r}") from exc
-            finally:
-                await stream_cm.__aexit__(None, None, None)
+                try:
+                    events = iter_sse_data(response)
+                    async for data in events:
+                        if data == b"[DONE]":
+                            break
+                        if not data:
+                            continue
+                        obj = progress.decode(data)
+                        if "error" in obj:
+                            progress.error_event(obj["error"])
+                        meta = obj.get("meta_info") or {}
+                        ids = obj.get("output_ids")
+                        if ids is None:
+                            ids = obj.get("token_ids") or []
+                        completion = meta.get("completion_tokens")
+                        new = differ.new_ids(ids, completion)
+                        reason, matched, message = _finish(meta)
+                        if not new and reason is None:
+                            continue
+                        chunk = EngineChunk(
+                            new,
+                            reason,
+                            matched,
+                            meta.get("prompt_tokens"),
+                            completion,
+                            meta.get("cached_tokens"),
+                            _logprobs(meta, len(new)) if meta.get("output_token_logprobs") else None,
+                            message,
+                        )
+                        progress.yielded = True
+                        if reason is not None:
+                            finished = True
+                        yield chunk
+                        if finished:
+                            await _drain(events)
+                            return
+                    raise progress.broken("stream ended without a finish reason")
+                except httpx.HTTPError as exc:
+                    raise progress.broken(f"stream broke: {exc!r}") from exc
         except (GeneratorExit, asyncio.CancelledError):
             consumer_left = True
             raise
@@ -328,11 +237,6 @@ class SGLangClient(EngineClient):
                 else:
                     # the stream failed: the worker may be gone, so do not hold the error back
                     self._abort_in_background(rid)
-
-    def _broken(self, yielded: bool, what: str) -> EngineUnavailableError | EngineStreamError:
-        if yielded:
-            return EngineStreamError(f"{self.name}: {what}")
-        return EngineUnavailableError(f"{self.name}: {what}")
 
     def _abort_in_background(self, rid: str) -> asyncio.Task[None]:
         """Start ``/abort_request``; :meth:`aclose` waits for the ones still running."""
@@ -362,16 +266,6 @@ class SGLangClient(EngineClient):
                 timeout=self.control_timeout_s,
             )
 
-    async def check_health(self) -> bool:
-        """``GET /health_generate`` (the worker generates one token): 200 = healthy."""
-        try:
-            response = await self._http.get(
-                self.base_url + "/health_generate", timeout=self.control_timeout_s
-            )
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
-
     async def get_model_info(self) -> dict[str, Any]:
         """``GET /get_model_info`` (model path, ...); raises EngineUnavailableError."""
         try:
@@ -385,5 +279,4 @@ class SGLangClient(EngineClient):
     async def aclose(self) -> None:
         if self._pending_aborts:
             await asyncio.gather(*self._pending_aborts, return_exceptions=True)
-        if self._own_http:
-            await self._http.aclose()
+        await super().aclose()

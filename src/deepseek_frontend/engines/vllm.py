@@ -26,29 +26,30 @@ from typing import Any
 import httpx
 import orjson
 
+from deepseek_frontend.engines._http import (
+    CONTROL_TIMEOUT_S,
+    HTTPEngineClient,
+    StreamProgress,
+    iter_sse_data,
+    open_event_stream,
+    sampling_fields,
+)
 from deepseek_frontend.engines.base import (
     ConstraintKind,
     EngineChunk,
-    EngineClient,
     EngineFinishReason,
     GenerateRequest,
     TokenLogprob,
 )
-from deepseek_frontend.engines.sglang import error_message, iter_sse_data, new_http_client
-from deepseek_frontend.errors import (
-    EngineStreamError,
-    EngineUnavailableError,
-    RequestError,
-    UnsupportedFeatureError,
-)
+from deepseek_frontend.errors import UnsupportedFeatureError
 
 __all__ = ["VLLMClient"]
 
-CONTROL_TIMEOUT_S = 5.0
 
+class VLLMClient(HTTPEngineClient):
+    """One vLLM worker at ``base_url`` serving ``model`` (see module docstring). Health: ``GET /health``."""
 
-class VLLMClient(EngineClient):
-    """One vLLM worker at ``base_url`` serving ``model`` (see module docstring)."""
+    health_path = "/health"
 
     def __init__(
         self,
@@ -59,13 +60,9 @@ class VLLMClient(EngineClient):
         grammar: bool = False,
         control_timeout_s: float = CONTROL_TIMEOUT_S,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
-        self.name = self.base_url
+        super().__init__(base_url, http=http, control_timeout_s=control_timeout_s)
         self.model = model
         self.grammar = grammar
-        self.control_timeout_s = control_timeout_s
-        self._own_http = http is None
-        self._http = http or new_http_client()
 
     def __repr__(self) -> str:
         return f"VLLMClient({self.base_url!r}, model={self.model!r})"
@@ -82,15 +79,7 @@ class VLLMClient(EngineClient):
             "model": self.model,
             "prompt": request.input_ids,
             "max_tokens": s.max_new_tokens,
-            "temperature": s.temperature,
-            "top_p": s.top_p,
-            "top_k": s.top_k,
-            "min_p": s.min_p,
-            "frequency_penalty": s.frequency_penalty,
-            "presence_penalty": s.presence_penalty,
-            "repetition_penalty": s.repetition_penalty,
-            "stop_token_ids": list(s.stop_token_ids),
-            "skip_special_tokens": False,
+            **sampling_fields(s),
             "return_token_ids": True,
             "detokenize": False,
             "stream": True,
@@ -122,95 +111,60 @@ class VLLMClient(EngineClient):
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
         body = orjson.dumps(self.request_body(request))
-        yielded = False
+        progress = StreamProgress(self.name)
         held: EngineChunk | None = None  # the finishing chunk, waiting for the usage chunk
         prompt_tokens: int | None = None
         completion = 0
-        try:
-            stream_cm = self._http.stream(
-                "POST",
-                self.base_url + "/v1/completions",
-                content=body,
-                headers={"content-type": "application/json", "accept": "text/event-stream"},
-            )
-            response = await stream_cm.__aenter__()
-        except httpx.HTTPError as exc:
-            raise EngineUnavailableError(f"{self.name}: cannot reach worker: {exc!r}") from exc
-        try:
-            if response.status_code != 200:
-                text = await response.aread()
-                message = error_message(text, f"HTTP {response.status_code}")
-                if response.status_code in (400, 422):
-                    raise RequestError(f"engine rejected the request: {message}")
-                raise EngineUnavailableError(f"{self.name}: HTTP {response.status_code}: {message}")
-            async for data in iter_sse_data(response):
-                if data == b"[DONE]":
-                    break
-                if not data:
-                    continue
-                try:
-                    obj = orjson.loads(data)
-                except orjson.JSONDecodeError as exc:
-                    raise self._broken(yielded, f"unparsable chunk {data[:200]!r}") from exc
-                if "error" in obj or obj.get("object") == "error":
-                    err = obj.get("error", obj)
-                    msg = err.get("message") if isinstance(err, dict) else str(err)
-                    raise self._broken(yielded, f"engine error: {msg}")
-                usage = obj.get("usage")
-                if isinstance(usage, dict) and held is not None:
-                    held.prompt_tokens = usage.get("prompt_tokens", held.prompt_tokens)
-                    held.completion_tokens = usage.get("completion_tokens", held.completion_tokens)
-                    details = usage.get("prompt_tokens_details") or {}
-                    held.cached_tokens = details.get("cached_tokens") if isinstance(details, dict) else None
-                for choice in obj.get("choices") or ():
-                    ids = choice.get("token_ids") or []
-                    if prompt_tokens is None and choice.get("prompt_token_ids") is not None:
-                        prompt_tokens = len(choice["prompt_token_ids"])
-                    completion += len(ids)
-                    reason = _finish(choice.get("finish_reason"))
-                    chunk = EngineChunk(
-                        list(ids),
-                        reason,
-                        _matched(choice.get("stop_reason")) if reason == "stop" else None,
-                        prompt_tokens,
-                        completion,
-                        None,
-                        _logprobs(choice.get("logprobs"), ids),
-                        "aborted by the engine" if reason == "abort" else None,
-                    )
-                    if reason is not None:
-                        held = chunk
-                    elif ids:
-                        yielded = True
-                        yield chunk
-            if held is None:
-                raise self._broken(yielded, "stream ended without a finish reason")
-            yield held
-        except httpx.HTTPError as exc:
-            raise self._broken(yielded, f"stream broke: {exc!r}") from exc
-        finally:
-            # closing the stream is vLLM's abort
-            await stream_cm.__aexit__(None, None, None)
-
-    def _broken(self, yielded: bool, what: str) -> EngineUnavailableError | EngineStreamError:
-        if yielded:
-            return EngineStreamError(f"{self.name}: {what}")
-        return EngineUnavailableError(f"{self.name}: {what}")
+        # leaving the block closes the stream, which is vLLM's abort
+        async with open_event_stream(
+            self._http, self.name, self.base_url + "/v1/completions", body
+        ) as response:
+            try:
+                async for data in iter_sse_data(response):
+                    if data == b"[DONE]":
+                        break
+                    if not data:
+                        continue
+                    obj = progress.decode(data)
+                    if "error" in obj or obj.get("object") == "error":
+                        progress.error_event(obj.get("error", obj))
+                    usage = obj.get("usage")
+                    if isinstance(usage, dict) and held is not None:
+                        held.prompt_tokens = usage.get("prompt_tokens", held.prompt_tokens)
+                        held.completion_tokens = usage.get("completion_tokens", held.completion_tokens)
+                        details = usage.get("prompt_tokens_details") or {}
+                        held.cached_tokens = (
+                            details.get("cached_tokens") if isinstance(details, dict) else None
+                        )
+                    for choice in obj.get("choices") or ():
+                        ids = choice.get("token_ids") or []
+                        if prompt_tokens is None and choice.get("prompt_token_ids") is not None:
+                            prompt_tokens = len(choice["prompt_token_ids"])
+                        completion += len(ids)
+                        reason = _finish(choice.get("finish_reason"))
+                        chunk = EngineChunk(
+                            list(ids),
+                            reason,
+                            _matched(choice.get("stop_reason")) if reason == "stop" else None,
+                            prompt_tokens,
+                            completion,
+                            None,
+                            _logprobs(choice.get("logprobs"), ids),
+                            "aborted by the engine" if reason == "abort" else None,
+                        )
+                        if reason is not None:
+                            held = chunk
+                        elif ids:
+                            progress.yielded = True
+                            yield chunk
+                if held is None:
+                    raise progress.broken("stream ended without a finish reason")
+                yield held
+            except httpx.HTTPError as exc:
+                raise progress.broken(f"stream broke: {exc!r}") from exc
 
     async def abort(self, request_id: str) -> None:
         """No-op: vLLM aborts when the stream closes (the generator's ``finally`` does that)."""
-
-    async def check_health(self) -> bool:
-        """``GET /health``: 200 = healthy."""
-        try:
-            response = await self._http.get(self.base_url + "/health", timeout=self.control_timeout_s)
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200
-
-    async def aclose(self) -> None:
-        if self._own_http:
-            await self._http.aclose()
 
 
 def _finish(reason: object) -> EngineFinishReason | None:

@@ -156,6 +156,17 @@ ws ::= [ \t\n]*
 """.strip()
 
 
+#: JSON-schema ``type`` -> grammar expression for a non-string parameter of that type (others: any JSON value)
+_TYPE_EXPRS = {
+    "integer": "json-int",
+    "number": "json-number",
+    "boolean": '("true" | "false")',
+    "null": '"null"',
+    "array": "json-array",
+    "object": "json-object",
+}
+
+
 def _value_expr(schema: Mapping[str, Any]) -> str:
     """Grammar expression for the JSON text of a non-string parameter."""
     if "const" in schema:
@@ -163,19 +174,7 @@ def _value_expr(schema: Mapping[str, Any]) -> str:
     if isinstance(schema.get("enum"), list) and schema["enum"]:
         return "(" + " | ".join(_lit(json.dumps(v, ensure_ascii=False)) for v in schema["enum"]) + ")"
     typ = schema.get("type")
-    if typ == "integer":
-        return "json-int"
-    if typ == "number":
-        return "json-number"
-    if typ == "boolean":
-        return '("true" | "false")'
-    if typ == "null":
-        return '"null"'
-    if typ == "array":
-        return "json-array"
-    if typ == "object":
-        return "json-object"
-    return "json-value"
+    return _TYPE_EXPRS.get(typ, "json-value") if isinstance(typ, str) else "json-value"
 
 
 def _is_string_param(schema: Mapping[str, Any]) -> bool:

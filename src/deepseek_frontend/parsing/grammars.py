@@ -61,6 +61,14 @@ class DsmlGrammar:
     think_close: str = "</think>"
     eos: str = "<｜end▁of▁sentence｜>"
 
+    def _opener(self, name: str) -> str:
+        """``<｜DSML｜name``: how a tag called ``name`` opens (a block adds ``>``, the others a header)."""
+        return f"<{self.dsml}{name}"
+
+    def _closer(self, name: str) -> str:
+        """``</｜DSML｜name>``: how a tag called ``name`` closes."""
+        return f"</{self.dsml}{name}>"
+
     def terminals(self) -> dict[str, Terminal]:
         """Every terminal string of the grammar mapped to its kind."""
         table: dict[str, Terminal] = {
@@ -68,62 +76,59 @@ class DsmlGrammar:
             self.think_close: Terminal.THINK_CLOSE,
             self.eos: Terminal.EOS,
         }
-        for name in self.block_names:
-            table[f"<{self.dsml}{name}>"] = Terminal.BLOCK_OPEN
-            table[f"</{self.dsml}{name}>"] = Terminal.BLOCK_CLOSE
-        for name in self.invoke_names:
-            table[f"<{self.dsml}{name}"] = Terminal.INVOKE_OPEN
-            table[f"</{self.dsml}{name}>"] = Terminal.INVOKE_CLOSE
-        for name in self.parameter_names:
-            table[f"<{self.dsml}{name}"] = Terminal.PARAM_OPEN
-            table[f"</{self.dsml}{name}>"] = Terminal.PARAM_CLOSE
+        # (names, what ends the opener terminal, opener kind, closer kind): an invoke or parameter opener
+        # is followed by an attribute header the lexer does not match, so its terminal stops at the name
+        tags = (
+            (self.block_names, ">", Terminal.BLOCK_OPEN, Terminal.BLOCK_CLOSE),
+            (self.invoke_names, "", Terminal.INVOKE_OPEN, Terminal.INVOKE_CLOSE),
+            (self.parameter_names, "", Terminal.PARAM_OPEN, Terminal.PARAM_CLOSE),
+        )
+        for names, opener_end, opener_kind, closer_kind in tags:
+            for name in names:
+                table[self._opener(name) + opener_end] = opener_kind
+                table[self._closer(name)] = closer_kind
         return table
 
     @property
     def block_open(self) -> str:
         """The family's own block opener, e.g. ``<｜DSML｜tool_calls>``."""
-        return f"<{self.dsml}{self.block_names[0]}>"
+        return self._opener(self.block_names[0]) + ">"
 
     @property
     def block_close(self) -> str:
-        return f"</{self.dsml}{self.block_names[0]}>"
+        return self._closer(self.block_names[0])
 
     @property
     def invoke_open(self) -> str:
         """The family's own invoke opener without its header, e.g. ``<｜DSML｜invoke``."""
-        return f"<{self.dsml}{self.invoke_names[0]}"
+        return self._opener(self.invoke_names[0])
 
     @property
     def invoke_close(self) -> str:
-        return f"</{self.dsml}{self.invoke_names[0]}>"
+        return self._closer(self.invoke_names[0])
 
     @property
     def parameter_open(self) -> str:
-        return f"<{self.dsml}{self.parameter_names[0]}"
+        return self._opener(self.parameter_names[0])
 
     @property
     def parameter_close(self) -> str:
-        return f"</{self.dsml}{self.parameter_names[0]}>"
+        return self._closer(self.parameter_names[0])
 
 
-DEEPSEEK_V4 = DsmlGrammar(
-    family="deepseek_v4",
-    block_names=_own_first("tool_calls", _BLOCK_ALIASES),
-    invoke_names=_own_first("invoke", _INVOKE_ALIASES),
-    parameter_names=_own_first("parameter", _PARAMETER_ALIASES),
-)
-DEEPSEEK_V32 = DsmlGrammar(
-    family="deepseek_v32",
-    block_names=_own_first("function_calls", _BLOCK_ALIASES),
-    invoke_names=_own_first("invoke", _INVOKE_ALIASES),
-    parameter_names=_own_first("parameter", _PARAMETER_ALIASES),
-)
-DEEPSEEK_V41 = DsmlGrammar(
-    family="deepseek_v41",
-    block_names=_own_first(" calls", _BLOCK_ALIASES),
-    invoke_names=_own_first(" invoke", _INVOKE_ALIASES),
-    parameter_names=_own_first(" parameter", _PARAMETER_ALIASES),
-)
+def _deepseek(family: str, block: str, invoke: str = "invoke", parameter: str = "parameter") -> DsmlGrammar:
+    """A DeepSeek family that writes ``block``, ``invoke`` and ``parameter`` and reads every alias."""
+    return DsmlGrammar(
+        family=family,
+        block_names=_own_first(block, _BLOCK_ALIASES),
+        invoke_names=_own_first(invoke, _INVOKE_ALIASES),
+        parameter_names=_own_first(parameter, _PARAMETER_ALIASES),
+    )
+
+
+DEEPSEEK_V4 = _deepseek("deepseek_v4", "tool_calls")
+DEEPSEEK_V32 = _deepseek("deepseek_v32", "function_calls")
+DEEPSEEK_V41 = _deepseek("deepseek_v41", " calls", " invoke", " parameter")
 
 #: family name -> grammar. The family names are the ones ``formats.detect_family`` reports.
 GRAMMARS: dict[str, DsmlGrammar] = {g.family: g for g in (DEEPSEEK_V4, DEEPSEEK_V32, DEEPSEEK_V41)}
