@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionChunk
 
+from tests.support.fixtures import server_fixture
 from tests.support.servers import Server, start_frontend, start_sim_engine
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -24,43 +28,32 @@ def user(text: str) -> list[dict[str, str]]:
     return [{"role": "user", "content": text}]
 
 
-@pytest.fixture(scope="module")
-def flaky() -> Iterator[Server]:
-    server = start_sim_engine("--itl-ms", "5")
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def steady() -> Iterator[Server]:
-    server = start_sim_engine("--itl-ms", "5")
-    yield server
-    server.stop()
+flaky = server_fixture(start_sim_engine, "--itl-ms", "5", scope="module")
+steady = server_fixture(start_sim_engine, "--itl-ms", "5", scope="module")
 
 
 @pytest.fixture(scope="module")
 def pair_frontend(flaky: Server, steady: Server) -> Iterator[Server]:
     # A long health interval so the pool learns about the fault from requests, not probes.
-    server = start_frontend("--worker", flaky.url, "--worker", steady.url, "--health-check-interval", "300")
-    yield server
-    server.stop()
+    with start_frontend(
+        "--worker", flaky.url, "--worker", steady.url, "--health-check-interval", "300"
+    ) as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def flaky_frontend(flaky: Server) -> Iterator[Server]:
     # Frequent health checks re-admit the worker soon after a test clears its fault.
-    server = start_frontend("--worker", flaky.url, "--health-check-interval", "0.2")
-    yield server
-    server.stop()
+    with start_frontend("--worker", flaky.url, "--health-check-interval", "0.2") as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def orphan_frontend() -> Iterator[Server]:
-    server = start_frontend(
+    with start_frontend(
         "--worker", "http://127.0.0.1:9", "--health-check-interval", "0.2", expect_healthy=False
-    )
-    yield server
-    server.stop()
+    ) as server:
+        yield server
 
 
 def set_fault(sim: Server, fail_after: int | None, mode: str = "error-event") -> None:
@@ -68,15 +61,24 @@ def set_fault(sim: Server, fail_after: int | None, mode: str = "error-event") ->
     r.raise_for_status()
 
 
-def clear_fault(sim: Server, frontend: Server) -> None:
-    """Clear the fault and wait until the frontend routes to the worker again."""
-    set_fault(sim, None)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if httpx.get(frontend.url + "/health").status_code == 200:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the worker was not re-admitted after its fault was cleared")
+@contextmanager
+def fault(
+    sim: Server, fail_after: int, mode: str = "error-event", *, readmit: Server | None = None
+) -> Iterator[None]:
+    """``sim`` fails after ``fail_after`` tokens inside the block. On leaving, the fault is
+    cleared; with ``readmit``, also wait until that frontend routes to the worker again."""
+    set_fault(sim, fail_after, mode)
+    try:
+        yield
+    finally:
+        set_fault(sim, None)
+        if readmit is not None:
+            wait_until(
+                lambda: httpx.get(readmit.url + "/health").status_code == 200,
+                "the worker is re-admitted after its fault was cleared",
+                timeout=30,
+                interval=0.05,
+            )
 
 
 def sim_stats(sim: Server) -> dict:
@@ -87,11 +89,20 @@ def client_for(server: Server) -> openai.OpenAI:
     return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=30)
 
 
+def answer_stream(server: Server, prompt: str) -> openai.Stream[ChatCompletionChunk]:
+    """A streamed chat completion with thinking off, so answer tokens flow from the first one."""
+    return client_for(server).chat.completions.create(
+        model="deepseek-v4-flash",
+        messages=user(prompt),
+        stream=True,
+        extra_body={"thinking": {"type": "disabled"}},
+    )
+
+
 def test_a_worker_failing_before_the_first_token_is_retried_on_another(
     flaky: Server, pair_frontend: Server
 ) -> None:
-    set_fault(flaky, 0)
-    try:
+    with fault(flaky, 0):
         failed_before = sim_stats(flaky)["failed"]
         client = client_for(pair_frontend)
         for i in range(4):
@@ -100,23 +111,14 @@ def test_a_worker_failing_before_the_first_token_is_retried_on_another(
             )
             assert r.choices[0].message.content == f"r{i}"
         assert sim_stats(flaky)["failed"] > failed_before, "the flaky worker was tried and failed"
-    finally:
-        set_fault(flaky, None)
 
 
 @pytest.mark.parametrize("mode", ["error-event", "disconnect"])
 def test_a_worker_failing_mid_stream_ends_the_stream_with_an_error_event(
     flaky: Server, flaky_frontend: Server, mode: str
 ) -> None:
-    set_fault(flaky, 5, mode)
-    try:
-        client = client_for(flaky_frontend)
-        stream = client.chat.completions.create(
-            model="deepseek-v4-flash",
-            messages=user("write 40 words"),
-            stream=True,
-            extra_body={"thinking": {"type": "disabled"}},
-        )
+    with fault(flaky, 5, mode, readmit=flaky_frontend):
+        stream = answer_stream(flaky_frontend, "write 40 words")
         received = ""
         with pytest.raises(openai.APIError) as info:
             for chunk in stream:
@@ -126,33 +128,22 @@ def test_a_worker_failing_mid_stream_ends_the_stream_with_an_error_event(
         assert received, "tokens before the failure were delivered"
         assert "engine worker failed" in info.value.message
         assert "127.0.0.1" not in info.value.message, "worker addresses stay internal"
-    finally:
-        clear_fault(flaky, flaky_frontend)
 
 
 def test_a_worker_failing_before_the_first_token_with_no_other_worker_is_a_503(
     flaky: Server, flaky_frontend: Server
 ) -> None:
-    set_fault(flaky, 0)
-    try:
+    with fault(flaky, 0, readmit=flaky_frontend):
         r = httpx.post(
             flaky_frontend.url + "/v1/chat/completions",
             json={"messages": user("hello"), "stream": True},
         )
         assert r.status_code == 503
         assert r.json()["error"]["type"] == "service_unavailable"
-    finally:
-        clear_fault(flaky, flaky_frontend)
 
 
 def test_a_client_disconnect_aborts_the_engine_request(flaky: Server, flaky_frontend: Server) -> None:
-    client = client_for(flaky_frontend)
-    stream = client.chat.completions.create(
-        model="deepseek-v4-flash",
-        messages=user("write 400 words"),
-        stream=True,
-        extra_body={"thinking": {"type": "disabled"}},
-    )
+    stream = answer_stream(flaky_frontend, "write 400 words")
     request_id = None
     for n, chunk in enumerate(stream):
         request_id = chunk.id
@@ -160,12 +151,9 @@ def test_a_client_disconnect_aborts_the_engine_request(flaky: Server, flaky_fron
             break
     stream.close()
     assert request_id is not None
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if request_id in sim_stats(flaky)["aborted_ids"]:
-            break
-        time.sleep(0.02)
-    assert request_id in sim_stats(flaky)["aborted_ids"], "the engine saw the abort of this request"
+    wait_until(
+        lambda: request_id in sim_stats(flaky)["aborted_ids"], "the engine saw the abort of this request"
+    )
     text = httpx.get(flaky_frontend.url + "/metrics").text
     assert 'status="499"' in text
 
@@ -176,11 +164,13 @@ def test_no_reachable_worker_is_a_503_and_health_says_so(orphan_frontend: Server
     error = r.json()["error"]
     assert error["type"] == "service_unavailable"
     # Health checks eject the worker after a few failed probes; /health then reports 503.
-    deadline = time.monotonic() + 30
+    wait_until(
+        lambda: httpx.get(orphan_frontend.url + "/health").status_code == 503,
+        "/health reports 503 once the worker is ejected",
+        timeout=30,
+        interval=0.05,
+    )
     health = httpx.get(orphan_frontend.url + "/health")
-    while health.status_code != 503 and time.monotonic() < deadline:
-        time.sleep(0.05)
-        health = httpx.get(orphan_frontend.url + "/health")
     assert health.status_code == 503
     assert health.json()["workers"][0]["healthy"] is False
     assert httpx.get(orphan_frontend.url + "/live").status_code == 200
@@ -191,24 +181,17 @@ def test_a_client_leaving_a_non_streamed_request_aborts_it_too(flaky: Server, fl
     body = {"messages": user("write 400 words"), "thinking": {"type": "disabled"}}
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(flaky_frontend.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(5, read=0.3))
-    deadline = time.monotonic() + 10
-    while sim_stats(flaky)["aborted"] == before and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: sim_stats(flaky)["aborted"] != before, "the engine saw the abort")
     assert sim_stats(flaky)["aborted"] == before + 1
 
 
-@pytest.fixture(scope="module")
-def slow_start() -> Iterator[Server]:
-    server = start_sim_engine("--ttft-ms", "3000")
-    yield server
-    server.stop()
+slow_start = server_fixture(start_sim_engine, "--ttft-ms", "3000", scope="module")
 
 
 @pytest.fixture(scope="module")
 def slow_start_frontend(slow_start: Server) -> Iterator[Server]:
-    server = start_frontend("--worker", slow_start.url, "--health-check-interval", "300")
-    yield server
-    server.stop()
+    with start_frontend("--worker", slow_start.url, "--health-check-interval", "300") as server:
+        yield server
 
 
 def test_a_client_leaving_during_a_long_prefill_aborts_before_the_first_token(
@@ -223,11 +206,11 @@ def test_a_client_leaving_during_a_long_prefill_aborts_before_the_first_token(
         )
     # The frontend notices at once (the request is counted as 499 during the 3 s prefill) ...
     gone = 'requests_total{endpoint="/v1/chat/completions",error_type="client_disconnected",status="499"} 1.0'
-    while gone not in httpx.get(slow_start_frontend.url + "/metrics").text:
-        assert time.monotonic() - started < 2.5, "the disconnect was noticed during the prefill"
-        time.sleep(0.02)
+    wait_until(
+        lambda: gone in httpx.get(slow_start_frontend.url + "/metrics").text,
+        "the disconnect was noticed during the prefill",
+        timeout=2.5 - (time.monotonic() - started),
+    )
     # ... and the engine sees the abort (the simulated engine acts on it when its prefill ends).
-    deadline = time.monotonic() + 10
-    while sim_stats(slow_start)["aborted"] == before and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_until(lambda: sim_stats(slow_start)["aborted"] != before, "the engine saw the abort")
     assert sim_stats(slow_start)["aborted"] == before + 1

@@ -19,7 +19,7 @@ def run(stops: list[str], pieces: list[str]) -> tuple[str, str | None]:
             break
     else:
         out.append(m.flush())
-    return "".join(out), matched
+    return "".join(out), m.matched
 
 
 def test_a_stop_split_across_chunks_is_matched_and_never_emitted() -> None:
@@ -70,3 +70,16 @@ def test_any_chunking_gives_the_one_shot_result(text: str, cuts: list[int], stop
     else:
         assert got_text == text[:expected_cut]
         assert got_stop is not None and text.startswith(got_stop, expected_cut)
+
+
+def test_a_stop_that_starts_earlier_wins_over_one_already_complete() -> None:
+    # Hypothesis found this: "E" is complete in "DbE", but "bED" starts earlier and completes next.
+    assert run(["E", "bED"], ["DbE", "D"]) == ("D", "bED")
+
+
+def test_a_held_complete_stop_is_still_found_when_the_stream_ends() -> None:
+    # "E" waits because "bE" may still become "bEX"; the stream ends: the one-shot answer cuts at "E".
+    m = StopStringMatcher(["E", "bEX"])
+    assert m.feed("abE") == ("a", None)  # "bE" may still become "bEX"
+    assert m.flush() == "b"  # "a" + "b": the text before the stop
+    assert m.matched == "E"

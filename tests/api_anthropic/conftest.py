@@ -6,22 +6,20 @@ Uses the process helpers of ``tests/support/servers.py``. The server requires an
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
 import pytest
 
-from tests.support.servers import Server, start_frontend
+from tests.support.fixtures import server_fixture
+from tests.support.servers import start_frontend
 
 API_KEY = "anthropic-test-key"
 
 
-@pytest.fixture(scope="session")
-def messages_server() -> Iterator[Server]:
-    server = start_frontend("--api-key", API_KEY, "--model-alias", "claude-*", "--context-length", "65536")
-    yield server
-    server.stop()
+messages_server = server_fixture(
+    start_frontend, "--api-key", API_KEY, "--model-alias", "claude-*", "--context-length", "65536"
+)
 
 
 @pytest.fixture()

@@ -13,12 +13,9 @@ from deepseek_frontend.api.anthropic_convert import (
     convert_messages_request,
 )
 from deepseek_frontend.errors import RequestError, UnsupportedFeatureError
+from tests.support.tools import WEATHER
 
-WEATHER_TOOL = {
-    "name": "get_weather",
-    "description": "Get the weather",
-    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}
+WEATHER_TOOL = WEATHER.anthropic()
 
 
 def body(**extra: Any) -> dict[str, Any]:
@@ -99,16 +96,7 @@ def test_tool_round_trip_maps_thinking_tool_use_and_tool_results() -> None:
         {"role": "tool", "tool_call_id": "toolu_b", "content": TOOL_ERROR_PREFIX + "city not found"},
         {"role": "user", "content": "Thanks!"},
     ]
-    assert chat.tools == [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "description": "Get the weather",
-                "parameters": WEATHER_TOOL["input_schema"],
-            },
-        }
-    ]
+    assert chat.tools == [WEATHER.openai()]
 
 
 def test_tool_results_come_before_user_text_whatever_the_block_order() -> None:
@@ -249,7 +237,7 @@ def test_bad_requests_name_the_offending_field(patch: dict[str, Any], param: str
         convert_messages_request(body(**patch))
     assert err.value.param == param
     assert err.value.status_code == 400
-    assert param.split("[")[0].split(".")[0] in err.value.message
+    assert err.value.message.startswith(f"{param}: "), "the message names the field first"
 
 
 def test_tool_result_must_answer_a_tool_use_of_the_previous_assistant_turn() -> None:

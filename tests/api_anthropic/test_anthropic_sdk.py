@@ -15,18 +15,11 @@ import httpx
 import pytest
 
 from deepseek_frontend.api.anthropic_events import thinking_signature
+from tests.support import tools
 
 MODEL = "claude-agent-test"  # a claude-* name as agents send, served through --model-alias "claude-*"
-WEATHER = {
-    "name": "get_weather",
-    "description": "Get the current weather for a city",
-    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}
-TIME = {
-    "name": "get_time",
-    "description": "Get the current time",
-    "input_schema": {"type": "object", "properties": {}},
-}
+WEATHER = tools.WEATHER.anthropic()
+TIME = tools.TIME.anthropic()
 
 
 def blocks(message: Any, kind: str) -> list[Any]:

@@ -7,7 +7,6 @@ here so one pair of processes serves both.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -15,6 +14,7 @@ import httpx
 import pytest
 
 from tests.support.servers import Server, start_frontend, start_sim_engine
+from tests.support.waiting import wait_until
 
 KEY = "disconnect-key"
 
@@ -36,15 +36,6 @@ def slow_stack() -> Iterator[tuple[Server, Server]]:
 
 def aborted(engine: Server) -> int:
     return int(httpx.get(engine.url + "/sim/stats", timeout=5).json()["aborted"])
-
-
-def wait_for_abort(engine: Any, before: int) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if aborted(engine) > before:
-            return
-        time.sleep(0.05)
-    raise AssertionError("the engine request was not aborted after the client left")
 
 
 @pytest.mark.parametrize(
@@ -73,4 +64,31 @@ def test_leaving_mid_stream_aborts_the_engine_request(
         for received, _ in enumerate(response.iter_raw(), start=1):
             if received >= 3:
                 break  # leave while the engine is still generating
-    wait_for_abort(engine, before)
+    wait_until(lambda: aborted(engine) > before, "the engine request was aborted after the client left")
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        (
+            "/v1/messages",
+            {
+                "model": "claude-x",
+                "max_tokens": 2000,
+                "messages": [{"role": "user", "content": "write 500 words"}],
+            },
+        ),
+        ("/v1/responses", {"model": "claude-x", "input": "write 500 words"}),
+    ],
+)
+def test_leaving_while_a_non_streamed_answer_is_generated_aborts_the_engine_request(
+    slow_stack: tuple[Any, Any], path: str, body: dict[str, Any]
+) -> None:
+    engine, frontend = slow_stack
+    before = aborted(engine)
+    # 500 words at 20 ms per token take seconds; the client gives up after 0.5 s.
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            frontend.url + path, json=body, headers={"x-api-key": KEY}, timeout=httpx.Timeout(5, read=0.5)
+        )
+    wait_until(lambda: aborted(engine) > before, "the engine request was aborted after the client left")

@@ -20,12 +20,8 @@ from typing import Any
 import deepseek_recipe as dr
 import pytest
 
-from deepseek_frontend.api.anthropic_convert import (
-    TOOL_ERROR_PREFIX,
-    ConvertedChat,
-    convert_messages_request,
-    to_chat_request,
-)
+from deepseek_frontend.api.adapters import ConvertedChat, to_chat_request
+from deepseek_frontend.api.anthropic_convert import TOOL_ERROR_PREFIX, convert_messages_request
 from deepseek_frontend.api.config import ServerConfig
 from deepseek_frontend.api.pipeline import ChatPipeline
 from deepseek_frontend.api.responses_convert import convert_responses_request, encode_reasoning

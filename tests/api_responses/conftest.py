@@ -6,22 +6,20 @@ Uses the process helpers of ``tests/support/servers.py``. The server requires an
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 
-from tests.support.servers import Server, start_frontend
+from tests.support.fixtures import server_fixture
+from tests.support.servers import start_frontend
 
 API_KEY = "responses-test-key"
 
 
-@pytest.fixture(scope="session")
-def responses_server() -> Iterator[Server]:
-    server = start_frontend("--api-key", API_KEY, "--model-alias", "gpt-*", "--context-length", "65536")
-    yield server
-    server.stop()
+responses_server = server_fixture(
+    start_frontend, "--api-key", API_KEY, "--model-alias", "gpt-*", "--context-length", "65536"
+)
 
 
 @pytest.fixture()

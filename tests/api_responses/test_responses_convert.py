@@ -12,13 +12,9 @@ from deepseek_frontend.api.responses_convert import (
     encode_reasoning,
 )
 from deepseek_frontend.errors import RequestError, UnsupportedFeatureError
+from tests.support.tools import WEATHER
 
-WEATHER_TOOL = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Get the weather",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}
+WEATHER_TOOL = WEATHER.responses()
 
 
 def body(**extra: Any) -> dict[str, Any]:
@@ -101,16 +97,7 @@ def test_function_calls_join_the_assistant_turn_and_reasoning_attaches_to_it() -
         {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
         {"role": "tool", "tool_call_id": "call_2", "content": "Rain"},
     ]
-    assert chat.tools == [
-        {
-            "type": "function",
-            "function": {
-                "name": "get_weather",
-                "description": "Get the weather",
-                "parameters": WEATHER_TOOL["parameters"],
-            },
-        }
-    ]
+    assert chat.tools == [WEATHER.openai()]
 
 
 def test_function_call_without_a_message_opens_an_assistant_turn() -> None:
@@ -230,6 +217,7 @@ def test_bad_or_stateful_requests_are_rejected_with_the_field(patch: dict[str, A
         convert_responses_request(body(**patch))
     assert err.value.param == param
     assert err.value.status_code == 400
+    assert err.value.message.startswith(f"{param}: "), "the message names the field first"
 
 
 def test_stateful_rejection_says_the_server_is_stateless() -> None:

@@ -1,85 +1,30 @@
 """Engine failures as Responses clients see them: an error status before the first token,
 an ``error`` event after it.
 
-The app runs in-process (Starlette's TestClient) over a scripted engine backend.
+The app runs in-process over a scripted engine backend (``tests/support/scripted.py``).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
-
-import orjson
-import pytest
-from starlette.testclient import TestClient
-
-from deepseek_frontend.api.app import create_app
-from deepseek_frontend.api.config import ServerConfig
-from deepseek_frontend.engines.base import EngineChunk, GenerateRequest
 from deepseek_frontend.errors import EngineStreamError, NoHealthyWorkerError
 from deepseek_frontend.tokenization import PromptTokenizer
+from tests.support.scripted import MODEL, scripted_client, scripted_stream
+
+BODY = {"model": MODEL, "input": "hi", "stream": True}
 
 
-class ScriptedBackend:
-    """Yields ``chunks`` then raises ``error`` (if any)."""
-
-    def __init__(self, chunks: list[EngineChunk], error: Exception | None) -> None:
-        self.chunks = chunks
-        self.error = error
-
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
-        for chunk in self.chunks:
-            yield chunk
-        if self.error is not None:
-            raise self.error
-
-    def supports_constraint(self, kind: str) -> bool:
-        return True
-
-
-@pytest.fixture()
-def make_client(prompt_tokenizer: PromptTokenizer) -> Iterator[Any]:
-    clients: list[TestClient] = []
-
-    def make(chunks: list[EngineChunk], error: Exception | None) -> TestClient:
-        config = ServerConfig(served_model_name="deepseek-v4-flash")
-        app = create_app(config, tokenizer=prompt_tokenizer, backend=ScriptedBackend(chunks, error))
-        client = TestClient(app)
-        client.__enter__()
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        client.__exit__(None, None, None)
-
-
-BODY = {"model": "deepseek-v4-flash", "input": "hi"}
-
-
-def sse_events(text: str) -> list[tuple[str, dict[str, Any]]]:
-    events = []
-    for block in text.strip().split("\n\n"):
-        lines = dict(line.split(": ", 1) for line in block.splitlines())
-        events.append((lines["event"], orjson.loads(lines["data"])))
-    return events
-
-
-def test_failure_before_the_first_token_is_an_error_status(make_client: Any) -> None:
-    client = make_client([], NoHealthyWorkerError("no healthy worker"))
-    response = client.post("/v1/responses", json={**BODY, "stream": True})
+def test_failure_before_the_first_token_is_an_error_status(prompt_tokenizer: PromptTokenizer) -> None:
+    with scripted_client(prompt_tokenizer, [], NoHealthyWorkerError("no healthy worker")) as client:
+        response = client.post("/v1/responses", json=BODY)
     assert response.status_code == 503
     assert response.json()["error"]["message"] == "no healthy worker"
 
 
-def test_failure_mid_stream_ends_the_stream_with_an_error_event(
-    make_client: Any, prompt_tokenizer: PromptTokenizer
-) -> None:
-    ids = prompt_tokenizer.encode_text("Thinking about it")
-    client = make_client([EngineChunk(token_ids=ids, prompt_tokens=5)], EngineStreamError("worker died"))
-    with client.stream("POST", "/v1/responses", json={**BODY, "stream": True}) as response:
-        assert response.status_code == 200
-        events = sse_events(response.read().decode())
+def test_failure_mid_stream_ends_the_stream_with_an_error_event(prompt_tokenizer: PromptTokenizer) -> None:
+    status, events = scripted_stream(
+        prompt_tokenizer, ["Thinking about it"], EngineStreamError("worker died"), "/v1/responses", BODY
+    )
+    assert status == 200
     names = [name for name, _ in events]
     assert names[:3] == ["response.created", "response.in_progress", "response.output_item.added"]
     assert "response.completed" not in names

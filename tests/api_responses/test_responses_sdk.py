@@ -13,19 +13,11 @@ import httpx
 import openai
 import pytest
 
+from tests.support import tools
+
 MODEL = "deepseek-v4-flash"
-WEATHER = {
-    "type": "function",
-    "name": "get_weather",
-    "description": "Get the current weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
-}
-TIME = {
-    "type": "function",
-    "name": "get_time",
-    "description": "Get the current time",
-    "parameters": {"type": "object", "properties": {}},
-}
+WEATHER = tools.WEATHER.responses()
+TIME = tools.TIME.responses()
 
 
 def items(response: Any, kind: str) -> list[Any]:

@@ -6,15 +6,18 @@ Layout::
     config.py          ServerConfig: resolved flags (family, context length, aliases, engine wiring)
     app.py             create_app(config) -> Starlette: routes, auth, lifespan, /health /live /metrics
     pipeline.py        protocol-neutral core: ChatRequest -> PreparedRequest -> ChoiceStream -> PipelineChunk
-    openai_chat.py     /v1/chat/completions: validation, mapping, chunk bytes, non-stream response
+    openai_chat.py     /v1/chat/completions: mapping, chunk bytes, non-stream response
     completions.py     /v1/completions: raw prompt / token-id passthrough
+    validation.py      field validators every protocol uses (RequestError, param = JSON path)
     http.py            shared plumbing: FrontendState, read_json, api_route, EventStreamResponse
     sse.py, errors.py  SSE framing and error bodies, one place each
     stop.py            frontend stop strings with hold-back across chunks
     metrics.py, logs.py
 
-Protocol adapters (``anthropic.py``, ``responses.py``) map their JSON onto ``ChatRequest``
-and render the same ``PipelineChunk`` stream; ``app.py`` mounts their ``ROUTES``.
+Protocol adapters (``anthropic*.py``, ``responses*.py``) map their JSON onto a
+``ConvertedChat`` and render the same ``PipelineChunk`` stream as named events; what they
+share (``ConvertedChat``, ``to_chat_request``, the endpoint driver) is ``adapters.py``, the
+encoders' common part ``event_stream.py``. ``app.py`` mounts their ``ROUTES``.
 """
 
 from deepseek_frontend.api.app import create_app

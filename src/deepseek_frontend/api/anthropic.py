@@ -15,99 +15,31 @@ headers are accepted and not interpreted.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .anthropic_convert import convert_messages_request, to_chat_request
-from .anthropic_events import (
-    MessageAccumulator,
-    MessagesStreamEncoder,
-    SSEEvent,
-    anthropic_error_body,
-    stop_reason_for,
-)
-from .errors import ErrorBodyRenderer, as_frontend_error
-from .http import EventStreamResponse, FrontendState, RequestTracker, api_route, get_state, read_json
-from .pipeline import ChoiceStream, PipelineChunk, StreamEnd
-from .sse import named_event
+from .adapters import respond_with_events, to_chat_request
+from .anthropic_convert import convert_messages_request
+from .anthropic_events import MessagesStreamEncoder, accumulate_message, anthropic_error_body
+from .errors import ErrorBodyRenderer
+from .http import RequestTracker, api_route, get_state, read_json
 
 __all__ = ["ERROR_RENDERERS", "ROUTES", "count_tokens", "create_message"]
-
-
-def _encode_chunk(encoder: MessagesStreamEncoder, chunk: PipelineChunk) -> list[SSEEvent]:
-    out: list[SSEEvent] = []
-    for event in chunk.events:
-        out += encoder.feed(event)
-    end = chunk.end
-    if end is not None:
-        out += _finish(encoder, end)
-    return out
-
-
-def _finish(encoder: MessagesStreamEncoder, end: StreamEnd) -> list[SSEEvent]:
-    usage = end.usage
-    # Anthropic's input_tokens excludes cache reads: total input = input + cache_read.
-    cached = min(usage.cached_tokens, usage.prompt_tokens)
-    return encoder.finish(
-        stop_reason=stop_reason_for(end.finish_reason, end.stop_sequence),
-        stop_sequence=end.stop_sequence,
-        output_tokens=usage.completion_tokens,
-        input_tokens=usage.prompt_tokens - cached,
-        cache_read_input_tokens=cached,
-    )
-
-
-def _frame(events: list[SSEEvent]) -> bytes:
-    return b"".join(named_event(name, payload) for name, payload in events)
-
-
-async def _stream_body(
-    state: FrontendState, encoder: MessagesStreamEncoder, stream: ChoiceStream, tracker: RequestTracker
-) -> AsyncIterator[bytes]:
-    yield _frame(encoder.start())
-    try:
-        async for chunk in stream:
-            events = _encode_chunk(encoder, chunk)
-            if events:
-                yield _frame(events)
-            if chunk.end is not None:
-                state.metrics.prompt_tokens.inc(chunk.end.usage.prompt_tokens)
-    except Exception as exc:
-        err = as_frontend_error(exc)
-        tracker.stream_error = err.error_type
-        yield _frame(encoder.error(err))
-    finally:
-        await stream.aclose()
 
 
 @api_route("/v1/messages", render=anthropic_error_body, prefix="msg")
 async def create_message(request: Request, tracker: RequestTracker) -> Response:
     """``POST /v1/messages`` (streaming with ``"stream": true``, else one JSON message)."""
-    state = get_state(request)
-    body = await read_json(request, state.config.max_body_bytes)
-    converted = convert_messages_request(body)
-    req = to_chat_request(converted, state.config, tracker.request_id)
-    pipeline = state.pipeline
-    prepared = pipeline.prepare(req)
-    # Await the first engine chunk before committing to 200, so a worker that fails
-    # before any token still gets a proper error status.
-    (stream,) = await pipeline.start(prepared)
-    encoder = MessagesStreamEncoder(model=req.model, input_tokens=prepared.prompt_tokens)
-    if converted.stream:
-        return EventStreamResponse(_stream_body(state, encoder, stream, tracker), tracker)
-    acc = MessageAccumulator()
-    acc.add(encoder.start())
-    try:
-        async for chunk in stream:
-            acc.add(_encode_chunk(encoder, chunk))
-    finally:
-        await stream.aclose()
-    state.metrics.prompt_tokens.inc(prepared.prompt_tokens)
-    return Response(orjson.dumps(acc.result()), media_type="application/json")
+    body = await read_json(request, get_state(request).config.max_body_bytes)
+    return await respond_with_events(
+        request,
+        tracker,
+        convert_messages_request(body),
+        lambda req, prepared: MessagesStreamEncoder(model=req.model, input_tokens=prepared.prompt_tokens),
+        lambda _encoder, events: accumulate_message(events),
+    )
 
 
 @api_route("/v1/messages/count_tokens", render=anthropic_error_body, prefix="msg")

@@ -39,9 +39,11 @@ Translation rules (each one is pinned by a test in ``tests/api_anthropic``):
 * The last message must be a user message: assistant prefill is refused, since
   DeepSeek's format always opens a new assistant turn after the last message.
 
-The result is a :class:`ConvertedChat` (shared with ``responses_convert``);
-:func:`to_chat_request` then fills the server's defaults (model alias, thinking
-default, effort profile) into the pipeline's ``ChatRequest``.
+The result is a :class:`~deepseek_frontend.api.adapters.ConvertedChat` (see
+:mod:`.adapters`, shared with ``responses_convert``);
+:func:`~deepseek_frontend.api.adapters.to_chat_request` then fills the server's
+defaults (model alias, thinking default, effort profile) into the pipeline's
+``ChatRequest``. Both names are re-exported here for existing imports.
 
 Every error is a :class:`~deepseek_frontend.errors.RequestError` whose ``param``
 points at the offending field, e.g. ``messages[2].content[1].tool_use_id``.
@@ -50,15 +52,27 @@ points at the offending field, e.g. ``messages[2].content[1].tool_use_id``.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from deepseek_frontend.errors import RequestError, UnsupportedFeatureError
 
-if TYPE_CHECKING:
-    from deepseek_frontend.api.config import ServerConfig
-    from deepseek_frontend.api.pipeline import ChatRequest
+from .adapters import (
+    ChatMessage,
+    ConvertedChat,
+    check_model,
+    function_tools,
+    to_chat_request,
+)
+from .validation import (
+    check_array,
+    check_boolean,
+    check_integer,
+    check_number,
+    check_object,
+    check_string,
+    check_tool_name,
+)
 
 __all__ = [
     "IMAGE_PLACEHOLDER",
@@ -77,102 +91,21 @@ IMAGE_PLACEHOLDER = "[image omitted: this model reads text only]"
 #: ``output_config.effort`` words Anthropic defines; passed on as a reasoning effort.
 _EFFORT_WORDS = ("low", "medium", "high", "max")
 
-_ChatMessage = dict[str, Any]
+
+# --------------------------------------------------------------------------- blocks
 
 
-@dataclass(slots=True)
-class ConvertedChat:
-    """A protocol request translated into the chat pipeline's terms.
-
-    ``messages`` are OpenAI-style dicts as ``formats/`` takes them; ``tools`` are
-    OpenAI function tools (``None`` when the request declares none); ``tool_choice``
-    is in OpenAI form. ``None`` in any optional field means "not set by the client:
-    use the server default".
-    """
-
-    model: str
-    messages: list[_ChatMessage]
-    max_tokens: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
-    thinking: bool | None = None
-    reasoning_effort: str | None = None
-    stop: list[str] = field(default_factory=list)
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    stream: bool = False
-    #: OpenAI ``response_format`` (only the Responses API sets one)
-    response_format: dict[str, Any] | None = None
-    #: end-user id (``metadata.user_id`` / ``user``), carried as ``ChatRequest.user``
-    user: str | None = None
-
-
-# --------------------------------------------------------------------------- field helpers
-
-
-def _require_object(value: Any, param: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise RequestError(f"{param}: expected an object, got {_kind(value)}", param=param)
-    return value
-
-
-def _require_list(value: Any, param: str) -> list[Any]:
-    if not isinstance(value, list):
-        raise RequestError(f"{param}: expected an array, got {_kind(value)}", param=param)
-    return value
-
-
-def _require_str(value: Any, param: str) -> str:
-    if not isinstance(value, str):
-        raise RequestError(f"{param}: expected a string, got {_kind(value)}", param=param)
-    return value
-
-
-def _optional_number(body: Mapping[str, Any], key: str, low: float, high: float) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    # bool is an int subclass; true/false is never a valid sampling value
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise RequestError(f"{key}: expected a number, got {_kind(value)}", param=key)
-    if not low <= value <= high:
-        raise RequestError(f"{key}: must be between {low:g} and {high:g}, got {value}", param=key)
-    return float(value)
-
-
-def _positive_int(value: Any, param: str, *, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(f"{param}: expected an integer, got {_kind(value)}", param=param)
-    if value < minimum:
-        raise RequestError(f"{param}: must be at least {minimum}, got {value}", param=param)
-    return value
-
-
-def _kind(value: Any) -> str:
-    """JSON name of a value's type, for error messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int | float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "array"
-    if isinstance(value, Mapping):
-        return "object"
-    return type(value).__name__
-
-
-def _block_type(block: Any, param: str) -> str:
-    block = _require_object(block, param)
-    block_type = block.get("type")
-    if not isinstance(block_type, str):
-        raise RequestError(f"{param}.type: every content block needs a string type", param=f"{param}.type")
-    return block_type
+def _blocks(content: Any, param: str) -> Iterator[tuple[str, Mapping[str, Any], str]]:
+    """``(path, block, type)`` for each block of a content array; every block needs a string type."""
+    for i, block in enumerate(check_array(content, param)):
+        bparam = f"{param}[{i}]"
+        block = check_object(block, bparam)
+        block_type = block.get("type")
+        if not isinstance(block_type, str):
+            raise RequestError(
+                f"{bparam}.type: every content block needs a string type", param=f"{bparam}.type"
+            )
+        yield bparam, block, block_type
 
 
 def _unsupported_block(block_type: str, param: str) -> UnsupportedFeatureError:
@@ -198,11 +131,8 @@ def _text_of_blocks(content: Any, param: str, *, what: str, image_placeholder: b
     """
     if isinstance(content, str):
         return content
-    blocks = _require_list(content, param)
     texts: list[str] = []
-    for i, block in enumerate(blocks):
-        bparam = f"{param}[{i}]"
-        block_type = _block_type(block, bparam)
+    for bparam, block, block_type in _blocks(content, param):
         if block_type == "image" and image_placeholder:
             texts.append(IMAGE_PLACEHOLDER)
             continue
@@ -212,7 +142,7 @@ def _text_of_blocks(content: Any, param: str, *, what: str, image_placeholder: b
             raise RequestError(
                 f"{bparam}: {what} takes only text blocks, got {block_type!r}", param=f"{bparam}.type"
             )
-        texts.append(_require_str(block.get("text"), f"{bparam}.text"))
+        texts.append(check_string(block.get("text"), f"{bparam}.text"))
     return "\n\n".join(texts)
 
 
@@ -223,8 +153,8 @@ def _convert_system(system: Any) -> str | None:
     return text if text else None
 
 
-def _tool_result_message(block: Mapping[str, Any], param: str, known_ids: Mapping[str, int]) -> _ChatMessage:
-    tool_use_id = _require_str(block.get("tool_use_id"), f"{param}.tool_use_id")
+def _tool_result_message(block: Mapping[str, Any], param: str, known_ids: Mapping[str, int]) -> ChatMessage:
+    tool_use_id = check_string(block.get("tool_use_id"), f"{param}.tool_use_id")
     if tool_use_id not in known_ids:
         raise RequestError(
             f"{param}.tool_use_id: {tool_use_id!r} does not match any tool_use block of the preceding "
@@ -237,26 +167,20 @@ def _tool_result_message(block: Mapping[str, Any], param: str, known_ids: Mappin
         if content is None
         else _text_of_blocks(content, f"{param}.content", what="tool_result content", image_placeholder=True)
     )
-    is_error = block.get("is_error", False)
-    if not isinstance(is_error, bool):
-        raise RequestError(f"{param}.is_error: expected a boolean", param=f"{param}.is_error")
-    if is_error:
+    if check_boolean(block.get("is_error", False), f"{param}.is_error"):
         text = TOOL_ERROR_PREFIX + text
     return {"role": "tool", "tool_call_id": tool_use_id, "content": text}
 
 
-def _convert_user(content: Any, param: str, pending_tool_ids: Mapping[str, int]) -> list[_ChatMessage]:
+def _convert_user(content: Any, param: str, pending_tool_ids: Mapping[str, int]) -> list[ChatMessage]:
     """One user message -> tool messages (in block order) then one user message with the text."""
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
-    blocks = _require_list(content, param)
-    tool_messages: list[_ChatMessage] = []
+    tool_messages: list[ChatMessage] = []
     texts: list[str] = []
-    for i, block in enumerate(blocks):
-        bparam = f"{param}[{i}]"
-        block_type = _block_type(block, bparam)
+    for bparam, block, block_type in _blocks(content, param):
         if block_type == "text":
-            texts.append(_require_str(block.get("text"), f"{bparam}.text"))
+            texts.append(check_string(block.get("text"), f"{bparam}.text"))
         elif block_type == "tool_result":
             tool_messages.append(_tool_result_message(block, bparam, pending_tool_ids))
         elif block_type in ("thinking", "redacted_thinking", "tool_use"):
@@ -272,32 +196,27 @@ def _convert_user(content: Any, param: str, pending_tool_ids: Mapping[str, int])
     return out
 
 
-def _convert_assistant(content: Any, param: str) -> tuple[_ChatMessage, dict[str, int]]:
+def _convert_assistant(content: Any, param: str) -> tuple[ChatMessage, dict[str, int]]:
     """One assistant message -> one OpenAI assistant message, plus its tool_use ids."""
     if isinstance(content, str):
         return {"role": "assistant", "content": content}, {}
-    blocks = _require_list(content, param)
     texts: list[str] = []
     reasoning: list[str] = []
     tool_calls: list[dict[str, Any]] = []
     ids: dict[str, int] = {}
-    for i, block in enumerate(blocks):
-        bparam = f"{param}[{i}]"
-        block_type = _block_type(block, bparam)
+    for bparam, block, block_type in _blocks(content, param):
         if block_type == "text":
-            texts.append(_require_str(block.get("text"), f"{bparam}.text"))
+            texts.append(check_string(block.get("text"), f"{bparam}.text"))
         elif block_type == "thinking":
-            reasoning.append(_require_str(block.get("thinking"), f"{bparam}.thinking"))
+            reasoning.append(check_string(block.get("thinking"), f"{bparam}.thinking"))
         elif block_type == "redacted_thinking":
             continue  # encrypted reasoning from another provider: nothing we can render
         elif block_type == "tool_use":
-            call_id = _require_str(block.get("id"), f"{bparam}.id")
-            if not call_id:
-                raise RequestError(f"{bparam}.id: must not be empty", param=f"{bparam}.id")
+            call_id = check_string(block.get("id"), f"{bparam}.id", non_empty=True)
             if call_id in ids:
                 raise RequestError(f"{bparam}.id: duplicate tool_use id {call_id!r}", param=f"{bparam}.id")
-            name = _require_str(block.get("name"), f"{bparam}.name")
-            tool_input = _require_object(block.get("input"), f"{bparam}.input")
+            name = check_string(block.get("name"), f"{bparam}.name")
+            tool_input = check_object(block.get("input"), f"{bparam}.input")
             ids[call_id] = len(tool_calls)
             tool_calls.append(
                 {
@@ -312,7 +231,7 @@ def _convert_assistant(content: Any, param: str) -> tuple[_ChatMessage, dict[str
             )
         else:
             raise _unsupported_block(block_type, bparam)
-    message: _ChatMessage = {"role": "assistant", "content": "".join(texts)}
+    message: ChatMessage = {"role": "assistant", "content": "".join(texts)}
     if reasoning:
         message["reasoning_content"] = "".join(reasoning)
     if tool_calls:
@@ -320,15 +239,13 @@ def _convert_assistant(content: Any, param: str) -> tuple[_ChatMessage, dict[str
     return message, ids
 
 
-def _convert_messages(raw: Any) -> list[_ChatMessage]:
-    messages = _require_list(raw, "messages")
-    if not messages:
-        raise RequestError("messages: at least one message is required", param="messages")
-    out: list[_ChatMessage] = []
+def _convert_messages(raw: Any) -> list[ChatMessage]:
+    messages = check_array(raw, "messages", non_empty=True)
+    out: list[ChatMessage] = []
     pending_tool_ids: dict[str, int] = {}
     for index, message in enumerate(messages):
         param = f"messages[{index}]"
-        message = _require_object(message, param)
+        message = check_object(message, param)
         role = message.get("role")
         if "content" not in message:
             raise RequestError(f"{param}.content: required", param=f"{param}.content")
@@ -358,36 +275,16 @@ def _convert_messages(raw: Any) -> list[_ChatMessage]:
 # --------------------------------------------------------------------------- tools
 
 
-def _convert_tools(raw: Any) -> list[dict[str, Any]] | None:
-    if raw is None:
-        return None
-    tools = _require_list(raw, "tools")
-    out: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for i, tool in enumerate(tools):
-        param = f"tools[{i}]"
-        tool = _require_object(tool, param)
-        tool_type = tool.get("type")
-        if tool_type not in (None, "custom"):
-            raise UnsupportedFeatureError(
-                f"{param}.type: tool type {tool_type!r} is not supported; declare client tools with "
-                "name, description and input_schema",
-                param=f"{param}.type",
-            )
-        name = _require_str(tool.get("name"), f"{param}.name")
-        if not name:
-            raise RequestError(f"{param}.name: must not be empty", param=f"{param}.name")
-        if name in seen:
-            raise RequestError(f"{param}.name: duplicate tool name {name!r}", param=f"{param}.name")
-        seen.add(name)
-        schema = _require_object(tool.get("input_schema"), f"{param}.input_schema")
-        function: dict[str, Any] = {"name": name}
-        description = tool.get("description")
-        if description is not None:
-            function["description"] = _require_str(description, f"{param}.description")
-        function["parameters"] = dict(schema)
-        out.append({"type": "function", "function": function})
-    return out or None
+def _tool_schema(tool: Mapping[str, Any], param: str) -> dict[str, Any]:
+    """A client tool (no ``type``, or ``custom``): its ``input_schema`` becomes the parameters."""
+    tool_type = tool.get("type")
+    if tool_type not in (None, "custom"):
+        raise UnsupportedFeatureError(
+            f"{param}.type: tool type {tool_type!r} is not supported; declare client tools with "
+            "name, description and input_schema",
+            param=f"{param}.type",
+        )
+    return {"parameters": dict(check_object(tool.get("input_schema"), f"{param}.input_schema"))}
 
 
 def _convert_tool_choice(
@@ -396,17 +293,12 @@ def _convert_tool_choice(
     """``tool_choice`` -> (OpenAI tool_choice, parallel_tool_calls)."""
     if raw is None:
         return None, None
-    choice = _require_object(raw, "tool_choice")
+    choice = check_object(raw, "tool_choice")
     kind = choice.get("type")
-    parallel: bool | None = None
-    disable = choice.get("disable_parallel_tool_use")
-    if disable is not None:
-        if not isinstance(disable, bool):
-            raise RequestError(
-                "tool_choice.disable_parallel_tool_use: expected a boolean",
-                param="tool_choice.disable_parallel_tool_use",
-            )
-        parallel = not disable
+    disable = check_boolean(
+        choice.get("disable_parallel_tool_use"), "tool_choice.disable_parallel_tool_use", default=None
+    )
+    parallel = None if disable is None else not disable
     if kind == "auto":
         return "auto", parallel
     if kind == "none":
@@ -420,10 +312,7 @@ def _convert_tool_choice(
         raise RequestError(f"tool_choice: type {kind!r} requires tools", param="tool_choice")
     if kind == "any":
         return "required", parallel
-    name = _require_str(choice.get("name"), "tool_choice.name")
-    if name not in {t["function"]["name"] for t in tools}:
-        raise RequestError(f"tool_choice.name: no tool named {name!r} is declared", param="tool_choice.name")
-    return {"type": "function", "function": {"name": name}}, parallel
+    return check_tool_name(choice.get("name"), "tool_choice.name", tools), parallel
 
 
 # --------------------------------------------------------------------------- thinking, sampling
@@ -432,7 +321,7 @@ def _convert_tool_choice(
 def _convert_thinking(raw: Any) -> bool | None:
     if raw is None:
         return None
-    thinking = _require_object(raw, "thinking")
+    thinking = check_object(raw, "thinking")
     kind = thinking.get("type")
     if kind == "disabled":
         return False
@@ -444,7 +333,7 @@ def _convert_thinking(raw: Any) -> bool | None:
     budget = thinking.get("budget_tokens")
     if budget is not None:
         # Validated for the client's sake; DeepSeek's thinking has no token budget to set.
-        _positive_int(budget, "thinking.budget_tokens")
+        check_integer(budget, "thinking.budget_tokens", minimum=1)
     elif kind == "enabled":
         raise RequestError(
             "thinking.budget_tokens: required when thinking is enabled", param="thinking.budget_tokens"
@@ -453,11 +342,8 @@ def _convert_thinking(raw: Any) -> bool | None:
 
 
 def _convert_effort(body: Mapping[str, Any]) -> str | None:
-    config = body.get("output_config")
-    if config is None:
-        return None
-    config = _require_object(config, "output_config")
-    effort = config.get("effort")
+    config = check_object(body.get("output_config"), "output_config", default=None)
+    effort = None if config is None else config.get("effort")
     if effort is None:
         return None
     if effort not in _EFFORT_WORDS:
@@ -471,14 +357,10 @@ def _convert_effort(body: Mapping[str, Any]) -> str | None:
 def _convert_stop(raw: Any) -> list[str]:
     if raw is None:
         return []
-    stops = _require_list(raw, "stop_sequences")
-    out: list[str] = []
-    for i, stop in enumerate(stops):
-        text = _require_str(stop, f"stop_sequences[{i}]")
-        if not text:
-            raise RequestError(f"stop_sequences[{i}]: must not be empty", param=f"stop_sequences[{i}]")
-        out.append(text)
-    return out
+    return [
+        check_string(stop, f"stop_sequences[{i}]", non_empty=True)
+        for i, stop in enumerate(check_array(raw, "stop_sequences"))
+    ]
 
 
 def convert_messages_request(body: Any, *, require_max_tokens: bool = True) -> ConvertedChat:
@@ -489,40 +371,28 @@ def convert_messages_request(body: Any, *, require_max_tokens: bool = True) -> C
     invalid field and :class:`UnsupportedFeatureError` for valid features this
     server does not offer (images, server tools, assistant prefill).
     """
-    body = _require_object(body, "body")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise RequestError("model: required (a non-empty string)", param="model")
+    body = check_object(body, "body")
+    model = check_model(body)
 
     max_tokens: int | None = None
     if require_max_tokens or body.get("max_tokens") is not None:
         if body.get("max_tokens") is None:
             raise RequestError("max_tokens: required", param="max_tokens")
-        max_tokens = _positive_int(body["max_tokens"], "max_tokens")
+        max_tokens = check_integer(body["max_tokens"], "max_tokens", minimum=1)
 
     messages = _convert_messages(body.get("messages"))
     system = _convert_system(body.get("system"))
     if system is not None:
         messages.insert(0, {"role": "system", "content": system})
 
-    tools = _convert_tools(body.get("tools"))
+    tools = function_tools(body.get("tools"), _tool_schema)
     tool_choice, parallel = _convert_tool_choice(body.get("tool_choice"), tools)
-
-    top_k = body.get("top_k")
-    if top_k is not None:
-        top_k = _positive_int(top_k, "top_k")
-
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise RequestError("stream: expected a boolean", param="stream")
-
-    user: str | None = None
-    metadata = body.get("metadata")
-    if metadata is not None:
-        metadata = _require_object(metadata, "metadata")
-        user_id = metadata.get("user_id")
-        if user_id is not None:
-            user = _require_str(user_id, "metadata.user_id")
+    top_k = check_integer(body.get("top_k"), "top_k", minimum=1, default=None)
+    stream = check_boolean(body.get("stream", False), "stream")
+    metadata = check_object(body.get("metadata"), "metadata", default=None)
+    user = (
+        None if metadata is None else check_string(metadata.get("user_id"), "metadata.user_id", default=None)
+    )
 
     return ConvertedChat(
         model=model,
@@ -534,47 +404,11 @@ def convert_messages_request(body: Any, *, require_max_tokens: bool = True) -> C
         thinking=_convert_thinking(body.get("thinking")),
         reasoning_effort=_convert_effort(body),
         stop=_convert_stop(body.get("stop_sequences")),
-        temperature=_optional_number(body, "temperature", 0.0, 1.0),
-        top_p=_optional_number(body, "top_p", 0.0, 1.0),
+        temperature=check_number(
+            body.get("temperature"), "temperature", minimum=0.0, maximum=1.0, default=None
+        ),
+        top_p=check_number(body.get("top_p"), "top_p", minimum=0.0, maximum=1.0, default=None),
         top_k=top_k,
         stream=stream,
         user=user,
-    )
-
-
-def to_chat_request(converted: ConvertedChat, config: ServerConfig, request_id: str) -> ChatRequest:
-    """Fill server defaults into a converted request and build the pipeline's :class:`ChatRequest`.
-
-    Resolves the model name (aliases; ``ModelNotFoundError`` for unknown names),
-    the thinking default (``--default-thinking``) and normalizes the effort word
-    for the checkpoint's effort profile. ``parallel_tool_calls`` is not enforced
-    (DeepSeek decides how many calls one turn makes).
-    """
-    from deepseek_frontend.api.pipeline import ChatRequest
-    from deepseek_frontend.formats import normalize_reasoning_effort
-
-    model = config.resolve_model(converted.model)
-    thinking = config.default_thinking if converted.thinking is None else converted.thinking
-    # An unset effort goes through the profile too: the "official" profile's default is
-    # "high" (what DeepSeek's API renders), not "no effort text".
-    effort = (
-        normalize_reasoning_effort(converted.reasoning_effort, config.reasoning_effort_profile)
-        if thinking
-        else None
-    )
-    return ChatRequest(
-        messages=converted.messages,
-        request_id=request_id,
-        model=model,
-        tools=converted.tools,
-        tool_choice=converted.tool_choice if converted.tool_choice is not None else "auto",
-        thinking=thinking,
-        reasoning_effort=effort,
-        max_tokens=converted.max_tokens,
-        temperature=1.0 if converted.temperature is None else converted.temperature,
-        top_p=1.0 if converted.top_p is None else converted.top_p,
-        top_k=-1 if converted.top_k is None else converted.top_k,
-        stop=tuple(converted.stop),
-        response_format=converted.response_format,
-        user=converted.user,
     )

@@ -17,8 +17,8 @@ A thinking block gets its ``signature`` (see :func:`thinking_signature`) in one
 ``input_json_delta`` pieces exactly as the parser releases argument text.
 
 Each event is a ``(name, payload)`` pair; the route frames it with
-``sse.named_event``. A non-streaming answer is built by feeding the very same
-events to :class:`MessageAccumulator`, so both answers agree by construction.
+``event_stream.frame_events``. A non-streaming answer is built by feeding the very
+same events to :class:`MessageAccumulator`, so both answers agree by construction.
 """
 
 from __future__ import annotations
@@ -28,22 +28,20 @@ import hashlib
 import json
 import secrets
 import string
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from deepseek_frontend.errors import FrontendError
-from deepseek_frontend.parsing.events import (
-    ContentDelta,
-    Finish,
-    ReasoningDelta,
-    ToolCallArgumentsDelta,
-    ToolCallEnd,
-    ToolCallStart,
-)
+
+from .event_stream import EventEncoder, Section, SSEEvent
+
+if TYPE_CHECKING:
+    from .pipeline import StreamEnd
 
 __all__ = [
     "MessageAccumulator",
     "MessagesStreamEncoder",
     "SSEEvent",
+    "accumulate_message",
     "anthropic_error_body",
     "anthropic_error_type",
     "new_message_id",
@@ -52,12 +50,15 @@ __all__ = [
     "thinking_signature",
 ]
 
-#: One stream event: (SSE event name, JSON payload). The name equals ``payload["type"]``.
-SSEEvent = tuple[str, dict[str, Any]]
-
 StopReason = Literal["end_turn", "max_tokens", "tool_use", "stop_sequence"]
 
 _SIGNATURE_DOMAIN = b"deepseek-frontend/thinking-signature/v1\x00"
+
+#: The empty content block each run of reasoning / answer text opens.
+_EMPTY_BLOCKS: dict[str, dict[str, Any]] = {
+    "reasoning": {"type": "thinking", "thinking": "", "signature": ""},
+    "text": {"type": "text", "text": ""},
+}
 
 
 _ID_ALPHABET = string.ascii_letters + string.digits
@@ -135,11 +136,12 @@ def anthropic_error_body(err: FrontendError) -> dict[str, Any]:
     return {"type": "error", "error": {"type": anthropic_error_type(err), "message": err.message}}
 
 
-class MessagesStreamEncoder:
+class MessagesStreamEncoder(EventEncoder):
     """Turns parser events into Anthropic stream events for one response.
 
-    Lifecycle: :meth:`start` once, then any number of :meth:`feed` (or the
-    per-kind methods), then :meth:`finish` once. Calls after ``finish`` raise
+    Lifecycle (see :class:`~deepseek_frontend.api.event_stream.EventEncoder`):
+    :meth:`start` once, then any number of :meth:`feed` (or the per-kind methods),
+    then :meth:`finish` (or :meth:`end_stream`) once. Calls after ``finish`` raise
     ``RuntimeError``. Tool-call ``index`` values are the parser's; the encoder
     assigns content-block indexes and ``toolu_`` ids itself.
     """
@@ -152,16 +154,14 @@ class MessagesStreamEncoder:
         cache_read_input_tokens: int = 0,
         message_id: str | None = None,
     ) -> None:
+        super().__init__()
         self.message_id = message_id or new_message_id()
         self.model = model
         self.input_tokens = input_tokens
         self.cache_read_input_tokens = cache_read_input_tokens
         self._block_index = -1
-        #: "thinking" | "text" | "tool_use" | None (no block open)
-        self._open: str | None = None
-        self._open_tool: int | None = None
+        #: reasoning text of the open thinking block (its signature covers all of it)
         self._reasoning: list[str] = []
-        self._finished = False
         #: parser tool index -> our tool_use id, for every call started so far
         self.tool_ids: dict[int, str] = {}
 
@@ -190,75 +190,6 @@ class MessagesStreamEncoder:
         }
         return [("message_start", {"type": "message_start", "message": message}), ping_event()]
 
-    def feed(self, event: object) -> list[SSEEvent]:
-        """Translate one parser event. ``Finish`` is ignored here: pass its reason to :meth:`finish`."""
-        if isinstance(event, ReasoningDelta):
-            return self.reasoning(event.text)
-        if isinstance(event, ContentDelta):
-            return self.text(event.text)
-        if isinstance(event, ToolCallStart):
-            return self.tool_start(event.index, event.name)
-        if isinstance(event, ToolCallArgumentsDelta):
-            return self.tool_arguments(event.index, event.text)
-        if isinstance(event, ToolCallEnd):
-            return self.tool_end(event.index)
-        if isinstance(event, Finish):
-            return []
-        raise TypeError(f"unexpected parser event {event!r}")
-
-    def reasoning(self, text: str) -> list[SSEEvent]:
-        """A piece of reasoning: ``thinking_delta`` in the open (or a new) thinking block."""
-        self._check_open()
-        if not text:
-            return []
-        out: list[SSEEvent] = []
-        if self._open != "thinking":
-            out += self._close_block()
-            out.append(self._open_block("thinking", {"type": "thinking", "thinking": "", "signature": ""}))
-        self._reasoning.append(text)
-        out.append(self._delta({"type": "thinking_delta", "thinking": text}))
-        return out
-
-    def text(self, text: str) -> list[SSEEvent]:
-        """A piece of answer text: ``text_delta`` in the open (or a new) text block."""
-        self._check_open()
-        if not text:
-            return []
-        out: list[SSEEvent] = []
-        if self._open != "text":
-            out += self._close_block()
-            out.append(self._open_block("text", {"type": "text", "text": ""}))
-        out.append(self._delta({"type": "text_delta", "text": text}))
-        return out
-
-    def tool_start(self, index: int, name: str) -> list[SSEEvent]:
-        """A tool call begins: close the open block, open a ``tool_use`` block with empty input."""
-        self._check_open()
-        out = self._close_block()
-        tool_id = new_tool_use_id()
-        self.tool_ids[index] = tool_id
-        out.append(
-            self._open_block("tool_use", {"type": "tool_use", "id": tool_id, "name": name, "input": {}})
-        )
-        self._open_tool = index
-        return out
-
-    def tool_arguments(self, index: int, text: str) -> list[SSEEvent]:
-        """Argument JSON text of the open call, as ``input_json_delta``."""
-        self._check_open()
-        if not text:
-            return []
-        if self._open != "tool_use" or self._open_tool != index:
-            raise RuntimeError(f"arguments for tool call {index} arrived while it is not open")
-        return [self._delta({"type": "input_json_delta", "partial_json": text})]
-
-    def tool_end(self, index: int) -> list[SSEEvent]:
-        """The call's arguments are complete: close its block."""
-        self._check_open()
-        if self._open == "tool_use" and self._open_tool == index:
-            return self._close_block()
-        return []
-
     def finish(
         self,
         *,
@@ -278,7 +209,7 @@ class MessagesStreamEncoder:
         if cache_read_input_tokens is not None:
             self.cache_read_input_tokens = cache_read_input_tokens
         self._check_open()
-        out = self._close_block()
+        out = self._close()
         self._finished = True
         out.append(
             (
@@ -301,20 +232,56 @@ class MessagesStreamEncoder:
         out.append(("message_stop", {"type": "message_stop"}))
         return out
 
+    def end_stream(self, end: StreamEnd) -> list[SSEEvent]:
+        """:meth:`finish` with the pipeline's finish reason, matched stop string and usage."""
+        usage = end.usage
+        # Anthropic's input_tokens excludes cache reads: total input = input + cache_read.
+        cached = min(usage.cached_tokens, usage.prompt_tokens)
+        return self.finish(
+            stop_reason=stop_reason_for(end.finish_reason, end.stop_sequence),
+            stop_sequence=end.stop_sequence,
+            output_tokens=usage.completion_tokens,
+            input_tokens=usage.prompt_tokens - cached,
+            cache_read_input_tokens=cached,
+        )
+
     def error(self, err: FrontendError) -> list[SSEEvent]:
         """An ``error`` event (Anthropic's error shape) for a failure mid-stream; ends the encoder."""
         self._finished = True
         return [("error", anthropic_error_body(err))]
 
-    # -- internals --------------------------------------------------------------------------
+    # -- sections: content blocks ---------------------------------------------------------
 
-    def _check_open(self) -> None:
-        if self._finished:
-            raise RuntimeError("MessagesStreamEncoder used after finish()")
+    def _start_section(self, kind: Literal["reasoning", "text"]) -> list[SSEEvent]:
+        return [self._open_block(dict(_EMPTY_BLOCKS[kind]))]
 
-    def _open_block(self, kind: str, block: dict[str, Any]) -> SSEEvent:
+    def _start_tool_section(self, index: int, name: str, call_id: str | None) -> list[SSEEvent]:
+        # The parser's call_id is not used: the block gets a fresh ``toolu_`` id, the form
+        # Anthropic clients know.
+        tool_id = new_tool_use_id()
+        self.tool_ids[index] = tool_id
+        return [self._open_block({"type": "tool_use", "id": tool_id, "name": name, "input": {}})]
+
+    def _section_text(self, kind: Section, text: str) -> list[SSEEvent]:
+        if kind == "reasoning":
+            self._reasoning.append(text)
+            return [self._delta({"type": "thinking_delta", "thinking": text})]
+        if kind == "text":
+            return [self._delta({"type": "text_delta", "text": text})]
+        return [self._delta({"type": "input_json_delta", "partial_json": text})]
+
+    def _end_section(self, kind: Section, status: str) -> list[SSEEvent]:
+        out: list[SSEEvent] = []
+        if kind == "reasoning":
+            # the thinking block's signature, sent once just before it closes
+            signature = thinking_signature("".join(self._reasoning))
+            self._reasoning.clear()
+            out.append(self._delta({"type": "signature_delta", "signature": signature}))
+        out.append(("content_block_stop", {"type": "content_block_stop", "index": self._block_index}))
+        return out
+
+    def _open_block(self, block: dict[str, Any]) -> SSEEvent:
         self._block_index += 1
-        self._open = kind
         return (
             "content_block_start",
             {"type": "content_block_start", "index": self._block_index, "content_block": block},
@@ -325,19 +292,6 @@ class MessagesStreamEncoder:
             "content_block_delta",
             {"type": "content_block_delta", "index": self._block_index, "delta": delta},
         )
-
-    def _close_block(self) -> list[SSEEvent]:
-        if self._open is None:
-            return []
-        out: list[SSEEvent] = []
-        if self._open == "thinking":
-            signature = thinking_signature("".join(self._reasoning))
-            self._reasoning.clear()
-            out.append(self._delta({"type": "signature_delta", "signature": signature}))
-        out.append(("content_block_stop", {"type": "content_block_stop", "index": self._block_index}))
-        self._open = None
-        self._open_tool = None
-        return out
 
 
 def ping_event() -> SSEEvent:
@@ -397,3 +351,10 @@ class MessageAccumulator:
         if self._message is None:
             raise RuntimeError("no message_start seen")
         return self._message
+
+
+def accumulate_message(events: list[SSEEvent]) -> dict[str, Any]:
+    """The Messages response object a complete stream of ``events`` describes."""
+    acc = MessageAccumulator()
+    acc.add(events)
+    return acc.result()

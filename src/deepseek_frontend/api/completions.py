@@ -19,27 +19,10 @@ from starlette.responses import Response
 
 from deepseek_frontend.errors import RequestError
 
-from .http import (
-    EventStreamResponse,
-    RequestTracker,
-    api_route,
-    get_state,
-    read_json,
-    stream_error_body,
-    unless_disconnected,
-)
-from .openai_chat import _boolean, _integer, _number, map_stop
-from .pipeline import (
-    MAX_N,
-    ChatRequest,
-    ChoiceAccumulator,
-    ChoiceStream,
-    PipelineChunk,
-    Usage,
-    collect,
-    merge_choices,
-)
-from .sse import DONE, data_event
+from .http import RequestTracker, api_route, get_state, read_json
+from .openai_chat import map_model, map_sampling, map_stream, openai_event_stream, respond_with_choices
+from .pipeline import ChatRequest, ChoiceAccumulator, ChoiceStream, PipelineChunk, Usage
+from .validation import check_boolean, check_integer
 
 if TYPE_CHECKING:
     from deepseek_frontend.engines.base import TokenLogprob
@@ -60,61 +43,46 @@ def parse_prompt(raw: Any, tokenizer: PromptTokenizer) -> list[int]:
         raw = raw[0]
     if isinstance(raw, str):
         if not raw:
-            raise RequestError("prompt is empty", param="prompt")
+            raise RequestError("prompt: must not be empty", param="prompt")
         return tokenizer.encode_raw(raw)
     if isinstance(raw, list) and raw and all(isinstance(t, int) and not isinstance(t, bool) for t in raw):
         return list(raw)
     if isinstance(raw, list) and raw and all(isinstance(p, str | list) for p in raw):
-        raise RequestError("batched prompts are not supported; send one prompt per request", param="prompt")
-    raise RequestError("prompt must be a string or an array of token ids", param="prompt")
+        raise RequestError(
+            "prompt: batched prompts are not supported; send one prompt per request", param="prompt"
+        )
+    raise RequestError("prompt: expected a string or an array of token ids", param="prompt")
 
 
 def to_completion_request(body: dict[str, Any], config: ServerConfig, request_id: str) -> ChatRequest:
     """Sampling fields of a completions body as a (message-less) :class:`ChatRequest`."""
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise RequestError("model must be a string", param="model")
-    model = config.resolve_model(model)
-    if _boolean(body, "echo"):
-        raise RequestError("echo is not supported", param="echo")
+    model = map_model(body, config)
+    if check_boolean(body.get("echo"), "echo", default=False):
+        raise RequestError("echo: not supported", param="echo")
     if body.get("suffix") is not None:
-        raise RequestError("suffix is not supported", param="suffix")
-    best_of = _integer(body, "best_of", lo=1)
-    n = _integer(body, "n", lo=1, hi=MAX_N) or 1
-    if best_of is not None and best_of != n:
-        raise RequestError("best_of is not supported (only best_of == n)", param="best_of")
-    logprobs = _integer(body, "logprobs", lo=0, hi=MAX_COMPLETION_LOGPROBS)
-    max_tokens = _integer(body, "max_tokens", lo=1)
-    stream = _boolean(body, "stream")
-    include_usage = False
-    opts = body.get("stream_options")
-    if opts is not None:
-        if not isinstance(opts, dict):
-            raise RequestError("stream_options must be an object", param="stream_options")
-        if not stream:
-            raise RequestError("stream_options is only allowed when stream is true", param="stream_options")
-        include_usage = _boolean(opts, "include_usage")
-    top_k = _integer(body, "top_k", lo=-1)
+        raise RequestError("suffix: not supported", param="suffix")
+    sampling = map_sampling(body)
+    best_of = check_integer(body.get("best_of"), "best_of", minimum=1, default=None)
+    if best_of is not None and best_of != sampling["n"]:
+        raise RequestError("best_of: not supported (only best_of == n)", param="best_of")
+    logprobs = check_integer(
+        body.get("logprobs"), "logprobs", minimum=0, maximum=MAX_COMPLETION_LOGPROBS, default=None
+    )
+    max_tokens = check_integer(body.get("max_tokens"), "max_tokens", minimum=1, default=None)
+    _, include_usage = map_stream(body)
+    user = body.get("user")
     return ChatRequest(
         messages=(),
         request_id=request_id,
         model=model,
         thinking=False,
         max_tokens=max_tokens if max_tokens is not None else DEFAULT_COMPLETION_MAX_TOKENS,
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
-        top_k=top_k or -1,
-        min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
-        seed=_integer(body, "seed"),
-        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
-        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-        repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, 2.0),
-        stop=map_stop(body.get("stop")),
-        n=n,
         logprobs=logprobs is not None,
         top_logprobs=logprobs or 0,
         include_usage=include_usage,
-        user=body.get("user") if isinstance(body.get("user"), str) else None,
+        # not validated here (chat does): a raw-prompt client's odd user field is no reason to refuse
+        user=user if isinstance(user, str) else None,
+        **sampling,
     )
 
 
@@ -133,53 +101,55 @@ def completion_logprobs(
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": tops, "text_offset": offsets}
 
 
-def _chunk_text(chunk: PipelineChunk) -> str:
-    return "".join(ev.text for ev in chunk.events)
+class CompletionChunkWriter:
+    """Serialises ``text_completion`` stream events for one response (the envelope once)."""
+
+    __slots__ = ("_head", "_logprobs", "_offsets", "_tokenizer")
+
+    def __init__(self, req: ChatRequest, created: int, tokenizer: PromptTokenizer) -> None:
+        self._head = (
+            b'data: {"id":'
+            + orjson.dumps(req.request_id)
+            + b',"object":"text_completion","created":'
+            + str(created).encode()
+            + b',"model":'
+            + orjson.dumps(req.model)
+            + b',"choices":'
+        )
+        self._logprobs = req.logprobs
+        self._tokenizer = tokenizer
+        #: text offset per choice, for the logprobs' ``text_offset``
+        self._offsets = [0] * req.n
+
+    def chunk(self, chunk: PipelineChunk) -> list[bytes]:
+        """The event for one pipeline chunk; none when it carries no text, finish or logprobs."""
+        text = "".join(ev.text for ev in chunk.events)
+        logprobs = None
+        if self._logprobs and chunk.logprobs:
+            logprobs = completion_logprobs(self._tokenizer, chunk.logprobs, self._offsets[chunk.index])
+        self._offsets[chunk.index] += len(text)
+        finish = chunk.end.finish_reason if chunk.end is not None else None
+        if not (text or finish or logprobs):
+            return []
+        choice = {"index": chunk.index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+        return [self._head + orjson.dumps([choice]) + b"}\n\n"]
+
+    def usage(self, usage: Usage) -> bytes:
+        return self._head + b'[],"usage":' + orjson.dumps(usage.to_openai()) + b"}\n\n"
 
 
-async def stream_completion(
+def stream_completion(
     state: FrontendState,
     req: ChatRequest,
     streams: Sequence[ChoiceStream],
     created: int,
     tracker: RequestTracker | None = None,
 ) -> AsyncIterator[bytes]:
-    head = (
-        b'data: {"id":'
-        + orjson.dumps(req.request_id)
-        + b',"object":"text_completion","created":'
-        + str(created).encode()
-        + b',"model":'
-        + orjson.dumps(req.model)
-        + b',"choices":'
+    """The ``text_completion`` SSE body (see :func:`~.openai_chat.openai_event_stream`)."""
+    writer = CompletionChunkWriter(req, created, state.tokenizer)
+    return openai_event_stream(
+        state, req, streams, tracker, opening=(), encode=writer.chunk, usage_event=writer.usage
     )
-    usages: list[Usage] = []
-    offsets = [0] * req.n
-    try:
-        source = streams[0] if len(streams) == 1 else merge_choices(streams)
-        async for chunk in source:
-            text = _chunk_text(chunk)
-            logprobs = None
-            if req.logprobs and chunk.logprobs:
-                logprobs = completion_logprobs(state.tokenizer, chunk.logprobs, offsets[chunk.index])
-            offsets[chunk.index] += len(text)
-            finish = None
-            if chunk.end is not None:
-                usages.append(chunk.end.usage)
-                finish = chunk.end.finish_reason
-            if text or finish or logprobs:
-                choice = {"index": chunk.index, "text": text, "logprobs": logprobs, "finish_reason": finish}
-                yield head + orjson.dumps([choice]) + b"}\n\n"
-    except Exception as exc:
-        err, body = stream_error_body(exc)
-        if tracker is not None:
-            tracker.stream_error = err.error_type
-        yield data_event(body)
-        return
-    if req.include_usage:
-        yield head + b'[],"usage":' + orjson.dumps(Usage.combine(usages).to_openai()) + b"}\n\n"
-    state.metrics.prompt_tokens.inc(usages[0].prompt_tokens if usages else 0)
-    yield DONE
 
 
 def build_completion(
@@ -213,15 +183,17 @@ async def completions(request: Request, tracker: RequestTracker) -> Response:
     body = await read_json(request, state.config.max_body_bytes)
     req = to_completion_request(body, state.config, tracker.request_id)
     if "prompt" not in body:
-        raise RequestError("prompt is required", param="prompt")
+        raise RequestError("prompt: required", param="prompt")
     started = time.perf_counter()
     input_ids = parse_prompt(body["prompt"], state.tokenizer)
     state.metrics.tokenization.observe(time.perf_counter() - started)
     prepared = state.pipeline.prepare_raw(req, input_ids)
-    streams = await unless_disconnected(request, state.pipeline.start(prepared))
-    if body.get("stream"):
-        return EventStreamResponse(stream_completion(state, req, streams, prepared.created, tracker), tracker)
-    accs = await unless_disconnected(request, collect(streams))
-    state.metrics.prompt_tokens.inc(prepared.prompt_tokens)
-    payload = build_completion(req, accs, prepared.created, state.tokenizer)
-    return Response(orjson.dumps(payload), media_type="application/json")
+    return await respond_with_choices(
+        request,
+        tracker,
+        req,
+        prepared,
+        stream=bool(body.get("stream")),
+        stream_body=stream_completion,
+        build=build_completion,
+    )

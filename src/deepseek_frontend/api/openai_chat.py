@@ -4,20 +4,25 @@ Three parts:
 
 * :func:`to_chat_request` validates the body and maps it onto a ``ChatRequest``.
   Every rejection is a ``RequestError`` whose ``param`` names the field
-  (``messages[2].content[0].type``), so clients can find what is wrong.
+  (``messages[2].content[0].type``) and whose message starts with it, so clients
+  can find what is wrong (validators: :mod:`.validation`). :func:`map_model`,
+  :func:`map_sampling` and :func:`map_stream` are the fields ``/v1/completions``
+  shares.
 * :class:`ChunkWriter` turns pipeline chunks into ``chat.completion.chunk`` SSE
   events: one event per engine chunk (events of one chunk are merged into one
   delta where the OpenAI shape keeps their order), built from pre-serialised
   byte templates so the per-token cost is one small ``orjson.dumps``.
+  :func:`openai_event_stream` is the body around the writer (opening events,
+  in-band error, usage, ``[DONE]``) that completions uses too.
 * :func:`build_response` is the non-streaming ``chat.completion``, folded from
-  the same chunks.
+  the same chunks; :func:`respond_with_choices` picks stream or answer for both
+  OpenAI endpoints.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -43,11 +48,22 @@ from .pipeline import (
     ChoiceAccumulator,
     ChoiceStream,
     PipelineChunk,
+    PreparedRequest,
     Usage,
     collect,
     merge_choices,
 )
 from .sse import DONE, data_event
+from .validation import (
+    check_array,
+    check_boolean,
+    check_integer,
+    check_number,
+    check_object,
+    check_string,
+    check_tool_name,
+    json_type,
+)
 
 if TYPE_CHECKING:
     from deepseek_frontend.engines.base import TokenLogprob
@@ -61,49 +77,18 @@ MAX_STOP = 16
 _ROLES = ("system", "user", "assistant", "tool", "developer")
 _IMAGE_PARTS = ("image_url", "input_image", "image", "input_audio", "file")
 _THINKING_TYPES = {"enabled": True, "disabled": False}
+#: Sampling numbers chat and completions accept: field -> (minimum, maximum, default).
+_SAMPLING_NUMBERS: dict[str, tuple[float, float, float]] = {
+    "temperature": (0.0, 2.0, 1.0),
+    "top_p": (0.0, 1.0, 1.0),
+    "min_p": (0.0, 1.0, 0.0),
+    "presence_penalty": (-2.0, 2.0, 0.0),
+    "frequency_penalty": (-2.0, 2.0, 0.0),
+    "repetition_penalty": (0.0, 2.0, 1.0),
+}
 
 
-# --------------------------------------------------------------------------- validation helpers
-
-
-def _type_name(value: object) -> str:
-    return {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value),
-        "integer" if isinstance(value, int) else "number" if isinstance(value, float) else "value",
-    )
-
-
-def _number(body: dict[str, Any], key: str, default: float, lo: float, hi: float) -> float:
-    value = body.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise RequestError(f"{key} must be a number, got {_type_name(value)}", param=key)
-    if not lo <= value <= hi:
-        raise RequestError(f"{key} must be between {lo:g} and {hi:g}, got {value}", param=key)
-    return float(value)
-
-
-def _integer(body: dict[str, Any], key: str, lo: int | None = None, hi: int | None = None) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise RequestError(f"{key} must be an integer, got {_type_name(value)}", param=key)
-    if lo is not None and value < lo:
-        raise RequestError(f"{key} must be >= {lo}, got {value}", param=key)
-    if hi is not None and value > hi:
-        raise RequestError(f"{key} must be <= {hi}, got {value}", param=key)
-    return value
-
-
-def _boolean(body: dict[str, Any], key: str, default: bool = False) -> bool:
-    value = body.get(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise RequestError(f"{key} must be a boolean, got {_type_name(value)}", param=key)
-    return value
+# --------------------------------------------------------------------------- request mapping
 
 
 def _text_content(content: Any, path: str, *, allow_none: bool) -> str:
@@ -111,54 +96,48 @@ def _text_content(content: Any, path: str, *, allow_none: bool) -> str:
     if content is None:
         if allow_none:
             return ""
-        raise RequestError(f"{path} is required", param=path)
+        raise RequestError(f"{path}: required", param=path)
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise RequestError(f"{path} must be a string or an array of content parts", param=path)
+        raise RequestError(
+            f"{path}: expected a string or an array of content parts, got {json_type(content)}", param=path
+        )
     texts: list[str] = []
     for j, part in enumerate(content):
         ppath = f"{path}[{j}]"
         if isinstance(part, str):
             texts.append(part)
             continue
-        if not isinstance(part, dict):
-            raise RequestError(f"{ppath} must be a content part object", param=ppath)
+        part = check_object(part, ppath)
         ptype = part.get("type")
         if ptype in ("text", "input_text", "output_text"):
-            text = part.get("text")
-            if not isinstance(text, str):
-                raise RequestError(f"{ppath}.text must be a string", param=f"{ppath}.text")
-            texts.append(text)
+            texts.append(check_string(part.get("text"), f"{ppath}.text"))
         elif ptype in _IMAGE_PARTS:
             raise RequestError(
-                f"{ppath}: {ptype} parts are not supported: this model reads text only "
+                f"{ppath}.type: {ptype} parts are not supported: this model reads text only "
                 "(images are not supported)",
                 param=f"{ppath}.type",
             )
         else:
             raise RequestError(
-                f"{ppath}.type {ptype!r} is not a supported content part type", param=f"{ppath}.type"
+                f"{ppath}.type: {ptype!r} is not a supported content part type", param=f"{ppath}.type"
             )
     return "".join(texts)
 
 
+def _function(holder: Mapping[str, Any], path: str) -> tuple[Mapping[str, Any], str]:
+    """``holder["function"]`` (an object) and its name (a non-empty string)."""
+    fn = check_object(holder.get("function"), f"{path}.function")
+    return fn, check_string(fn.get("name"), f"{path}.function.name", non_empty=True)
+
+
 def _tool_calls(raw: Any, path: str) -> list[dict[str, Any]]:
-    if not isinstance(raw, list):
-        raise RequestError(f"{path} must be an array", param=path)
     calls: list[dict[str, Any]] = []
-    for k, call in enumerate(raw):
+    for k, call in enumerate(check_array(raw, path)):
         cpath = f"{path}[{k}]"
-        if not isinstance(call, dict):
-            raise RequestError(f"{cpath} must be an object", param=cpath)
-        fn = call.get("function")
-        if not isinstance(fn, dict):
-            raise RequestError(f"{cpath}.function must be an object", param=f"{cpath}.function")
-        name = fn.get("name")
-        if not isinstance(name, str) or not name:
-            raise RequestError(
-                f"{cpath}.function.name must be a non-empty string", param=f"{cpath}.function.name"
-            )
+        call = check_object(call, cpath)
+        fn, name = _function(call, cpath)
         args = fn.get("arguments", "{}")
         if isinstance(args, dict):
             # Some clients send the object itself; the formats take a JSON string.
@@ -167,7 +146,8 @@ def _tool_calls(raw: Any, path: str) -> list[dict[str, Any]]:
             args = "{}"
         elif not isinstance(args, str):
             raise RequestError(
-                f"{cpath}.function.arguments must be a JSON string", param=f"{cpath}.function.arguments"
+                f"{cpath}.function.arguments: expected a JSON string, got {json_type(args)}",
+                param=f"{cpath}.function.arguments",
             )
         call_id = call.get("id")
         calls.append(
@@ -182,17 +162,14 @@ def _tool_calls(raw: Any, path: str) -> list[dict[str, Any]]:
 
 def map_messages(raw: Any) -> list[dict[str, Any]]:
     """OpenAI ``messages`` -> the formats' message dicts (string content, JSON-string arguments)."""
-    if not isinstance(raw, list) or not raw:
-        raise RequestError("messages must be a non-empty array", param="messages")
     out: list[dict[str, Any]] = []
-    for i, msg in enumerate(raw):
+    for i, msg in enumerate(check_array(raw, "messages", non_empty=True)):
         path = f"messages[{i}]"
-        if not isinstance(msg, dict):
-            raise RequestError(f"{path} must be an object", param=path)
+        msg = check_object(msg, path)
         role = msg.get("role")
         if role not in _ROLES:
             raise RequestError(
-                f"{path}.role must be one of {', '.join(_ROLES)}; got {role!r}", param=f"{path}.role"
+                f"{path}.role: expected one of {', '.join(_ROLES)}; got {role!r}", param=f"{path}.role"
             )
         if role == "assistant":
             m: dict[str, Any] = {
@@ -201,22 +178,16 @@ def map_messages(raw: Any) -> list[dict[str, Any]]:
             }
             reasoning = msg.get("reasoning_content", msg.get("reasoning"))
             if reasoning is not None:
-                if not isinstance(reasoning, str):
-                    raise RequestError(
-                        f"{path}.reasoning_content must be a string", param=f"{path}.reasoning_content"
-                    )
-                m["reasoning_content"] = reasoning
+                m["reasoning_content"] = check_string(reasoning, f"{path}.reasoning_content")
             if msg.get("tool_calls"):
                 m["tool_calls"] = _tool_calls(msg["tool_calls"], f"{path}.tool_calls")
         elif role == "tool":
             m = {
                 "role": "tool",
                 "content": _text_content(msg.get("content"), f"{path}.content", allow_none=True),
+                "tool_call_id": check_string(msg.get("tool_call_id"), f"{path}.tool_call_id", default=None)
+                or "",
             }
-            call_id = msg.get("tool_call_id")
-            if call_id is not None and not isinstance(call_id, str):
-                raise RequestError(f"{path}.tool_call_id must be a string", param=f"{path}.tool_call_id")
-            m["tool_call_id"] = call_id or ""
         else:
             m = {
                 "role": role,
@@ -230,35 +201,22 @@ def map_tools(raw: Any) -> list[dict[str, Any]] | None:
     """Validate an OpenAI ``tools`` array (function tools only)."""
     if raw is None:
         return None
-    if not isinstance(raw, list):
-        raise RequestError("tools must be an array", param="tools")
     tools: list[dict[str, Any]] = []
     seen: set[str] = set()
-    for i, tool in enumerate(raw):
+    for i, tool in enumerate(check_array(raw, "tools")):
         path = f"tools[{i}]"
-        if not isinstance(tool, dict):
-            raise RequestError(f"{path} must be an object", param=path)
+        tool = check_object(tool, path)
         if tool.get("type", "function") != "function":
-            raise RequestError(f"{path}.type must be 'function'", param=f"{path}.type")
-        fn = tool.get("function")
-        if not isinstance(fn, dict):
-            raise RequestError(f"{path}.function must be an object", param=f"{path}.function")
-        name = fn.get("name")
-        if not isinstance(name, str) or not name:
             raise RequestError(
-                f"{path}.function.name must be a non-empty string", param=f"{path}.function.name"
+                f"{path}.type: expected 'function', got {tool.get('type')!r}", param=f"{path}.type"
             )
+        fn, name = _function(tool, path)
         if name in seen:
             raise RequestError(
-                f"{path}.function.name {name!r} is declared twice", param=f"{path}.function.name"
+                f"{path}.function.name: {name!r} is declared twice", param=f"{path}.function.name"
             )
         seen.add(name)
-        params = fn.get("parameters")
-        if params is not None and not isinstance(params, dict):
-            raise RequestError(
-                f"{path}.function.parameters must be a JSON schema object",
-                param=f"{path}.function.parameters",
-            )
+        check_object(fn.get("parameters"), f"{path}.function.parameters", default=None)
         tools.append({"type": "function", "function": fn})
     return tools or None
 
@@ -270,25 +228,15 @@ def map_tool_choice(raw: Any, tools: Sequence[dict[str, Any]] | None) -> Any:
     if raw in ("none", "auto", "required"):
         if raw == "required" and not tools:
             raise RequestError(
-                "tool_choice 'required' needs at least one tool in 'tools'", param="tool_choice"
+                "tool_choice: 'required' needs at least one tool in 'tools'", param="tool_choice"
             )
         return raw
     if isinstance(raw, dict) and raw.get("type") == "function":
         fn = raw.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
-        if not isinstance(name, str):
-            raise RequestError(
-                "tool_choice.function.name must be a string", param="tool_choice.function.name"
-            )
-        declared = {t["function"]["name"] for t in tools or ()}
-        if name not in declared:
-            raise RequestError(
-                f"tool_choice names {name!r}, which is not declared in 'tools'",
-                param="tool_choice.function.name",
-            )
-        return {"type": "function", "function": {"name": name}}
+        return check_tool_name(name, "tool_choice.function.name", tools)
     raise RequestError(
-        "tool_choice must be 'none', 'auto', 'required' or "
+        "tool_choice: expected 'none', 'auto', 'required' or "
         '{"type": "function", "function": {"name": ...}}',
         param="tool_choice",
     )
@@ -301,21 +249,14 @@ def resolve_thinking(body: dict[str, Any], default: bool) -> bool:
         kind = thinking.get("type") if isinstance(thinking, dict) else None
         if kind not in _THINKING_TYPES:
             raise RequestError(
-                'thinking must be {"type": "enabled"} or {"type": "disabled"}', param="thinking.type"
+                f"thinking.type: expected 'enabled' or 'disabled', got {kind!r}", param="thinking.type"
             )
         return _THINKING_TYPES[kind]
-    kwargs = body.get("chat_template_kwargs")
+    kwargs = check_object(body.get("chat_template_kwargs"), "chat_template_kwargs", default=None)
     if kwargs is not None:
-        if not isinstance(kwargs, dict):
-            raise RequestError("chat_template_kwargs must be an object", param="chat_template_kwargs")
         for key in ("thinking", "enable_thinking"):
             if key in kwargs:
-                value = kwargs[key]
-                if not isinstance(value, bool):
-                    raise RequestError(
-                        f"chat_template_kwargs.{key} must be a boolean", param=f"chat_template_kwargs.{key}"
-                    )
-                return value
+                return check_boolean(kwargs[key], f"chat_template_kwargs.{key}")
     if body.get("reasoning_effort") == "none":
         return False
     return default
@@ -327,8 +268,7 @@ def resolve_reasoning_effort(raw: Any, profile: str) -> str | None:
     An absent effort still goes through the table: the official profile renders its
     default ("high", as DeepSeek's API does) rather than the encoder's bare default.
     """
-    if raw is not None and not isinstance(raw, str):
-        raise RequestError("reasoning_effort must be a string", param="reasoning_effort")
+    raw = check_string(raw, "reasoning_effort", default=None)
     from deepseek_frontend.formats import normalize_reasoning_effort
 
     try:
@@ -338,29 +278,27 @@ def resolve_reasoning_effort(raw: Any, profile: str) -> str | None:
         raise
     except (ValueError, KeyError) as exc:
         raise RequestError(
-            f"reasoning_effort {raw!r} is not supported: {exc}", param="reasoning_effort"
+            f"reasoning_effort: {raw!r} is not supported: {exc}", param="reasoning_effort"
         ) from None
 
 
 def map_stop(raw: Any) -> tuple[str, ...]:
+    """``stop``: one string or up to :data:`MAX_STOP` strings; empty strings are dropped."""
     if raw is None:
         return ()
     if isinstance(raw, str):
         return (raw,) if raw else ()
     if not isinstance(raw, list) or not all(isinstance(s, str) for s in raw):
-        raise RequestError("stop must be a string or an array of strings", param="stop")
+        raise RequestError("stop: expected a string or an array of strings", param="stop")
     if len(raw) > MAX_STOP:
-        raise RequestError(f"stop may hold at most {MAX_STOP} strings", param="stop")
+        raise RequestError(f"stop: at most {MAX_STOP} strings are allowed, got {len(raw)}", param="stop")
     return tuple(s for s in raw if s)
 
 
 def map_response_format(raw: Any) -> dict[str, Any] | None:
-    if raw is None:
-        return None
-    if not isinstance(raw, dict):
-        raise RequestError("response_format must be an object", param="response_format")
-    kind = raw.get("type")
-    if kind == "text":
+    raw = check_object(raw, "response_format", default=None)
+    kind = None if raw is None else raw.get("type")
+    if raw is None or kind == "text":
         return None
     if kind == "json_object":
         return {"type": "json_object"}
@@ -368,13 +306,43 @@ def map_response_format(raw: Any) -> dict[str, Any] | None:
         spec = raw.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
             raise RequestError(
-                "response_format.json_schema must be an object with a 'schema' object",
+                "response_format.json_schema: expected an object with a 'schema' object",
                 param="response_format.json_schema",
             )
         return {"type": "json_schema", "json_schema": spec}
     raise RequestError(
-        "response_format.type must be 'text', 'json_object' or 'json_schema'", param="response_format.type"
+        f"response_format.type: expected 'text', 'json_object' or 'json_schema', got {kind!r}",
+        param="response_format.type",
     )
+
+
+def map_model(body: Mapping[str, Any], config: ServerConfig) -> str:
+    """``model`` resolved through the aliases (absent: the served model); unknown: ``ModelNotFoundError``."""
+    return config.resolve_model(check_string(body.get("model"), "model", default=None))
+
+
+def map_sampling(body: Mapping[str, Any]) -> dict[str, Any]:
+    """The sampling fields chat and completions share, as :class:`ChatRequest` keyword arguments."""
+    out: dict[str, Any] = {
+        key: check_number(body.get(key), key, minimum=low, maximum=high, default=default)
+        for key, (low, high, default) in _SAMPLING_NUMBERS.items()
+    }
+    out["top_k"] = check_integer(body.get("top_k"), "top_k", minimum=-1, default=None) or -1
+    out["seed"] = check_integer(body.get("seed"), "seed", default=None)
+    out["stop"] = map_stop(body.get("stop"))
+    out["n"] = check_integer(body.get("n"), "n", minimum=1, maximum=MAX_N, default=None) or 1
+    return out
+
+
+def map_stream(body: Mapping[str, Any]) -> tuple[bool, bool]:
+    """``(stream, include_usage)`` from ``stream`` and ``stream_options`` (only with a stream)."""
+    stream = check_boolean(body.get("stream"), "stream", default=False)
+    opts = check_object(body.get("stream_options"), "stream_options", default=None)
+    if opts is None:
+        return stream, False
+    if not stream:
+        raise RequestError("stream_options: only allowed when stream is true", param="stream_options")
+    return stream, check_boolean(opts.get("include_usage"), "stream_options.include_usage", default=False)
 
 
 def to_chat_request(body: dict[str, Any], config: ServerConfig, request_id: str) -> ChatRequest:
@@ -382,10 +350,7 @@ def to_chat_request(body: dict[str, Any], config: ServerConfig, request_id: str)
 
     Raises ``RequestError`` (400, ``param`` set) and ``ModelNotFoundError`` (404).
     """
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise RequestError("model must be a string", param="model")
-    model = config.resolve_model(model)
+    model = map_model(body, config)
     messages = map_messages(body.get("messages"))
     tools = map_tools(body.get("tools"))
     tool_choice = map_tool_choice(body.get("tool_choice"), tools)
@@ -395,33 +360,19 @@ def to_chat_request(body: dict[str, Any], config: ServerConfig, request_id: str)
         if thinking
         else None
     )
-
-    max_tokens = _integer(body, "max_completion_tokens", lo=1)
-    if max_tokens is None:
-        max_tokens = _integer(body, "max_tokens", lo=1)
-    elif body.get("max_tokens") is not None:
-        _integer(body, "max_tokens", lo=1)  # still validated
-
-    top_k = _integer(body, "top_k", lo=-1)
-    n = _integer(body, "n", lo=1, hi=MAX_N) or 1
-    logprobs = _boolean(body, "logprobs")
-    top_logprobs = _integer(body, "top_logprobs", lo=0, hi=MAX_TOP_LOGPROBS) or 0
+    # max_completion_tokens wins; max_tokens is still validated when both are sent.
+    max_completion_tokens = check_integer(
+        body.get("max_completion_tokens"), "max_completion_tokens", minimum=1, default=None
+    )
+    max_tokens = check_integer(body.get("max_tokens"), "max_tokens", minimum=1, default=None)
+    sampling = map_sampling(body)
+    logprobs = check_boolean(body.get("logprobs"), "logprobs", default=False)
+    top_logprobs = check_integer(
+        body.get("top_logprobs"), "top_logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS, default=0
+    )
     if top_logprobs and not logprobs:
-        raise RequestError("top_logprobs requires logprobs to be true", param="top_logprobs")
-    stream = _boolean(body, "stream")
-    include_usage = False
-    opts = body.get("stream_options")
-    if opts is not None:
-        if not isinstance(opts, dict):
-            raise RequestError("stream_options must be an object", param="stream_options")
-        if not stream:
-            raise RequestError("stream_options is only allowed when stream is true", param="stream_options")
-        include_usage = _boolean(opts, "include_usage")
-    user = body.get("user")
-    if user is not None and not isinstance(user, str):
-        raise RequestError("user must be a string", param="user")
-    seed = _integer(body, "seed")
-
+        raise RequestError("top_logprobs: requires logprobs to be true", param="top_logprobs")
+    _, include_usage = map_stream(body)
     return ChatRequest(
         messages=messages,
         request_id=request_id,
@@ -430,22 +381,13 @@ def to_chat_request(body: dict[str, Any], config: ServerConfig, request_id: str)
         tool_choice=tool_choice,
         thinking=thinking,
         reasoning_effort=effort,
-        max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0),
-        top_p=_number(body, "top_p", 1.0, 0.0, 1.0),
-        top_k=top_k or -1,
-        min_p=_number(body, "min_p", 0.0, 0.0, 1.0),
-        seed=seed,
-        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
-        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-        repetition_penalty=_number(body, "repetition_penalty", 1.0, 0.0, 2.0),
-        stop=map_stop(body.get("stop")),
-        n=n,
+        max_tokens=max_completion_tokens if max_completion_tokens is not None else max_tokens,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
         response_format=map_response_format(body.get("response_format")),
         include_usage=include_usage,
-        user=user,
+        user=check_string(body.get("user"), "user", default=None),
+        **sampling,
     )
 
 
@@ -601,31 +543,36 @@ class ChunkWriter:
         return out
 
 
-async def stream_chat(
+async def openai_event_stream(
     state: FrontendState,
     req: ChatRequest,
     streams: Sequence[ChoiceStream],
-    created: int,
-    tracker: RequestTracker | None = None,
+    tracker: RequestTracker | None,
+    *,
+    opening: Sequence[bytes],
+    encode: Callable[[PipelineChunk], list[bytes]],
+    usage_event: Callable[[Usage], bytes],
 ) -> AsyncIterator[bytes]:
-    """The SSE body: role deltas, one event per engine chunk, finish, optional usage, ``[DONE]``.
+    """The SSE body of both OpenAI endpoints (chat and completions).
 
-    A failure mid-stream becomes one ``data: {"error": ...}`` event, then the stream ends.
+    ``opening`` events, then ``encode(chunk)`` for each engine chunk (usually one
+    event), then -- with ``stream_options.include_usage`` -- one usage event, then
+    ``[DONE]``. A failure mid-stream becomes one ``data: {"error": ...}`` event and
+    the stream ends there.
     """
-    writer = ChunkWriter(req.request_id, created, req.model, state.tokenizer if req.logprobs else None)
     usages: list[Usage] = []
-    for s in streams:
-        yield writer.role(s.index)
+    for event in opening:
+        yield event
     try:
         # One choice: iterate it directly (one async-generator layer less per token).
         source = streams[0] if len(streams) == 1 else merge_choices(streams)
         async for chunk in source:
             if chunk.end is not None:
                 usages.append(chunk.end.usage)
-            events = writer.chunk(chunk)
+            events = encode(chunk)
             if len(events) == 1:
                 yield events[0]
-            else:
+            elif events:
                 yield b"".join(events)
     except Exception as exc:
         err, body = stream_error_body(exc)
@@ -634,9 +581,30 @@ async def stream_chat(
         yield data_event(body)
         return
     if req.include_usage:
-        yield writer.usage(Usage.combine(usages))
+        yield usage_event(Usage.combine(usages))
     state.metrics.prompt_tokens.inc(usages[0].prompt_tokens if usages else 0)
     yield DONE
+
+
+def stream_chat(
+    state: FrontendState,
+    req: ChatRequest,
+    streams: Sequence[ChoiceStream],
+    created: int,
+    tracker: RequestTracker | None = None,
+) -> AsyncIterator[bytes]:
+    """The ``chat.completion.chunk`` SSE body: role deltas, one event per engine chunk, finish,
+    optional usage, ``[DONE]`` (see :func:`openai_event_stream`)."""
+    writer = ChunkWriter(req.request_id, created, req.model, state.tokenizer if req.logprobs else None)
+    return openai_event_stream(
+        state,
+        req,
+        streams,
+        tracker,
+        opening=[writer.role(s.index) for s in streams],
+        encode=writer.chunk,
+        usage_event=writer.usage,
+    )
 
 
 def build_response(
@@ -681,21 +649,48 @@ def build_response(
 # --------------------------------------------------------------------------- endpoint
 
 
+async def respond_with_choices(
+    request: Request,
+    tracker: RequestTracker,
+    req: ChatRequest,
+    prepared: PreparedRequest,
+    *,
+    stream: bool,
+    stream_body: Callable[
+        [FrontendState, ChatRequest, Sequence[ChoiceStream], int, RequestTracker], AsyncIterator[bytes]
+    ],
+    build: Callable[[ChatRequest, Sequence[ChoiceAccumulator], int, PromptTokenizer], dict[str, Any]],
+) -> Response:
+    """Both OpenAI endpoints after mapping: start every choice, then stream or answer once.
+
+    Every choice's first engine chunk is awaited before a status is chosen, so a
+    worker failure before the first token is still a proper error response. (A long
+    prefill can take seconds: a client that leaves meanwhile aborts it, as it does
+    while a non-streamed answer is folded.)
+    """
+    state = get_state(request)
+    streams = await unless_disconnected(request, state.pipeline.start(prepared))
+    if stream:
+        return EventStreamResponse(stream_body(state, req, streams, prepared.created, tracker), tracker)
+    accs = await unless_disconnected(request, collect(streams))
+    state.metrics.prompt_tokens.inc(prepared.prompt_tokens)
+    payload = build(req, accs, prepared.created, state.tokenizer)
+    return Response(orjson.dumps(payload), media_type="application/json")
+
+
 @api_route("/v1/chat/completions")
 async def chat_completions(request: Request, tracker: RequestTracker) -> Response:
     """``POST /v1/chat/completions`` (stream and non-stream)."""
     state = get_state(request)
     body = await read_json(request, state.config.max_body_bytes)
     req = to_chat_request(body, state.config, tracker.request_id)
-    pipeline = state.pipeline
-    prepared = pipeline.prepare(req)
-    # Await every choice's first engine chunk before committing to a status, so
-    # a worker failure before the first token is still a proper error response.
-    # (A long prefill can take seconds: a client that leaves meanwhile aborts it.)
-    streams = await unless_disconnected(request, pipeline.start(prepared))
-    if body.get("stream"):
-        return EventStreamResponse(stream_chat(state, req, streams, prepared.created, tracker), tracker)
-    accs = await unless_disconnected(request, collect(streams))
-    state.metrics.prompt_tokens.inc(prepared.prompt_tokens)
-    payload = build_response(req, accs, prepared.created, state.tokenizer if req.logprobs else None)
-    return Response(orjson.dumps(payload), media_type="application/json")
+    prepared = state.pipeline.prepare(req)
+    return await respond_with_choices(
+        request,
+        tracker,
+        req,
+        prepared,
+        stream=bool(body.get("stream")),
+        stream_body=stream_chat,
+        build=build_response,
+    )

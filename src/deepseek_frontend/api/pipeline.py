@@ -664,10 +664,13 @@ class ChoiceStream:
                 if matched is not None:
                     return out
             else:
-                # Content cannot continue across another kind of event: release held text first.
+                # Content cannot continue across another kind of event: settle the held text
+                # first (it may itself hold a complete stop string that waited for a longer one).
                 held = stop.flush()
                 if held:
                     out.append(ContentDelta(held))
+                if stop.matched is not None:
+                    return out
                 out.append(ev)
         if final:
             held = stop.flush()

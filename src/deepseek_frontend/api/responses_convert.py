@@ -34,16 +34,19 @@ import binascii
 from collections.abc import Mapping
 from typing import Any
 
-from deepseek_frontend.api.anthropic_convert import (
-    ConvertedChat,
-    _kind,
-    _optional_number,
-    _positive_int,
-    _require_list,
-    _require_object,
-    _require_str,
-)
 from deepseek_frontend.errors import RequestError, UnsupportedFeatureError
+
+from .adapters import ChatMessage, ConvertedChat, check_model, function_tools
+from .validation import (
+    check_array,
+    check_boolean,
+    check_integer,
+    check_number,
+    check_object,
+    check_string,
+    check_tool_name,
+    json_type,
+)
 
 __all__ = [
     "REASONING_BLOB_PREFIX",
@@ -56,8 +59,6 @@ __all__ = [
 REASONING_BLOB_PREFIX = "dsfe-reasoning-v1:"
 
 _EFFORT_WORDS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
-
-_ChatMessage = dict[str, Any]
 
 
 def encode_reasoning(text: str) -> str:
@@ -83,16 +84,16 @@ def decode_reasoning(blob: str) -> str | None:
 def _parts_text(content: Any, param: str, allowed: tuple[str, ...]) -> str:
     if isinstance(content, str):
         return content
-    parts = _require_list(content, param)
+    parts = check_array(content, param)
     texts: list[str] = []
     for i, part in enumerate(parts):
         pparam = f"{param}[{i}]"
-        part = _require_object(part, pparam)
+        part = check_object(part, pparam)
         kind = part.get("type")
         if kind in allowed:
-            texts.append(_require_str(part.get("text"), f"{pparam}.text"))
+            texts.append(check_string(part.get("text"), f"{pparam}.text"))
         elif kind == "refusal":
-            texts.append(_require_str(part.get("refusal"), f"{pparam}.refusal"))
+            texts.append(check_string(part.get("refusal"), f"{pparam}.refusal"))
         elif kind in ("input_image", "input_file", "input_audio"):
             raise UnsupportedFeatureError(
                 f"{pparam}: content part type {kind!r} is not supported (this model accepts text only)",
@@ -108,11 +109,11 @@ def _parts_text(content: Any, param: str, allowed: tuple[str, ...]) -> str:
 def _reasoning_text(item: Mapping[str, Any], param: str) -> str:
     content = item.get("content")
     if content:
-        parts = _require_list(content, f"{param}.content")
+        parts = check_array(content, f"{param}.content")
         texts = []
         for i, part in enumerate(parts):
-            part = _require_object(part, f"{param}.content[{i}]")
-            texts.append(_require_str(part.get("text"), f"{param}.content[{i}].text"))
+            part = check_object(part, f"{param}.content[{i}]")
+            texts.append(check_string(part.get("text"), f"{param}.content[{i}].text"))
         return "".join(texts)
     blob = item.get("encrypted_content")
     if isinstance(blob, str):
@@ -126,21 +127,21 @@ class _InputBuilder:
     """Folds Responses input items into chat messages, in order."""
 
     def __init__(self) -> None:
-        self.messages: list[_ChatMessage] = []
+        self.messages: list[ChatMessage] = []
         self.call_ids: set[str] = set()
         self._pending_reasoning: str | None = None
 
-    def _assistant_turn(self) -> _ChatMessage:
+    def _assistant_turn(self) -> ChatMessage:
         """The assistant message function calls attach to: the last one if nothing followed it."""
         last = self.messages[-1] if self.messages else None
         if last is not None and last["role"] == "assistant" and self._pending_reasoning is None:
             return last
-        message: _ChatMessage = {"role": "assistant", "content": ""}
+        message: ChatMessage = {"role": "assistant", "content": ""}
         self._attach_reasoning(message)
         self.messages.append(message)
         return message
 
-    def _attach_reasoning(self, message: _ChatMessage) -> None:
+    def _attach_reasoning(self, message: ChatMessage) -> None:
         if self._pending_reasoning is not None:
             message["reasoning_content"] = self._pending_reasoning
             self._pending_reasoning = None
@@ -157,7 +158,7 @@ class _InputBuilder:
         allowed = ("output_text", "text") if role == "assistant" else ("input_text", "text", "output_text")
         text = _parts_text(item["content"], f"{param}.content", allowed)
         if role == "assistant":
-            message: _ChatMessage = {"role": "assistant", "content": text}
+            message: ChatMessage = {"role": "assistant", "content": text}
             self._attach_reasoning(message)
             self.messages.append(message)
             return
@@ -165,13 +166,11 @@ class _InputBuilder:
         self.messages.append({"role": "system" if role == "developer" else role, "content": text})
 
     def function_call(self, item: Mapping[str, Any], param: str) -> None:
-        call_id = _require_str(item.get("call_id"), f"{param}.call_id")
-        if not call_id:
-            raise RequestError(f"{param}.call_id: must not be empty", param=f"{param}.call_id")
+        call_id = check_string(item.get("call_id"), f"{param}.call_id", non_empty=True)
         if call_id in self.call_ids:
             raise RequestError(f"{param}.call_id: duplicate call_id {call_id!r}", param=f"{param}.call_id")
-        name = _require_str(item.get("name"), f"{param}.name")
-        arguments = _require_str(item.get("arguments"), f"{param}.arguments")
+        name = check_string(item.get("name"), f"{param}.name")
+        arguments = check_string(item.get("arguments"), f"{param}.arguments")
         message = self._assistant_turn()
         message.setdefault("tool_calls", []).append(
             {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
@@ -179,7 +178,7 @@ class _InputBuilder:
         self.call_ids.add(call_id)
 
     def function_call_output(self, item: Mapping[str, Any], param: str) -> None:
-        call_id = _require_str(item.get("call_id"), f"{param}.call_id")
+        call_id = check_string(item.get("call_id"), f"{param}.call_id")
         if call_id not in self.call_ids:
             raise RequestError(
                 f"{param}.call_id: no earlier function_call has call_id {call_id!r}", param=f"{param}.call_id"
@@ -199,16 +198,16 @@ class _InputBuilder:
         self._pending_reasoning = None
 
 
-def _convert_input(raw: Any) -> list[_ChatMessage]:
+def _convert_input(raw: Any) -> list[ChatMessage]:
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
-    items = _require_list(raw, "input")
+    items = check_array(raw, "input")
     if not items:
         raise RequestError("input: at least one item is required", param="input")
     builder = _InputBuilder()
     for i, item in enumerate(items):
         param = f"input[{i}]"
-        item = _require_object(item, param)
+        item = check_object(item, param)
         kind = item.get("type", "message" if "role" in item else None)
         if kind == "message":
             builder.message(item, param)
@@ -220,7 +219,7 @@ def _convert_input(raw: Any) -> list[_ChatMessage]:
             builder.reasoning(item, param)
         elif kind == "item_reference":
             raise RequestError(
-                f"{param}: item_reference needs stored responses; this server is stateless -- "
+                f"{param}.type: item_reference needs stored responses; this server is stateless -- "
                 "send the items themselves",
                 param=f"{param}.type",
             )
@@ -239,39 +238,20 @@ def _convert_input(raw: Any) -> list[_ChatMessage]:
     return messages
 
 
-def _convert_tools(raw: Any) -> list[dict[str, Any]] | None:
-    if raw is None:
-        return None
-    tools = _require_list(raw, "tools")
-    out: list[dict[str, Any]] = []
-    seen: set[str] = set()
-    for i, tool in enumerate(tools):
-        param = f"tools[{i}]"
-        tool = _require_object(tool, param)
-        if tool.get("type") != "function":
-            raise UnsupportedFeatureError(
-                f"{param}.type: only function tools are supported, got {tool.get('type')!r}",
-                param=f"{param}.type",
-            )
-        name = _require_str(tool.get("name"), f"{param}.name")
-        if not name:
-            raise RequestError(f"{param}.name: must not be empty", param=f"{param}.name")
-        if name in seen:
-            raise RequestError(f"{param}.name: duplicate tool name {name!r}", param=f"{param}.name")
-        seen.add(name)
-        function: dict[str, Any] = {"name": name}
-        if tool.get("description") is not None:
-            function["description"] = _require_str(tool["description"], f"{param}.description")
-        parameters = tool.get("parameters")
-        function["parameters"] = (
-            dict(_require_object(parameters, f"{param}.parameters"))
-            if parameters is not None
-            else {"type": "object", "properties": {}}
+def _tool_schema(tool: Mapping[str, Any], param: str) -> dict[str, Any]:
+    """A function tool: its ``parameters`` (an empty object schema when absent) and ``strict``."""
+    if tool.get("type") != "function":
+        raise UnsupportedFeatureError(
+            f"{param}.type: only function tools are supported, got {tool.get('type')!r}",
+            param=f"{param}.type",
         )
-        if tool.get("strict") is not None:
-            function["strict"] = bool(tool["strict"])
-        out.append({"type": "function", "function": function})
-    return out or None
+    parameters = check_object(tool.get("parameters"), f"{param}.parameters", default=None)
+    fields: dict[str, Any] = {
+        "parameters": {"type": "object", "properties": {}} if parameters is None else dict(parameters)
+    }
+    if tool.get("strict") is not None:
+        fields["strict"] = bool(tool["strict"])
+    return fields
 
 
 def _convert_tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> str | dict[str, Any] | None:
@@ -284,14 +264,9 @@ def _convert_tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> str | 
             raise RequestError("tool_choice: 'required' needs tools", param="tool_choice")
         return "required"
     if isinstance(raw, Mapping) and raw.get("type") == "function":
-        name = _require_str(raw.get("name"), "tool_choice.name")
-        if name not in {t["function"]["name"] for t in tools or []}:
-            raise RequestError(
-                f"tool_choice.name: no tool named {name!r} is declared", param="tool_choice.name"
-            )
-        return {"type": "function", "function": {"name": name}}
+        return check_tool_name(raw.get("name"), "tool_choice.name", tools)
     raise RequestError(
-        f"tool_choice: expected 'auto', 'none', 'required' or a function choice, got {_kind(raw)}",
+        f"tool_choice: expected 'auto', 'none', 'required' or a function choice, got {json_type(raw)}",
         param="tool_choice",
     )
 
@@ -299,24 +274,24 @@ def _convert_tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> str | 
 def _convert_text_format(raw: Any) -> dict[str, Any] | None:
     if raw is None:
         return None
-    text = _require_object(raw, "text")
+    text = check_object(raw, "text")
     fmt = text.get("format")
     if fmt is None:
         return None
-    fmt = _require_object(fmt, "text.format")
+    fmt = check_object(fmt, "text.format")
     kind = fmt.get("type")
     if kind == "text":
         return None
     if kind == "json_object":
         return {"type": "json_object"}
     if kind == "json_schema":
-        schema = _require_object(fmt.get("schema"), "text.format.schema")
-        spec: dict[str, Any] = {"name": _require_str(fmt.get("name", "response"), "text.format.name")}
+        schema = check_object(fmt.get("schema"), "text.format.schema")
+        spec: dict[str, Any] = {"name": check_string(fmt.get("name", "response"), "text.format.name")}
         spec["schema"] = dict(schema)
         if fmt.get("strict") is not None:
             spec["strict"] = bool(fmt["strict"])
         if fmt.get("description") is not None:
-            spec["description"] = _require_str(fmt["description"], "text.format.description")
+            spec["description"] = check_string(fmt["description"], "text.format.description")
         return {"type": "json_schema", "json_schema": spec}
     raise RequestError(
         f"text.format.type: expected text, json_object or json_schema, got {kind!r}", param="text.format.type"
@@ -326,11 +301,9 @@ def _convert_text_format(raw: Any) -> dict[str, Any] | None:
 def _reject_stateful(body: Mapping[str, Any]) -> None:
     stateless = "this server is stateless: send the whole conversation in input"
     if body.get("previous_response_id") is not None:
-        raise RequestError(
-            f"previous_response_id is not supported; {stateless}", param="previous_response_id"
-        )
+        raise RequestError(f"previous_response_id: not supported; {stateless}", param="previous_response_id")
     if body.get("conversation") is not None:
-        raise RequestError(f"conversation is not supported; {stateless}", param="conversation")
+        raise RequestError(f"conversation: not supported; {stateless}", param="conversation")
     if body.get("store") is True:
         raise RequestError(
             f"store: true is not supported; {stateless} (set store to false or omit it)", param="store"
@@ -345,29 +318,24 @@ def convert_responses_request(body: Any) -> ConvertedChat:
     Raises :class:`RequestError` (``param`` set) on an invalid or stateful request
     and :class:`UnsupportedFeatureError` for features this server does not offer.
     """
-    body = _require_object(body, "body")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise RequestError("model: required (a non-empty string)", param="model")
+    body = check_object(body, "body")
+    model = check_model(body)
     _reject_stateful(body)
     if "input" not in body:
         raise RequestError("input: required", param="input")
     messages = _convert_input(body["input"])
     instructions = body.get("instructions")
     if instructions is not None:
-        messages.insert(0, {"role": "system", "content": _require_str(instructions, "instructions")})
+        messages.insert(0, {"role": "system", "content": check_string(instructions, "instructions")})
 
-    tools = _convert_tools(body.get("tools"))
+    tools = function_tools(body.get("tools"), _tool_schema)
     tool_choice = _convert_tool_choice(body.get("tool_choice"), tools)
-    parallel = body.get("parallel_tool_calls")
-    if parallel is not None and not isinstance(parallel, bool):
-        raise RequestError("parallel_tool_calls: expected a boolean", param="parallel_tool_calls")
+    parallel = check_boolean(body.get("parallel_tool_calls"), "parallel_tool_calls", default=None)
 
     thinking: bool | None = None
     effort: str | None = None
-    reasoning = body.get("reasoning")
+    reasoning = check_object(body.get("reasoning"), "reasoning", default=None)
     if reasoning is not None:
-        reasoning = _require_object(reasoning, "reasoning")
         word = reasoning.get("effort")
         if word is not None:
             if word not in _EFFORT_WORDS:
@@ -380,12 +348,8 @@ def convert_responses_request(body: Any) -> ConvertedChat:
             else:
                 thinking, effort = True, str(word)
 
-    max_tokens = body.get("max_output_tokens")
-    if max_tokens is not None:
-        max_tokens = _positive_int(max_tokens, "max_output_tokens")
-    stream = body.get("stream", False)
-    if not isinstance(stream, bool):
-        raise RequestError("stream: expected a boolean", param="stream")
+    max_tokens = check_integer(body.get("max_output_tokens"), "max_output_tokens", minimum=1, default=None)
+    stream = check_boolean(body.get("stream", False), "stream")
     user = body.get("user") or body.get("safety_identifier")
 
     return ConvertedChat(
@@ -397,8 +361,10 @@ def convert_responses_request(body: Any) -> ConvertedChat:
         parallel_tool_calls=parallel,
         thinking=thinking,
         reasoning_effort=effort,
-        temperature=_optional_number(body, "temperature", 0.0, 2.0),
-        top_p=_optional_number(body, "top_p", 0.0, 1.0),
+        temperature=check_number(
+            body.get("temperature"), "temperature", minimum=0.0, maximum=2.0, default=None
+        ),
+        top_p=check_number(body.get("top_p"), "top_p", minimum=0.0, maximum=1.0, default=None),
         stream=stream,
         response_format=_convert_text_format(body.get("text")),
         user=user if isinstance(user, str) else None,

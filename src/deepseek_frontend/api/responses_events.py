@@ -24,19 +24,15 @@ from __future__ import annotations
 import secrets
 import string
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from deepseek_frontend.api.anthropic_events import SSEEvent
-from deepseek_frontend.api.responses_convert import encode_reasoning
 from deepseek_frontend.errors import FrontendError
-from deepseek_frontend.parsing.events import (
-    ContentDelta,
-    Finish,
-    ReasoningDelta,
-    ToolCallArgumentsDelta,
-    ToolCallEnd,
-    ToolCallStart,
-)
+
+from .event_stream import EventEncoder, Section, SSEEvent
+from .responses_convert import encode_reasoning
+
+if TYPE_CHECKING:
+    from .pipeline import StreamEnd
 
 __all__ = [
     "ResponsesStreamEncoder",
@@ -55,11 +51,12 @@ def new_response_id() -> str:
     return _new_id("resp_")
 
 
-class ResponsesStreamEncoder:
+class ResponsesStreamEncoder(EventEncoder):
     """Turns parser events into Responses stream events for one response.
 
-    Lifecycle: :meth:`start` once, :meth:`feed` (or the per-kind methods) any
-    number of times, :meth:`finish` once; :attr:`response` is then the final
+    Lifecycle (see :class:`~deepseek_frontend.api.event_stream.EventEncoder`):
+    :meth:`start` once, :meth:`feed` (or the per-kind methods) any number of
+    times, :meth:`finish` (or :meth:`end_stream`) once; :attr:`response` is then the final
     response object. ``echo`` holds the request settings a response reports
     (instructions, tools, tool_choice, temperature, ...).
     """
@@ -73,6 +70,7 @@ class ResponsesStreamEncoder:
         echo: dict[str, Any] | None = None,
         response_id: str | None = None,
     ) -> None:
+        super().__init__()
         self.response_id = response_id or new_response_id()
         self.model = model
         self.input_tokens = input_tokens
@@ -81,11 +79,8 @@ class ResponsesStreamEncoder:
         self._created_at = int(time.time())
         self._seq = 0
         self._output: list[dict[str, Any]] = []
-        #: "reasoning" | "message" | "function_call" | None
-        self._open: str | None = None
-        self._open_tool: int | None = None
+        #: text of the open item so far (reasoning, answer text or argument JSON)
         self._text: list[str] = []
-        self._finished = False
         #: the final response object, set by :meth:`finish`
         self.response: dict[str, Any] | None = None
 
@@ -104,110 +99,12 @@ class ResponsesStreamEncoder:
             self._event("response.in_progress", response=snapshot),
         ]
 
-    def feed(self, event: object) -> list[SSEEvent]:
-        """Translate one parser event. ``Finish`` is ignored here: pass its reason to :meth:`finish`."""
-        if isinstance(event, ReasoningDelta):
-            return self.reasoning(event.text)
-        if isinstance(event, ContentDelta):
-            return self.text(event.text)
-        if isinstance(event, ToolCallStart):
-            return self.tool_start(event.index, event.name, event.id)
-        if isinstance(event, ToolCallArgumentsDelta):
-            return self.tool_arguments(event.index, event.text)
-        if isinstance(event, ToolCallEnd):
-            return self.tool_end(event.index)
-        if isinstance(event, Finish):
-            return []
-        raise TypeError(f"unexpected parser event {event!r}")
-
-    def reasoning(self, text: str) -> list[SSEEvent]:
-        """A piece of reasoning, as ``response.reasoning_text.delta`` of a reasoning item."""
-        self._check_open()
-        if not text:
-            return []
-        out: list[SSEEvent] = []
-        if self._open != "reasoning":
-            out += self._close_item()
-            item = {
-                "type": "reasoning",
-                "id": _new_id("rs_"),
-                "summary": [],
-                "content": [],
-                "status": "in_progress",
-            }
-            out.append(self._add_item("reasoning", item))
-            out.append(
-                self._part_event("response.content_part.added", {"type": "reasoning_text", "text": ""})
-            )
-        self._text.append(text)
-        out.append(self._item_event("response.reasoning_text.delta", content_index=0, delta=text))
-        return out
-
-    def text(self, text: str) -> list[SSEEvent]:
-        """A piece of answer text, as ``response.output_text.delta`` of a message item."""
-        self._check_open()
-        if not text:
-            return []
-        out: list[SSEEvent] = []
-        if self._open != "message":
-            out += self._close_item()
-            item = {
-                "type": "message",
-                "id": _new_id("msg_"),
-                "role": "assistant",
-                "status": "in_progress",
-                "content": [],
-            }
-            out.append(self._add_item("message", item))
-            out.append(
-                self._part_event(
-                    "response.content_part.added",
-                    {"type": "output_text", "text": "", "annotations": [], "logprobs": []},
-                )
-            )
-        self._text.append(text)
-        out.append(self._item_event("response.output_text.delta", content_index=0, delta=text, logprobs=[]))
-        return out
-
-    def tool_start(self, index: int, name: str, call_id: str | None = None) -> list[SSEEvent]:
-        """A function call begins: a ``function_call`` item with empty arguments."""
-        self._check_open()
-        out = self._close_item()
-        item = {
-            "type": "function_call",
-            "id": _new_id("fc_"),
-            "call_id": call_id if call_id and call_id.startswith("call_") else _new_id("call_"),
-            "name": name,
-            "arguments": "",
-            "status": "in_progress",
-        }
-        out.append(self._add_item("function_call", item))
-        self._open_tool = index
-        return out
-
-    def tool_arguments(self, index: int, text: str) -> list[SSEEvent]:
-        """Argument JSON text of the open call."""
-        self._check_open()
-        if not text:
-            return []
-        if self._open != "function_call" or self._open_tool != index:
-            raise RuntimeError(f"arguments for tool call {index} arrived while it is not open")
-        self._text.append(text)
-        return [self._item_event("response.function_call_arguments.delta", delta=text)]
-
-    def tool_end(self, index: int) -> list[SSEEvent]:
-        """The call's arguments are complete: close its item."""
-        self._check_open()
-        if self._open == "function_call" and self._open_tool == index:
-            return self._close_item()
-        return []
-
     def finish(self, *, finish_reason: str, output_tokens: int, reasoning_tokens: int = 0) -> list[SSEEvent]:
         """Close the open item, then ``response.completed`` -- or ``response.incomplete``
         (``incomplete_details.reason = "max_output_tokens"``) when ``finish_reason`` is ``length``."""
         self._check_open()
         incomplete = finish_reason == "length"
-        out = self._close_item(status="incomplete" if incomplete else "completed")
+        out = self._close(status="incomplete" if incomplete else "completed")
         self._finished = True
         usage = {
             "input_tokens": self.input_tokens,
@@ -228,6 +125,17 @@ class ResponsesStreamEncoder:
         )
         return out
 
+    def end_stream(self, end: StreamEnd) -> list[SSEEvent]:
+        """:meth:`finish` with the pipeline's finish reason and usage (cache hits are known only now)."""
+        usage = end.usage
+        self.cached_tokens = usage.cached_tokens
+        self.input_tokens = usage.prompt_tokens
+        return self.finish(
+            finish_reason=end.finish_reason,
+            output_tokens=usage.completion_tokens,
+            reasoning_tokens=usage.reasoning_tokens,
+        )
+
     def error(self, err: FrontendError) -> list[SSEEvent]:
         """An ``error`` event for a failure after the stream started; the encoder is then finished."""
         self._finished = True
@@ -240,11 +148,80 @@ class ResponsesStreamEncoder:
             )
         ]
 
-    # -- internals --------------------------------------------------------------------------
+    # -- sections: output items -------------------------------------------------------------
 
-    def _check_open(self) -> None:
-        if self._finished:
-            raise RuntimeError("ResponsesStreamEncoder used after finish()")
+    def _start_section(self, kind: Literal["reasoning", "text"]) -> list[SSEEvent]:
+        """A reasoning or message item with its one (empty) content part."""
+        if kind == "reasoning":
+            item = {
+                "type": "reasoning",
+                "id": _new_id("rs_"),
+                "summary": [],
+                "content": [],
+                "status": "in_progress",
+            }
+            part: dict[str, Any] = {"type": "reasoning_text", "text": ""}
+        else:
+            item = {
+                "type": "message",
+                "id": _new_id("msg_"),
+                "role": "assistant",
+                "status": "in_progress",
+                "content": [],
+            }
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        return [self._add_item(item), self._part_event("response.content_part.added", part)]
+
+    def _start_tool_section(self, index: int, name: str, call_id: str | None) -> list[SSEEvent]:
+        """A ``function_call`` item with empty arguments (the parser's id kept when it is a ``call_`` id)."""
+        item = {
+            "type": "function_call",
+            "id": _new_id("fc_"),
+            "call_id": call_id if call_id and call_id.startswith("call_") else _new_id("call_"),
+            "name": name,
+            "arguments": "",
+            "status": "in_progress",
+        }
+        return [self._add_item(item)]
+
+    def _section_text(self, kind: Section, text: str) -> list[SSEEvent]:
+        self._text.append(text)
+        if kind == "reasoning":
+            return [self._item_event("response.reasoning_text.delta", content_index=0, delta=text)]
+        if kind == "text":
+            return [self._item_event("response.output_text.delta", content_index=0, delta=text, logprobs=[])]
+        return [self._item_event("response.function_call_arguments.delta", delta=text)]
+
+    def _end_section(self, kind: Section, status: str) -> list[SSEEvent]:
+        item = self._output[-1]
+        text = "".join(self._text)
+        self._text = []
+        out: list[SSEEvent] = []
+        if kind == "reasoning":
+            part = {"type": "reasoning_text", "text": text}
+            out.append(self._item_event("response.reasoning_text.done", content_index=0, text=text))
+            out.append(self._part_event("response.content_part.done", part))
+            item["content"] = [part]
+            item["encrypted_content"] = encode_reasoning(text)
+        elif kind == "text":
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            out.append(self._item_event("response.output_text.done", content_index=0, text=text, logprobs=[]))
+            out.append(self._part_event("response.content_part.done", part))
+            item["content"] = [part]
+        else:
+            item["arguments"] = text or "{}"
+            out.append(
+                self._item_event(
+                    "response.function_call_arguments.done", name=item["name"], arguments=text or "{}"
+                )
+            )
+        item["status"] = status
+        out.append(
+            self._event("response.output_item.done", output_index=len(self._output) - 1, item=dict(item))
+        )
+        return out
+
+    # -- internals --------------------------------------------------------------------------
 
     def _response_object(
         self,
@@ -293,41 +270,7 @@ class ResponsesStreamEncoder:
     def _part_event(self, kind: str, part: dict[str, Any]) -> SSEEvent:
         return self._item_event(kind, content_index=0, part=part)
 
-    def _add_item(self, kind: str, item: dict[str, Any]) -> SSEEvent:
+    def _add_item(self, item: dict[str, Any]) -> SSEEvent:
         self._output.append(item)
-        self._open = kind
         self._text = []
         return self._event("response.output_item.added", output_index=len(self._output) - 1, item=dict(item))
-
-    def _close_item(self, status: str = "completed") -> list[SSEEvent]:
-        if self._open is None:
-            return []
-        item = self._output[-1]
-        text = "".join(self._text)
-        out: list[SSEEvent] = []
-        if self._open == "reasoning":
-            part = {"type": "reasoning_text", "text": text}
-            out.append(self._item_event("response.reasoning_text.done", content_index=0, text=text))
-            out.append(self._part_event("response.content_part.done", part))
-            item["content"] = [part]
-            item["encrypted_content"] = encode_reasoning(text)
-        elif self._open == "message":
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            out.append(self._item_event("response.output_text.done", content_index=0, text=text, logprobs=[]))
-            out.append(self._part_event("response.content_part.done", part))
-            item["content"] = [part]
-        else:
-            item["arguments"] = text or "{}"
-            out.append(
-                self._item_event(
-                    "response.function_call_arguments.done", name=item["name"], arguments=text or "{}"
-                )
-            )
-        item["status"] = status
-        out.append(
-            self._event("response.output_item.done", output_index=len(self._output) - 1, item=dict(item))
-        )
-        self._open = None
-        self._open_tool = None
-        self._text = []
-        return out

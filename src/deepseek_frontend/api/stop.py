@@ -39,31 +39,47 @@ class StopStringMatcher:
         return bool(self._stops)
 
     def feed(self, text: str) -> tuple[str, str | None]:
-        """``(text safe to emit, matched stop or None)`` after appending ``text``."""
+        """``(text safe to emit, matched stop or None)`` after appending ``text``.
+
+        A match is committed only when no other stop string could still start
+        earlier: with stops ``["E", "bED"]``, ``"DbE"`` holds ``"bE"`` because
+        ``"bED"`` may complete and starts first (the one-shot answer).
+        """
         if self.matched is not None:
             return "", self.matched
         buf = self._held + text
-        best = -1
-        best_stop: str | None = None
-        for stop in self._stops:
-            i = buf.find(stop)
-            if i != -1 and (best == -1 or i < best):
-                best, best_stop = i, stop
-        if best_stop is not None:
-            self._held = ""
-            self.matched = best_stop
-            return buf[:best], best_stop
+        at, stop = self._first_match(buf)
         hold = self._hold_length(buf)
+        open_from = len(buf) - hold  # where the earliest still-open partial stop starts
+        if stop is not None and at <= open_from:
+            self._held = ""
+            self.matched = stop
+            return buf[:at], stop
         if hold:
-            self._held = buf[-hold:]
-            return buf[:-hold], None
+            self._held = buf[open_from:]
+            return buf[:open_from], None
         self._held = ""
         return buf, None
 
     def flush(self) -> str:
-        """Release the held tail (the stream ended without a match)."""
+        """The held tail when the stream ends: up to a stop it contains (then ``matched`` is set)."""
         held, self._held = self._held, ""
-        return held if self.matched is None else ""
+        if self.matched is not None:
+            return ""
+        at, stop = self._first_match(held)
+        if stop is not None:
+            self.matched = stop
+            return held[:at]
+        return held
+
+    def _first_match(self, buf: str) -> tuple[int, str | None]:
+        """Earliest start of any stop string in ``buf`` (the longest stop on a tie)."""
+        best, best_stop = -1, None
+        for stop in self._stops:
+            i = buf.find(stop)
+            if i != -1 and (best_stop is None or i < best or (i == best and len(stop) > len(best_stop))):
+                best, best_stop = i, stop
+        return best, best_stop
 
     def _hold_length(self, buf: str) -> int:
         """Length of the longest suffix of ``buf`` that is a proper prefix of some stop string."""
