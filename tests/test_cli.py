@@ -79,3 +79,15 @@ def test_the_console_entry_point_runs_as_a_module() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("<｜begin▁of▁sentence｜>")
+
+
+def test_a_file_that_is_not_a_json_object_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    request = tmp_path / "list.json"
+    request.write_text("[1, 2]")
+    assert main(["render", str(request)]) == 2
+    assert f"{request} must be a JSON object, got list" in capsys.readouterr().err
+    request.write_text("{not json")
+    assert main(["tokenize", str(request)]) == 2
+    assert "is not valid JSON" in capsys.readouterr().err

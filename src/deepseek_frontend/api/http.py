@@ -88,15 +88,19 @@ async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
             parts.append(part)
     except ClientDisconnect:
         raise RequestError("client disconnected while sending the body") from None
-    body = b"".join(parts)
-    if not body:
-        raise RequestError("request body is empty; expected a JSON object")
+    return parse_json_object(b"".join(parts))
+
+
+def parse_json_object(raw: bytes, where: str = "request body") -> dict[str, Any]:
+    """``raw`` as a JSON object; a ``RequestError`` naming ``where`` if empty, not JSON or not an object."""
+    if not raw:
+        raise RequestError(f"{where} is empty; expected a JSON object")
     try:
-        data = orjson.loads(body)
+        data = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise RequestError(f"request body is not valid JSON: {exc}") from None
+        raise RequestError(f"{where} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise RequestError(f"request body must be a JSON object, got {type(data).__name__}")
+        raise RequestError(f"{where} must be a JSON object, got {type(data).__name__}")
     return data
 
 

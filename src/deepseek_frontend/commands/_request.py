@@ -11,9 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from deepseek_frontend.errors import FrontendError, RequestError
+from deepseek_frontend.errors import FrontendError
 from deepseek_frontend.formats.segments import PromptSegment
 
 #: the bundled example request (``deepseek-frontend render`` with no FILE)
@@ -46,14 +44,11 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def load_body(file: str) -> dict[str, Any]:
+    """The request body in ``file`` (``-``: stdin) as a JSON object (``RequestError`` otherwise)."""
+    from deepseek_frontend.api.http import parse_json_object
+
     raw = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise RequestError(f"{file}: not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise RequestError(f"{file}: a chat request body must be a JSON object")
-    return body
+    return parse_json_object(raw, "stdin" if file == "-" else file)
 
 
 def render_request(args: argparse.Namespace) -> tuple[list[PromptSegment], Any]:
