@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,7 +12,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from deepseek_frontend.api import serve_command
-from deepseek_frontend.api.app import create_app
+from deepseek_frontend.api.app import build_backend, create_app
 from deepseek_frontend.api.config import ServerConfig, parse_model_alias
 from deepseek_frontend.errors import UnsupportedModelError
 from deepseek_frontend.tokenization import PromptTokenizer
@@ -264,3 +265,16 @@ def test_an_unknown_served_name_without_a_checkpoint_falls_back_to_deepseek_v4()
     config = ServerConfig.from_args(parse("--served-model-name", "my-model"))
     assert config.family == "deepseek_v4"
     assert config.served_model_name == "my-model"
+
+
+@pytest.mark.parametrize(("flags", "enforced"), [((), False), (("--vllm-grammar",), True)])
+def test_vllm_workers_take_the_tool_grammar_only_with_vllm_grammar(
+    flags: tuple[str, ...], enforced: bool, prompt_tokenizer: PromptTokenizer
+) -> None:
+    config = ServerConfig.from_args(parse("--engine", "vllm", "--worker", "http://127.0.0.1:9", *flags))
+    backend = build_backend(config, prompt_tokenizer)
+    try:
+        assert backend.supports_constraint("ebnf") is enforced
+        assert backend.supports_constraint("json_schema")
+    finally:
+        asyncio.run(backend.aclose())

@@ -114,6 +114,7 @@ def build_backend(config: ServerConfig, tokenizer: Any) -> _Backend:
         config.engine,
         config.workers,
         model=config.worker_model or config.served_model_name,
+        vllm_grammar=config.vllm_grammar,
         health_interval_s=config.health_check_interval,
         max_attempts=config.max_retries + 1,
     )

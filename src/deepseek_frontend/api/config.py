@@ -64,6 +64,8 @@ class ServerConfig:
     model_aliases: tuple[ModelAlias, ...] = ()
     #: the ``model`` field of requests to vLLM workers (their --served-model-name)
     worker_model: str | None = None
+    #: vLLM workers accept the DSML tool grammar (``--vllm-grammar``)
+    vllm_grammar: bool = False
     health_check_interval: float = 5.0
     max_retries: int = 2
     sim_ttft_ms: float = 0.0
@@ -157,6 +159,7 @@ class ServerConfig:
             default_max_tokens=args.default_max_tokens,
             model_aliases=aliases,
             worker_model=getattr(args, "worker_model", None) or model_path or served,
+            vllm_grammar=bool(getattr(args, "vllm_grammar", False)),
             health_check_interval=args.health_check_interval,
             max_retries=args.max_retries,
             sim_ttft_ms=args.sim_ttft_ms,

@@ -104,6 +104,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "when given, else the served model name)",
     )
     engine.add_argument(
+        "--vllm-grammar",
+        action="store_true",
+        help="send the DSML tool-call grammar (tool_choice required / named) to vLLM workers as "
+        "structured_outputs.grammar; only for a vLLM grammar backend checked to emit the DSML and "
+        "</think> tokens (default: such requests get a 400 on vLLM)",
+    )
+    engine.add_argument(
         "--health-check-interval",
         type=float,
         default=5.0,

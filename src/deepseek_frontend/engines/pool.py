@@ -376,6 +376,7 @@ def from_urls(
     *,
     model: str | None = None,
     cumulative: bool | None = None,
+    vllm_grammar: bool = False,
     http: httpx.AsyncClient | None = None,
     **pool_options: object,
 ) -> WorkerPool:
@@ -383,7 +384,8 @@ def from_urls(
 
     ``urls`` may mix plain ``http://host:port`` workers and ``dns+http://host:port``
     sources (resolved when :meth:`WorkerPool.start` runs). ``model`` is required for vLLM
-    (the ``model`` field of its requests).
+    (the ``model`` field of its requests); ``vllm_grammar`` lets vLLM clients send the
+    tool-call grammar (``VLLMClient(grammar=True)``).
     """
     shared = http or new_http_client()
 
@@ -395,7 +397,7 @@ def from_urls(
 
             if not model:
                 raise ValueError("vLLM workers need the served model name (model=...)")
-            return VLLMClient(url, model=model, http=shared)
+            return VLLMClient(url, model=model, http=shared, grammar=vllm_grammar)
         raise ValueError(f"unknown engine {engine!r} (expected 'sglang' or 'vllm')")
 
     pool = WorkerPool([factory(u) for u in urls if not u.startswith("dns+")], **pool_options)  # type: ignore[arg-type]
