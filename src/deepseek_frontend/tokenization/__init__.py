@@ -21,10 +21,12 @@ boundary. The renderer's special segments are exactly such matches, so the
 prompt's ids are ``[special] + encode(run) + [special] + ...`` where a *run* is
 the concatenation of consecutive non-special segments -- provided no run itself
 contains an added-token spelling (then the two differ, and ours is the safe
-answer). Runs are therefore the cache unit: a multi-turn conversation that
-extends the previous request re-uses every earlier message's ids and only
-tokenizes the new text. A sampled self-check re-encodes whole prompts at a low
-rate and switches the cache off (with an error log) if the invariant ever fails.
+answer). So ids can be reused at any special-token boundary: a follow-up prompt
+of the same conversation reuses the previous prompt's ids up to the last special
+token both share (:class:`PrefixCache`), and any other run seen before comes from
+the :class:`RunCache`; only new text is tokenized. A sampled self-check re-encodes
+whole prompts at a low rate and switches both caches off (with an error log) if
+the invariant ever fails.
 """
 
 from __future__ import annotations
@@ -235,10 +237,10 @@ def _common_prefix_length(a: list[PromptSegment], b: list[PromptSegment]) -> int
 
 
 class PromptTokenizer:
-    """A DeepSeek tokenizer with injection-safe, run-cached prompt encoding.
+    """A DeepSeek tokenizer with injection-safe, cached prompt encoding.
 
     Construct with :meth:`load`. Instances are safe to share between requests;
-    the only mutable state is the bounded run cache and its counters.
+    the only mutable state is the two bounded caches (run and prefix) and their counters.
     """
 
     def __init__(
@@ -272,7 +274,7 @@ class PromptTokenizer:
     def load(cls, model_path: str | Path | None = None) -> PromptTokenizer:
         """Load ``tokenizer.json`` from ``model_path`` (a directory or the file), or the bundled one.
 
-        Each call returns a new instance (with its own run cache); loading takes about a second.
+        Each call returns a new instance (with its own caches); loading takes about a second.
         """
         if model_path is None:
             path = bundled_tokenizer_path()
@@ -408,7 +410,7 @@ class PromptTokenizer:
 
     def _self_check(self, segments: list[PromptSegment], ids: list[int]) -> None:
         """Compare with a whole-prompt encode; on mismatch, log and stop caching."""
-        if any(not seg.special and self._spelling_re.search(seg.text) for seg in segments):
+        if any(not seg.special and self.contains_token_spelling(seg.text) for seg in segments):
             return  # request text spells a token: the safe ids differ from a naive encode by design
         if self.encode_raw(join_segments(segments)) != ids:
             logger.error("prompt id caches disagree with a whole-prompt encode; disabling them")
@@ -430,7 +432,10 @@ class PromptTokenizer:
         return IncrementalDetokenizer(self)
 
     def __repr__(self) -> str:
-        return f"PromptTokenizer(source={self.source!r}, vocab_size={self.vocab_size}, cache={self.cache!r})"
+        return (
+            f"PromptTokenizer(source={self.source!r}, vocab_size={self.vocab_size}, "
+            f"cache={self.cache!r}, prefix_cache={self.prefix_cache!r})"
+        )
 
 
 class IncrementalDetokenizer:
