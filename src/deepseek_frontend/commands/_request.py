@@ -51,8 +51,8 @@ def load_body(file: str) -> dict[str, Any]:
     return parse_json_object(raw, "stdin" if file == "-" else file)
 
 
-def render_request(args: argparse.Namespace) -> tuple[list[PromptSegment], Any]:
-    """The prompt segments of the request in ``args.file`` and the ``ServerConfig`` used."""
+def render_request(args: argparse.Namespace) -> list[PromptSegment]:
+    """The prompt segments of the request in ``args.file``, rendered as ``serve`` would."""
     from deepseek_frontend.api.config import ServerConfig
     from deepseek_frontend.api.openai_chat import to_chat_request
     from deepseek_frontend.api.pipeline import PromptRenderer
@@ -70,7 +70,7 @@ def render_request(args: argparse.Namespace) -> tuple[list[PromptSegment], Any]:
         or default_effort_profile(args.model_path, model),
     )
     req = to_chat_request(body, config, "offline")
-    return PromptRenderer(family, config.reasoning_effort_profile).render(req), config
+    return PromptRenderer(family, config.reasoning_effort_profile).render(req)
 
 
 def report_error(exc: FrontendError) -> int:

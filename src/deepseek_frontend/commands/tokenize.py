@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     from deepseek_frontend.tokenization import PromptTokenizer
 
     try:
-        segments, _ = render_request(args)
+        segments = render_request(args)
         ids = PromptTokenizer.load(args.model_path).encode_segments(segments)
     except FrontendError as exc:
         return report_error(exc)
