@@ -78,7 +78,7 @@ def serve(port_file: str, tokens_per_chunk: int) -> None:
 
     from deepseek_frontend.api.app import create_app
     from deepseek_frontend.api.config import ServerConfig
-    from deepseek_frontend.engines.sim import SimulatedEngine
+    from deepseek_frontend.engines.sim.engine import SimulatedEngine
     from deepseek_frontend.tokenization import PromptTokenizer
 
     tokenizer = PromptTokenizer.load()
@@ -275,8 +275,8 @@ def ttft_overhead(target_tokens: int = 100_000, repeats: int = 20) -> tuple[int,
 
     from deepseek_frontend.api.app import create_app
     from deepseek_frontend.api.config import ServerConfig
-    from deepseek_frontend.api.openai_chat import to_chat_request
-    from deepseek_frontend.engines.sim import SimulatedEngine
+    from deepseek_frontend.api.openai.chat import to_chat_request
+    from deepseek_frontend.engines.sim.engine import SimulatedEngine
     from deepseek_frontend.tokenization import PromptTokenizer
 
     tokenizer = PromptTokenizer.load()

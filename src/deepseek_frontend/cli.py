@@ -17,7 +17,7 @@ from deepseek_frontend import __version__
 #: subcommand name -> module implementing it
 COMMANDS: dict[str, str] = {
     "serve": "deepseek_frontend.api.serve_command",
-    "sim-engine": "deepseek_frontend.engines.sim_command",
+    "sim-engine": "deepseek_frontend.engines.sim.command",
     "render": "deepseek_frontend.commands.render",
     "tokenize": "deepseek_frontend.commands.tokenize",
     "e2e": "deepseek_frontend.e2e.command",

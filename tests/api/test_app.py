@@ -148,7 +148,7 @@ def test_constraints_an_engine_cannot_enforce_are_400(prompt_tokenizer: PromptTo
         def supports_constraint(self, kind: str) -> bool:
             return kind == "json_schema"
 
-    from deepseek_frontend.engines.sim import SimulatedEngine
+    from deepseek_frontend.engines.sim.engine import SimulatedEngine
 
     config = ServerConfig(served_model_name="deepseek-v4-flash", engine="vllm", workers=("http://x",))
     app = create_app(

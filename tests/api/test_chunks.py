@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 
-from deepseek_frontend.api.openai_chat import ChunkWriter, build_response, events_to_deltas
-from deepseek_frontend.api.pipeline import ChatRequest, ChoiceAccumulator, PipelineChunk, StreamEnd, Usage
+from deepseek_frontend.api.openai.chat import ChunkWriter, build_response, events_to_deltas
 from deepseek_frontend.api.sse import DONE, data_event, named_event
 from deepseek_frontend.parsing import (
     ContentDelta,
@@ -14,6 +13,7 @@ from deepseek_frontend.parsing import (
     ToolCallEnd,
     ToolCallStart,
 )
+from deepseek_frontend.pipeline.chat import ChatRequest, ChoiceAccumulator, PipelineChunk, StreamEnd, Usage
 
 
 def parse_event(raw: bytes) -> dict:

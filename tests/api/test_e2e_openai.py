@@ -1,6 +1,6 @@
 """End to end: the official ``openai`` client -> ``deepseek-frontend serve`` -> a ``sim-engine`` process.
 
-The simulated engine's answers are fixed by the rules in ``deepseek_frontend.engines.sim_model``:
+The simulated engine's answers are fixed by the rules in ``deepseek_frontend.engines.sim.model``:
 "Reply with exactly: X" answers ``X``; naming a tool (or "use the tool") calls it; "both" with
 two capitalised places makes two parallel calls; thinking mode writes one sentence of reasoning.
 """

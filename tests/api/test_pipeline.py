@@ -11,13 +11,6 @@ from typing import Any
 import pytest
 
 from deepseek_frontend.api.config import ServerConfig
-from deepseek_frontend.api.pipeline import (
-    ChatPipeline,
-    ChatRequest,
-    ChoiceAccumulator,
-    PipelineChunk,
-    collect,
-)
 from deepseek_frontend.errors import (
     ContextLengthError,
     EngineStreamError,
@@ -26,6 +19,13 @@ from deepseek_frontend.errors import (
     UnsupportedFeatureError,
 )
 from deepseek_frontend.parsing import ContentDelta, ReasoningDelta, ToolCallArgumentsDelta, ToolCallStart
+from deepseek_frontend.pipeline.chat import (
+    ChatPipeline,
+    ChatRequest,
+    ChoiceAccumulator,
+    PipelineChunk,
+    collect,
+)
 from deepseek_frontend.tokenization import PromptTokenizer
 
 from .fakes import ScriptedEngine

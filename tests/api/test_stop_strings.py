@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from deepseek_frontend.api.stop import StopStringMatcher
+from deepseek_frontend.pipeline.stop import StopStringMatcher
 
 
 def run(stops: list[str], pieces: list[str]) -> tuple[str, str | None]:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from deepseek_frontend.api.anthropic_convert import (
+from deepseek_frontend.api.anthropic.convert import (
     IMAGE_PLACEHOLDER,
     TOOL_ERROR_PREFIX,
     convert_messages_request,

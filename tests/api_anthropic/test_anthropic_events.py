@@ -13,7 +13,7 @@ import pytest
 from anthropic.types import Message, RawMessageStreamEvent
 from pydantic import TypeAdapter
 
-from deepseek_frontend.api.anthropic_events import (
+from deepseek_frontend.api.anthropic.events import (
     MessageAccumulator,
     MessagesStreamEncoder,
     SSEEvent,

@@ -1,6 +1,6 @@
 """The official ``anthropic`` client against the frontend and the simulated engine.
 
-The simulated engine's rules (``engines/sim_model.py``): "Reply with exactly: X"
+The simulated engine's rules (``engines/sim/model.py``): "Reply with exactly: X"
 answers ``X``; a turn naming a declared tool calls it, "both"/"parallel" with
 capitalised words makes one call per word; a tool result after the last user turn
 is answered by quoting it. Thinking mode adds a one-sentence reasoning.
@@ -14,7 +14,7 @@ import anthropic
 import httpx
 import pytest
 
-from deepseek_frontend.api.anthropic_events import thinking_signature
+from deepseek_frontend.api.anthropic.events import thinking_signature
 from tests.support import tools
 
 MODEL = "claude-agent-test"  # a claude-* name as agents send, served through --model-alias "claude-*"

@@ -21,10 +21,10 @@ import deepseek_recipe as dr
 import pytest
 
 from deepseek_frontend.api.adapters import ConvertedChat, to_chat_request
-from deepseek_frontend.api.anthropic_convert import TOOL_ERROR_PREFIX, convert_messages_request
+from deepseek_frontend.api.anthropic.convert import TOOL_ERROR_PREFIX, convert_messages_request
 from deepseek_frontend.api.config import ServerConfig
-from deepseek_frontend.api.pipeline import ChatPipeline
-from deepseek_frontend.api.responses_convert import convert_responses_request, encode_reasoning
+from deepseek_frontend.api.responses.convert import convert_responses_request, encode_reasoning
+from deepseek_frontend.pipeline.chat import ChatPipeline
 from deepseek_frontend.tokenization import PromptTokenizer
 
 RECIPE_MODEL = "DeepSeek-V4-Pro"

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from deepseek_frontend.api.responses_convert import (
+from deepseek_frontend.api.responses.convert import (
     convert_responses_request,
     decode_reasoning,
     encode_reasoning,

@@ -9,8 +9,8 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from deepseek_frontend.api.event_stream import SSEEvent
-from deepseek_frontend.api.responses_convert import decode_reasoning
-from deepseek_frontend.api.responses_events import ResponsesStreamEncoder
+from deepseek_frontend.api.responses.convert import decode_reasoning
+from deepseek_frontend.api.responses.events import ResponsesStreamEncoder
 from deepseek_frontend.errors import EngineStreamError
 from deepseek_frontend.parsing.events import (
     ContentDelta,

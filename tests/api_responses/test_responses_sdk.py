@@ -1,6 +1,6 @@
 """The official ``openai`` client's Responses API against the frontend and the simulated engine.
 
-Simulated-engine rules (``engines/sim_model.py``): "Reply with exactly: X" answers
+Simulated-engine rules (``engines/sim/model.py``): "Reply with exactly: X" answers
 ``X``; a turn naming a declared tool calls it, "both" with capitalised words makes
 one call per word; a tool result after the last user turn is quoted back.
 """

@@ -14,7 +14,7 @@ import pytest
 import uvicorn
 
 from deepseek_frontend.engines.base import EngineChunk, EngineClient, GenerateRequest, SamplingParams
-from deepseek_frontend.engines.sim import load_sim_tokenizer
+from deepseek_frontend.engines.sim.engine import load_sim_tokenizer
 from deepseek_frontend.formats import attach_request_tools, get_chat_format
 
 

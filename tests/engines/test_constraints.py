@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from deepseek_frontend.engines.sim_model import dsml_block
+from deepseek_frontend.engines.sim.model import dsml_block
 from deepseek_frontend.errors import RequestError
 from deepseek_frontend.parsing.constraints import (
     build_json_schema_constraint,

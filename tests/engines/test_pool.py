@@ -11,8 +11,8 @@ import pytest
 from deepseek_frontend.engines.base import EngineChunk, EngineClient, GenerateRequest
 from deepseek_frontend.engines.pool import WorkerPool, from_urls
 from deepseek_frontend.engines.sglang import SGLangClient
-from deepseek_frontend.engines.sim import SimulatedEngine
-from deepseek_frontend.engines.sim_server import SimFaults, build_sim_app
+from deepseek_frontend.engines.sim.engine import SimulatedEngine
+from deepseek_frontend.engines.sim.server import SimFaults, build_sim_app
 from deepseek_frontend.errors import EngineStreamError, EngineUnavailableError, NoHealthyWorkerError
 
 from .conftest import collect, prompt_ids, request_for, serve_app

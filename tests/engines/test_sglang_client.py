@@ -16,8 +16,8 @@ from starlette.routing import Route
 
 from deepseek_frontend.engines.base import DecodingConstraint
 from deepseek_frontend.engines.sglang import SGLangClient
-from deepseek_frontend.engines.sim import SimulatedEngine
-from deepseek_frontend.engines.sim_server import SimFaults, build_sim_app
+from deepseek_frontend.engines.sim.engine import SimulatedEngine
+from deepseek_frontend.engines.sim.server import SimFaults, build_sim_app
 from deepseek_frontend.errors import EngineStreamError, EngineUnavailableError, RequestError
 
 from .conftest import TOOLS, collect, prompt_ids, request_for, serve_app, wait_until

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from deepseek_frontend.engines.base import DecodingConstraint
-from deepseek_frontend.engines.sim import PrefixCache, SimulatedEngine
+from deepseek_frontend.engines.sim.engine import PrefixCache, SimulatedEngine
 from deepseek_frontend.errors import EngineStreamError, EngineUnavailableError
 from deepseek_frontend.parsing import parse_completion
 from deepseek_frontend.parsing.constraints import (

@@ -7,7 +7,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from deepseek_frontend.engines.sim_model import example_value, read_prompt
+from deepseek_frontend.engines.sim.model import example_value, read_prompt
 
 from .conftest import TOOLS, render_prompt
 
@@ -56,7 +56,7 @@ SCHEMAS: list[dict[str, Any]] = [
 @pytest.mark.parametrize("schema", SCHEMAS)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_example_values_are_valid_against_their_schema(schema: dict[str, Any], seed: int) -> None:
-    from deepseek_frontend.engines.sim_model import _Hints
+    from deepseek_frontend.engines.sim.model import _Hints
 
     value = example_value(schema, _Hints("Lima", "a topic", seed))
     jsonschema.validate(value, schema)

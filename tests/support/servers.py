@@ -36,7 +36,7 @@ START_TIMEOUT_S = 60.0
 #: CLI command -> the module the CLI dispatches it to
 _COMMANDS = {
     "serve": "deepseek_frontend.api.serve_command",
-    "sim-engine": "deepseek_frontend.engines.sim_command",
+    "sim-engine": "deepseek_frontend.engines.sim.command",
 }
 
 

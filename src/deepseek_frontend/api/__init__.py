@@ -1,28 +1,27 @@
-"""The HTTP server: OpenAI (and, when present, Anthropic / Responses) APIs over the serving pipeline.
+"""The HTTP server: each protocol in its own package over the protocol-neutral pipeline.
 
 Layout::
 
     serve_command.py   `deepseek-frontend serve`: flags (add_arguments) and run()
     config.py          ServerConfig: resolved flags (family, context length, aliases, engine wiring)
     app.py             create_app(config) -> Starlette: routes, auth, lifespan, /health /live /metrics
-    pipeline.py        protocol-neutral core: ChatRequest -> PreparedRequest -> ChoiceStream -> PipelineChunk
-    openai_chat.py     /v1/chat/completions: mapping, chunk bytes, non-stream response
-    completions.py     /v1/completions: raw prompt / token-id passthrough
+    openai/            /v1/chat/completions (chat.py), /v1/completions (completions.py)
+    anthropic/         /v1/messages and count_tokens: convert.py, events.py, routes.py
+    responses/         /v1/responses: convert.py, events.py, routes.py
+    adapters.py        what anthropic/ and responses/ share: ConvertedChat, to_chat_request, the driver
+    event_stream.py    the named-event encoders' common part
     validation.py      field validators every protocol uses (RequestError, param = JSON path)
     http.py            shared plumbing: FrontendState, read_json, api_route, EventStreamResponse
     sse.py, errors.py  SSE framing and error bodies, one place each
-    stop.py            frontend stop strings with hold-back across chunks
     metrics.py, logs.py
 
-Protocol adapters (``anthropic*.py``, ``responses*.py``) map their JSON onto a
-``ConvertedChat`` and render the same ``PipelineChunk`` stream as named events; what they
-share (``ConvertedChat``, ``to_chat_request``, the endpoint driver) is ``adapters.py``, the
-encoders' common part ``event_stream.py``. ``app.py`` mounts their ``ROUTES``.
+The pipeline itself (ChatRequest -> PreparedRequest -> ChoiceStream -> PipelineChunk) is the
+package :mod:`deepseek_frontend.pipeline`.
 """
 
 from deepseek_frontend.api.app import create_app
 from deepseek_frontend.api.config import ServerConfig
-from deepseek_frontend.api.pipeline import (
+from deepseek_frontend.pipeline import (
     ChatPipeline,
     ChatRequest,
     ChoiceAccumulator,

@@ -3,7 +3,7 @@
 Both adapters translate their JSON into a :class:`ConvertedChat` (messages, OpenAI
 function tools, OpenAI ``tool_choice``, thinking, sampling, ``None`` for "not set"),
 and :func:`to_chat_request` fills the server's defaults into the pipeline's
-:class:`~deepseek_frontend.api.pipeline.ChatRequest`. :func:`check_model` and
+:class:`~deepseek_frontend.pipeline.ChatRequest`. :func:`check_model` and
 :func:`function_tools` are the validation steps the two protocols spell the same
 way; each raises ``RequestError`` with ``param`` set, in the message style of
 :mod:`.validation`.
@@ -34,9 +34,10 @@ from .validation import check_array, check_object, check_string
 if TYPE_CHECKING:
     from starlette.requests import Request
 
+    from deepseek_frontend.pipeline.chat import ChatRequest, ChoiceStream, PreparedRequest
+
     from .config import ServerConfig
     from .http import FrontendState, RequestTracker
-    from .pipeline import ChatRequest, ChoiceStream, PreparedRequest
 
 __all__ = [
     "ConvertedChat",
@@ -129,8 +130,7 @@ def to_chat_request(converted: ConvertedChat, config: ServerConfig, request_id: 
     (DeepSeek decides how many calls one turn makes).
     """
     from deepseek_frontend.formats import normalize_reasoning_effort
-
-    from .pipeline import ChatRequest
+    from deepseek_frontend.pipeline.chat import ChatRequest
 
     model = config.resolve_model(converted.model)
     thinking = config.default_thinking if converted.thinking is None else converted.thinking

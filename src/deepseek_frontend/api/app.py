@@ -5,13 +5,13 @@
 
 Routes::
 
-    POST /v1/chat/completions   openai_chat.chat_completions
+    POST /v1/chat/completions   openai.chat.chat_completions
     POST /v1/completions        completions.completions
     GET  /v1/models             the served model (aliases are accepted, not listed)
     GET  /health                JSON with worker states; 503 when no worker is healthy
     GET  /live                  process liveness (never touches workers)
     GET  /metrics               Prometheus text
-    + the ROUTES of deepseek_frontend.api.anthropic / .responses when those modules exist
+    + the ROUTES of deepseek_frontend.api.anthropic / .responses
 
 Auth (when ``--api-key`` is set): ``Authorization: Bearer KEY`` or ``x-api-key: KEY``
 on every route except /health, /live and /metrics (probes and scrapers carry no key).
@@ -47,7 +47,8 @@ log = logging.getLogger("deepseek_frontend.api")
 
 #: Optional protocol modules (issue 5); each exposes ``ROUTES`` and may expose
 #: ``ERROR_RENDERERS: dict[path_prefix, ErrorBodyRenderer]`` for errors raised before its handlers run.
-OPTIONAL_ROUTE_MODULES = ("deepseek_frontend.api.anthropic", "deepseek_frontend.api.responses")
+#: Packages whose ``ROUTES`` the app mounts beside the OpenAI chat and completions routes.
+PROTOCOL_ROUTE_MODULES = ("deepseek_frontend.api.anthropic.routes", "deepseek_frontend.api.responses.routes")
 #: Paths that never require the API key.
 PUBLIC_PATHS = frozenset({"/health", "/live", "/metrics"})
 #: Constraint kinds each engine protocol can enforce, when the backend does not say itself.
@@ -99,7 +100,7 @@ class _Backend:
 def build_backend(config: ServerConfig, tokenizer: Any) -> _Backend:
     """The engine backend ``config`` asks for (not started yet)."""
     if config.engine == "sim":
-        from deepseek_frontend.engines.sim import SimulatedEngine
+        from deepseek_frontend.engines.sim.engine import SimulatedEngine
 
         engine = SimulatedEngine(
             tokenizer,
@@ -262,17 +263,6 @@ async def _frontend_error(request: Request, exc: Exception) -> Response:
 # --------------------------------------------------------------------------- app
 
 
-def _optional_modules() -> list[Any]:
-    modules = []
-    for name in OPTIONAL_ROUTE_MODULES:
-        try:
-            modules.append(importlib.import_module(name))
-        except ModuleNotFoundError as exc:
-            if exc.name != name:
-                raise  # the module exists but one of its imports is missing: a real error
-    return modules
-
-
 def create_app(
     config: ServerConfig,
     *,
@@ -285,11 +275,11 @@ def create_app(
     EngineClient) may be injected by tests and benchmarks; by default they are
     loaded from the config. The backend is started and closed by the app's lifespan.
     """
+    from deepseek_frontend.pipeline.chat import ChatPipeline
     from deepseek_frontend.tokenization import PromptTokenizer
 
-    from .completions import completions
-    from .openai_chat import chat_completions
-    from .pipeline import ChatPipeline
+    from .openai.chat import chat_completions
+    from .openai.completions import completions
 
     tok = tokenizer if tokenizer is not None else PromptTokenizer.load(config.model_path)
     back = _Backend(backend, config.engine) if backend is not None else build_backend(config, tok)
@@ -308,7 +298,7 @@ def create_app(
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
     renderers: list[tuple[str, ErrorBodyRenderer]] = []
-    for module in _optional_modules():
+    for module in map(importlib.import_module, PROTOCOL_ROUTE_MODULES):
         routes.extend(module.ROUTES)
         renderers.extend(getattr(module, "ERROR_RENDERERS", {}).items())
 

@@ -6,7 +6,7 @@ same events into the non-streaming answer. :class:`EventEncoder` is that state
 machine -- the lifecycle (``start``, ``feed`` any number of times, then
 ``end_stream`` or ``error`` once), the dispatch from parser event to section, and
 which section opens and closes when. The protocol modules
-(:mod:`.anthropic_events`, :mod:`.responses_events`) supply the events, shaped like
+(:mod:`.anthropic.events`, :mod:`.responses.events`) supply the events, shaped like
 their API.
 """
 
@@ -28,8 +28,7 @@ from .sse import named_event
 
 if TYPE_CHECKING:
     from deepseek_frontend.errors import FrontendError
-
-    from .pipeline import PipelineChunk, StreamEnd
+    from deepseek_frontend.pipeline.chat import PipelineChunk, StreamEnd
 
 __all__ = ["EventEncoder", "SSEEvent", "Section", "frame_events"]
 

@@ -33,11 +33,11 @@ from .errors import ErrorBodyRenderer, as_frontend_error, error_response, openai
 from .sse import MEDIA_TYPE, SSE_HEADERS
 
 if TYPE_CHECKING:
+    from deepseek_frontend.pipeline.chat import ChatPipeline
     from deepseek_frontend.tokenization import PromptTokenizer
 
     from .config import ServerConfig
     from .metrics import FrontendMetrics
-    from .pipeline import ChatPipeline
 
 log = logging.getLogger("deepseek_frontend.api")
 

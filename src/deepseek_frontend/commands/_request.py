@@ -1,6 +1,6 @@
 """Shared by ``render`` and ``tokenize``: read an OpenAI chat request body and render it offline.
 
-The request goes through exactly the server's path (``openai_chat.to_chat_request``
+The request goes through exactly the server's path (``api.openai.chat.to_chat_request``
 then ``PromptRenderer``), so what these commands print is what ``serve`` would send.
 """
 
@@ -54,9 +54,9 @@ def load_body(file: str) -> dict[str, Any]:
 def render_request(args: argparse.Namespace) -> list[PromptSegment]:
     """The prompt segments of the request in ``args.file``, rendered as ``serve`` would."""
     from deepseek_frontend.api.config import ServerConfig
-    from deepseek_frontend.api.openai_chat import to_chat_request
-    from deepseek_frontend.api.pipeline import PromptRenderer
+    from deepseek_frontend.api.openai.chat import to_chat_request
     from deepseek_frontend.formats import default_effort_profile, detect_family
+    from deepseek_frontend.pipeline.chat import PromptRenderer
 
     body = load_body(args.file)
     model = body.get("model") if isinstance(body.get("model"), str) else None

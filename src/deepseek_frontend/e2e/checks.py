@@ -2,7 +2,7 @@
 
 Every check sends real requests through the official ``openai`` and ``anthropic`` client libraries (what
 users run), then asserts on what came back. Prompts are phrased so that a real DeepSeek model *and* this
-project's simulated engine (``deepseek_frontend.engines.sim_model``: it calls a tool when the last user turn
+project's simulated engine (``deepseek_frontend.engines.sim.model``: it calls a tool when the last user turn
 names it, one call per capitalised place name when asked for "parallel"/"both" calls, and quotes a tool
 result when one follows the last user turn) take the path the check needs.
 

@@ -5,12 +5,12 @@
     EngineClient (base.py)          generate(GenerateRequest) -> AsyncIterator[EngineChunk], abort, ...
     ├── SGLangClient (sglang.py)    POST /generate, token mode, SSE (incremental or cumulative chunks)
     ├── VLLMClient (vllm.py)        POST /v1/completions with token-id prompts and return_token_ids
-    ├── SimulatedEngine (sim.py)    in-process, deterministic DSV4 output (rules in sim_model.py)
+    ├── SimulatedEngine (sim/)      in-process, deterministic DSV4 output (sim/: engine.py, rules in model.py)
     └── WorkerPool (pool.py)        least-outstanding routing, health checks, ejection, early retry
 
 The two HTTP clients share ``_http.py`` (connection pool, SSE reading, failure mapping,
-health probe). ``sim_server.py`` serves a SimulatedEngine over SGLang's HTTP protocol and
-``sim_command.py`` is the ``deepseek-frontend sim-engine`` command. Failures follow
+health probe). ``sim/server.py`` serves a SimulatedEngine over SGLang's HTTP protocol and
+``sim/command.py`` is the ``deepseek-frontend sim-engine`` command. Failures follow
 the tree in :mod:`deepseek_frontend.errors`: ``EngineUnavailableError`` before the first
 chunk (retryable), ``EngineStreamError`` after it, ``RequestError`` when the worker rejects
 the request.
@@ -30,7 +30,7 @@ from deepseek_frontend.engines.base import (
 )
 from deepseek_frontend.engines.pool import WorkerPool, from_urls
 from deepseek_frontend.engines.sglang import SGLangClient
-from deepseek_frontend.engines.sim import SimulatedEngine, load_sim_tokenizer
+from deepseek_frontend.engines.sim.engine import SimulatedEngine, load_sim_tokenizer
 from deepseek_frontend.engines.vllm import VLLMClient
 
 __all__ = [

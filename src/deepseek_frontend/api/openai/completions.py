@@ -18,18 +18,18 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from deepseek_frontend.errors import RequestError
+from deepseek_frontend.pipeline.chat import ChatRequest, ChoiceAccumulator, ChoiceStream, PipelineChunk, Usage
 
-from .http import RequestTracker, api_route, get_state, read_json
-from .openai_chat import map_model, map_sampling, map_stream, openai_event_stream, respond_with_choices
-from .pipeline import ChatRequest, ChoiceAccumulator, ChoiceStream, PipelineChunk, Usage
-from .validation import check_boolean, check_integer
+from ..http import RequestTracker, api_route, get_state, read_json
+from ..validation import check_boolean, check_integer
+from .chat import map_model, map_sampling, map_stream, openai_event_stream, respond_with_choices
 
 if TYPE_CHECKING:
     from deepseek_frontend.engines.base import TokenLogprob
     from deepseek_frontend.tokenization import PromptTokenizer
 
-    from .config import ServerConfig
-    from .http import FrontendState
+    from ..config import ServerConfig
+    from ..http import FrontendState
 
 #: OpenAI's default output limit for /v1/completions.
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -145,7 +145,7 @@ def stream_completion(
     created: int,
     tracker: RequestTracker | None = None,
 ) -> AsyncIterator[bytes]:
-    """The ``text_completion`` SSE body (see :func:`~.openai_chat.openai_event_stream`)."""
+    """The ``text_completion`` SSE body (see :func:`~.chat.openai_event_stream`)."""
     writer = CompletionChunkWriter(req, created, state.tokenizer)
     return openai_event_stream(
         state, req, streams, tracker, opening=(), encode=writer.chunk, usage_event=writer.usage

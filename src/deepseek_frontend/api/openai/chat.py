@@ -1,4 +1,4 @@
-"""``POST /v1/chat/completions``: OpenAI JSON <-> :class:`~deepseek_frontend.api.pipeline.ChatRequest`.
+"""``POST /v1/chat/completions``: OpenAI JSON <-> :class:`~deepseek_frontend.pipeline.ChatRequest`.
 
 Three parts:
 
@@ -31,17 +31,7 @@ from starlette.responses import Response
 
 from deepseek_frontend.errors import RequestError
 from deepseek_frontend.parsing import ContentDelta, ReasoningDelta, ToolCallArgumentsDelta, ToolCallStart
-
-from .http import (
-    EventStreamResponse,
-    RequestTracker,
-    api_route,
-    get_state,
-    read_json,
-    stream_error_body,
-    unless_disconnected,
-)
-from .pipeline import (
+from deepseek_frontend.pipeline.chat import (
     MAX_N,
     MAX_TOP_LOGPROBS,
     ChatRequest,
@@ -53,8 +43,18 @@ from .pipeline import (
     collect,
     merge_choices,
 )
-from .sse import DONE, data_event
-from .validation import (
+
+from ..http import (
+    EventStreamResponse,
+    RequestTracker,
+    api_route,
+    get_state,
+    read_json,
+    stream_error_body,
+    unless_disconnected,
+)
+from ..sse import DONE, data_event
+from ..validation import (
     check_array,
     check_boolean,
     check_integer,
@@ -69,8 +69,8 @@ if TYPE_CHECKING:
     from deepseek_frontend.engines.base import TokenLogprob
     from deepseek_frontend.tokenization import PromptTokenizer
 
-    from .config import ServerConfig
-    from .http import FrontendState
+    from ..config import ServerConfig
+    from ..http import FrontendState
 
 #: Most stop strings a request may set.
 MAX_STOP = 16

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import uvicorn
 
-from deepseek_frontend.engines.sim import SimulatedEngine, load_sim_tokenizer
-from deepseek_frontend.engines.sim_server import FAIL_MODES, SimFaults, build_sim_app
+from deepseek_frontend.engines.sim.engine import SimulatedEngine, load_sim_tokenizer
+from deepseek_frontend.engines.sim.server import FAIL_MODES, SimFaults, build_sim_app
 
 HELP = "run the simulated engine as an HTTP server speaking SGLang's /generate token protocol"
 
@@ -109,7 +109,7 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Standalone entry (``python -m deepseek_frontend.engines.sim_command``)."""
+    """Standalone entry (``python -m deepseek_frontend.engines.sim.command``)."""
     parser = argparse.ArgumentParser(prog="deepseek-frontend sim-engine", description=HELP)
     add_arguments(parser)
     return run(parser.parse_args(argv))

@@ -40,7 +40,7 @@ Translation rules (each one is pinned by a test in ``tests/api_anthropic``):
   DeepSeek's format always opens a new assistant turn after the last message.
 
 The result is a :class:`~deepseek_frontend.api.adapters.ConvertedChat` (see
-:mod:`.adapters`, shared with ``responses_convert``);
+:mod:`.adapters`, shared with ``api/responses/convert.py``);
 :func:`~deepseek_frontend.api.adapters.to_chat_request` then fills the server's
 defaults (model alias, thinking default, effort profile) into the pipeline's
 ``ChatRequest``. Both names are re-exported here for existing imports.
@@ -57,14 +57,14 @@ from typing import Any
 
 from deepseek_frontend.errors import RequestError, UnsupportedFeatureError
 
-from .adapters import (
+from ..adapters import (
     ChatMessage,
     ConvertedChat,
     check_model,
     function_tools,
     to_chat_request,
 )
-from .validation import (
+from ..validation import (
     check_array,
     check_boolean,
     check_integer,

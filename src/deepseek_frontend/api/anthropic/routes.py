@@ -1,10 +1,10 @@
 """``POST /v1/messages`` and ``POST /v1/messages/count_tokens``: the Anthropic Messages API.
 
-The request is translated (:mod:`.anthropic_convert`) into the same
-:class:`~deepseek_frontend.api.pipeline.ChatRequest` Chat Completions builds, so
+The request is translated (:mod:`.convert`) into the same
+:class:`~deepseek_frontend.pipeline.ChatRequest` Chat Completions builds, so
 rendering, tokenization, the engine pool and the streaming parser are the ones
 every protocol shares. Only the two ends differ: the request mapping and the
-event shape (:mod:`.anthropic_events`).
+event shape (:mod:`.events`).
 
 Errors, including the ones raised before a handler runs (auth, unknown route),
 are Anthropic's shape -- ``{"type": "error", "error": {"type": ..., "message": ...}}``
@@ -20,11 +20,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .adapters import respond_with_events, to_chat_request
-from .anthropic_convert import convert_messages_request
-from .anthropic_events import MessagesStreamEncoder, accumulate_message, anthropic_error_body
-from .errors import ErrorBodyRenderer
-from .http import RequestTracker, api_route, get_state, read_json
+from ..adapters import respond_with_events, to_chat_request
+from ..errors import ErrorBodyRenderer
+from ..http import RequestTracker, api_route, get_state, read_json
+from .convert import convert_messages_request
+from .events import MessagesStreamEncoder, accumulate_message, anthropic_error_body
 
 __all__ = ["ERROR_RENDERERS", "ROUTES", "count_tokens", "create_message"]
 

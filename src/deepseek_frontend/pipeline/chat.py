@@ -66,11 +66,10 @@ from deepseek_frontend.parsing import (
 from .stop import StopStringMatcher
 
 if TYPE_CHECKING:
+    from deepseek_frontend.api.config import ServerConfig
+    from deepseek_frontend.api.metrics import FrontendMetrics
     from deepseek_frontend.formats.segments import PromptSegment
     from deepseek_frontend.tokenization import PromptTokenizer
-
-    from .config import ServerConfig
-    from .metrics import FrontendMetrics
 
 log = logging.getLogger("deepseek_frontend.api")
 

@@ -1,9 +1,9 @@
 """``POST /v1/responses``: the OpenAI Responses API, stateless.
 
-The request is translated (:mod:`.responses_convert`) into the same
-:class:`~deepseek_frontend.api.pipeline.ChatRequest` Chat Completions builds and
+The request is translated (:mod:`.convert`) into the same
+:class:`~deepseek_frontend.pipeline.ChatRequest` Chat Completions builds and
 runs through the shared pipeline; the parser's events become typed Responses
-events (:mod:`.responses_events`). The non-streaming answer is the response
+events (:mod:`.events`). The non-streaming answer is the response
 object ``response.completed`` would carry.
 
 Nothing is stored: ``previous_response_id``, ``conversation``, ``background`` and
@@ -20,10 +20,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .adapters import respond_with_events
-from .http import RequestTracker, api_route, get_state, read_json
-from .responses_convert import convert_responses_request
-from .responses_events import ResponsesStreamEncoder
+from ..adapters import respond_with_events
+from ..http import RequestTracker, api_route, get_state, read_json
+from .convert import convert_responses_request
+from .events import ResponsesStreamEncoder
 
 __all__ = ["ROUTES", "create_response", "response_echo"]
 

@@ -36,8 +36,8 @@ from typing import Any
 
 from deepseek_frontend.errors import RequestError, UnsupportedFeatureError
 
-from .adapters import ChatMessage, ConvertedChat, check_model, function_tools
-from .validation import (
+from ..adapters import ChatMessage, ConvertedChat, check_model, function_tools
+from ..validation import (
     check_array,
     check_boolean,
     check_integer,

@@ -2,7 +2,7 @@
 
 A development and load-testing tool in the spirit of Dynamo's mocker -- not a model. It
 decodes the prompt ids with the real tokenizer, writes a DeepSeek-V4-format answer by the
-rules in :mod:`deepseek_frontend.engines.sim_model`, encodes it with the real tokenizer
+rules in :mod:`deepseek_frontend.engines.sim.model`, encodes it with the real tokenizer
 (so ``</think>``, ``｜DSML｜`` and EOS are their real special ids) and streams the ids.
 
 It honours what a real engine honours and nothing more: it reads only the prompt ids and
@@ -39,7 +39,7 @@ from deepseek_frontend.engines.base import (
     GenerateRequest,
     TokenLogprob,
 )
-from deepseek_frontend.engines.sim_model import (
+from deepseek_frontend.engines.sim.model import (
     Piece,
     PromptView,
     dsml_block,

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from deepseek_frontend.errors import FrontendError
 
-from .event_stream import EventEncoder, Section, SSEEvent
-from .responses_convert import encode_reasoning
+from ..event_stream import EventEncoder, Section, SSEEvent
+from .convert import encode_reasoning
 
 if TYPE_CHECKING:
-    from .pipeline import StreamEnd
+    from deepseek_frontend.pipeline.chat import StreamEnd
 
 __all__ = [
     "ResponsesStreamEncoder",

@@ -36,7 +36,7 @@ from deepseek_frontend.engines.base import (
     GenerateRequest,
     SamplingParams,
 )
-from deepseek_frontend.engines.sim import SimulatedEngine
+from deepseek_frontend.engines.sim.engine import SimulatedEngine
 from deepseek_frontend.errors import EngineError, EngineUnavailableError, RequestError
 
 __all__ = ["FailMode", "SimFaults", "build_sim_app"]

@@ -32,10 +32,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from deepseek_frontend.errors import FrontendError
 
-from .event_stream import EventEncoder, Section, SSEEvent
+from ..event_stream import EventEncoder, Section, SSEEvent
 
 if TYPE_CHECKING:
-    from .pipeline import StreamEnd
+    from deepseek_frontend.pipeline.chat import StreamEnd
 
 __all__ = [
     "MessageAccumulator",

@@ -1,0 +1,19 @@
+"""The simulated engine: a development and load-testing stand-in for SGLang and vLLM workers.
+
+::
+
+    engine.py    SimulatedEngine: an in-process EngineClient with a prefix cache and fault hooks
+    model.py     the "model": deterministic DSV4 output from the prompt by documented rules
+    server.py    the engine behind SGLang's HTTP protocol (/generate, /abort_request, /health, ...)
+    command.py   ``deepseek-frontend sim-engine``
+"""
+
+from deepseek_frontend.engines.sim.engine import (
+    PrefixCache,
+    SimStats,
+    SimTokenizer,
+    SimulatedEngine,
+    load_sim_tokenizer,
+)
+
+__all__ = ["PrefixCache", "SimStats", "SimTokenizer", "SimulatedEngine", "load_sim_tokenizer"]
