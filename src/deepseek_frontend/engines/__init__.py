@@ -26,6 +26,7 @@ from deepseek_frontend.engines.base import (
     GenerateRequest,
     SamplingParams,
     TokenLogprob,
+    WorkerCapabilities,
     WorkerStatus,
 )
 from deepseek_frontend.engines.pool import WorkerPool, from_urls
@@ -45,6 +46,7 @@ __all__ = [
     "SimulatedEngine",
     "TokenLogprob",
     "VLLMClient",
+    "WorkerCapabilities",
     "WorkerPool",
     "WorkerStatus",
     "from_urls",

@@ -80,6 +80,31 @@ class EngineChunk:
     message: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerCapabilities:
+    """What one worker can serve, learned at start-up (SGLang ``/server_info``, vLLM ``/v1/models``).
+
+    The pipeline checks a request against these *before* sending it, so a request the worker
+    cannot serve gets a 400 that says why instead of an engine error. ``None`` means "not
+    reported": the frontend then falls back to its own configuration.
+    """
+
+    #: constraint kinds the worker enforces; empty when it runs without a grammar backend
+    constraint_kinds: frozenset[ConstraintKind] = frozenset()
+    #: the grammar backend's name as the worker reports it ("xgrammar", "llguidance", ...), or None
+    grammar_backend: str | None = None
+    #: the worker's context length (prompt + output tokens)
+    context_length: int | None = None
+    #: output slots the worker reserves on top of max_new_tokens (speculative decoding draft tokens)
+    reserved_output_tokens: int = 0
+    #: whether ``SamplingParams.seed`` takes effect (SGLang: ``--enable-deterministic-inference``)
+    honours_seed: bool = True
+    #: the worker's KV page size in tokens, when it reports one (routing cuts prompts into such blocks)
+    page_size: int | None = None
+    #: anything else the worker reported that operators may want to see in ``/health``
+    extra: dict[str, object] = field(default_factory=dict)
+
+
 @dataclass(slots=True)
 class WorkerStatus:
     url: str
@@ -111,6 +136,10 @@ class EngineClient(ABC):
     def supports_constraint(self, kind: ConstraintKind) -> bool:
         """Whether this engine can enforce a constraint of ``kind`` (the API answers 400 up front if not)."""
         return True
+
+    async def discover(self) -> WorkerCapabilities | None:
+        """Ask the worker what it can serve; ``None`` when it does not say (the default)."""
+        return None
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
