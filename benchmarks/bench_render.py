@@ -2,7 +2,7 @@
 
 Run by hand (not a test)::
 
-    python benchmarks/bench_render.py            # both families, all shapes
+    python benchmarks/bench_render.py            # every family (V4, V4.1, V3.2), all shapes
     python benchmarks/bench_render.py --quick    # fewer repeats
 
 Workloads are agent conversations with 20 tools (realistic JSON schemas on the
@@ -22,7 +22,10 @@ Columns (one function each in :data:`COLUMNS`; add one to extend the table):
 * ``growth``: exponent k in time ~ n^k against the previous size of the same shape
   (target <= 1.1; 2 would be quadratic).
 
-A second table measures tokenization of the rendered prompt
+A second table compares prepare CPU time (render + cold tokenization) of V4 and V4.1 on the
+same conversations, plus a V4.1 request with 20 images (V4.1 on its stand-in tokenizer).
+
+A third table measures tokenization of the rendered prompt
 (``PromptTokenizer.encode_segments``, loaded once) on an agent conversation grown to
 about ``--tokens`` tokens (default 400 000), V4 format, thinking mode:
 
@@ -53,7 +56,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from deepseek_frontend.formats import dsv4, dsv32, join_segments
+from deepseek_frontend.formats import dsv4, dsv32, dsv41, join_segments
 
 SIZES: tuple[int, ...] = (10, 100, 1000, 3000)
 SHAPES: tuple[str, ...] = ("agent", "one-user")
@@ -325,6 +328,49 @@ def tokenization_table(tokens_target: int, repeats: int) -> None:
     print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
 
 
+def prepare_table(repeats: int) -> None:
+    """Prepare CPU time (render + cold tokenization, no caches) of V4 and V4.1 on the same conversations,
+    and of a V4.1 request with 20 images (each one placeholder id; the engine expands it)."""
+    from deepseek_frontend.tokenization import PromptTokenizer, load_v41_stand_in
+
+    tokenizers = {"dsv4": PromptTokenizer.load(), "dsv41": load_v41_stand_in()}
+    modules = {"dsv4": dsv4, "dsv41": dsv41}
+
+    def prepare_ms(family: str, messages: list[dict[str, Any]]) -> tuple[float, int]:
+        tok, render = tokenizers[family], modules[family].render_prompt_segments
+        tok.self_check_rate = 0.0
+
+        def once() -> list[int]:
+            tok.cache.clear()
+            tok.prefix_cache.clear()
+            return tok.encode_segments(render(messages, "thinking"))
+
+        ids = once()
+        # CPU time of the process (all tokenizer threads): the two families' cost, not the neighbours'
+        return best_time(once, max(repeats, 9), 0.0) * 1e3, len(ids)
+
+    image = dsv41.ImagePart(url="data:image/png;base64,iVBORw0KGgo=", width=640, height=480)
+    images = [
+        {"role": "user", "content": [{"type": "text", "text": f"Photo {k}:"}, image]} for k in range(20)
+    ]
+    workloads = [(f"agent {n}", build_conversation(n, "agent")) for n in (10, 100, 1000)]
+    workloads.append(("20 images", [{"role": "system", "content": "Describe the photos."}, *images]))
+    head = ["workload", "tokens", "V4 prepare ms", "V4.1 prepare ms", "V4.1 / V4"]
+    rows = []
+    for name, messages in workloads:
+        v41_ms, v41_tokens = prepare_ms("dsv41", messages)
+        if name == "20 images":  # V4 has no image token: the same request is V4.1-only
+            rows.append([name, str(v41_tokens), "-", f"{v41_ms:.2f}", "-"])
+            continue
+        v4_ms, _ = prepare_ms("dsv4", messages)
+        rows.append([name, str(v41_tokens), f"{v4_ms:.2f}", f"{v41_ms:.2f}", f"{v41_ms / v4_ms:.2f}"])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    print("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 repeats and no time budget")
@@ -335,7 +381,8 @@ def main() -> None:
     repeats = 3 if args.quick else REPEATS
     budget_s = 0.0 if args.quick else BUDGET_S
     rows: list[Row] = []
-    for family, module in (("dsv4", dsv4), ("dsv32", dsv32)):
+    # V4.1 next to V4 on the same conversations (same messages, V4.1's own rules)
+    for family, module in (("dsv4", dsv4), ("dsv41", dsv41), ("dsv32", dsv32)):
         for shape in SHAPES:
             previous: Row | None = None
             for size in SIZES:
@@ -347,6 +394,8 @@ def main() -> None:
                 rows.append(row)
                 previous = row
     print_table(rows, COLUMNS)
+    print()
+    prepare_table(repeats)
     if args.tokens:
         print()
         tokenization_table(args.tokens, repeats)

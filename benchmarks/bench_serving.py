@@ -1,37 +1,58 @@
-"""The frontend's own serving cost, with the simulated engine at zero delay.
+"""The frontend's own serving cost, with the simulated engine, at 1 to 1,024 concurrent streams.
 
 Usage::
 
-    python benchmarks/bench_serving.py                    # full table: 1/64/256 streams x 1/4 tokens/chunk
+    python benchmarks/bench_serving.py                    # 1/64/256/1024 streams x 1/4 tokens/chunk
     python benchmarks/bench_serving.py --quick            # smaller runs
     python benchmarks/bench_serving.py --concurrency 256 --tokens-per-chunk 1
+    python benchmarks/bench_serving.py --workers 1 2 --bare               # + serve --workers N, ASGI ceiling
+    python benchmarks/bench_serving.py --ttft-ms 20 --itl-ms 10 --tokens 128 # the issue-13 timings
+    python benchmarks/bench_serving.py --compare http://127.0.0.1:9000 --compare-pid PID --repeats 3
+    python benchmarks/bench_serving.py --burst 256                        # cached-prefix TTFT in a burst
 
-What runs: for each tokens-per-chunk setting the script starts one frontend process
-(``python bench_serving.py --serve ...``: the normal app with the built-in simulated
-engine at zero delay, plus two timestamps per chunk) and drives it from this process with
-raw asyncio HTTP/1.1 clients (no SSE parsing on the client side, so the load generator
-stays cheap). Each stream asks for thinking off, ``max_tokens`` = the stream length and
-``stream_options.include_usage``; the usage chunk gives the token count.
+What runs: for each tokens-per-chunk setting, the targets of a row run back to back (interleaved,
+so that a shared machine's load hits them alike; compare ratios within one run, not across runs):
+
+* ``ours (1 process, stamped)`` -- this script's ``--serve`` process: the normal app with the
+  built-in simulated engine (``--ttft-ms``/``--itl-ms``, default zero delay) plus two timestamps
+  per chunk, for the added-latency columns;
+* ``ours, serve --workers N`` (``--workers N ...``) -- ``deepseek-frontend serve --workers N``
+  exactly as deployed, in-process simulated engine; CPU time summed over the supervisor and its
+  processes;
+* ``bare ASGI ceiling`` (``--bare``) -- uvicorn + uvloop + httptools streaming the same number of
+  chunks of the same size with no frontend work: the floor of any Python ASGI frontend's cost;
+* ``compare HOST:PORT`` (``--compare URL``) -- any other OpenAI-compatible frontend (e.g. Dynamo's in
+  front of its mocker, set to the same timings), same requests (``--compare-model`` names its
+  model; ``--compare-pid`` lets its CPU time be counted).
+
+The load generator is this process: raw uvloop ``asyncio.Protocol`` HTTP/1.1 clients, one connection
+per stream, no SSE parsing (only the tail of the body is kept for the usage chunk), so it stays
+cheap next to what it measures. Each stream asks for thinking off, ``max_tokens`` = the stream
+length, ``ignore_eos`` and ``stream_options.include_usage``; the usage chunk gives the token count.
 
 Metrics (definitions):
 
-* **tokens/s** -- completion tokens of all streams / wall time from the first request sent
-  to the last stream closed.
-* **tokens per CPU-second** -- the same tokens / CPU time the frontend process used during
-  the run (user + system, from /proc). On a machine shared with other work this is the
-  figure that says what one dedicated core sustains; wall-clock tokens/s depends on how
-  much CPU the process was given.
-* **added latency per chunk** -- measured in a second run of the same load (timestamps
-  cost a few percent, so the throughput run goes without): for each engine chunk, the
-  time from the engine handing it to the frontend (the simulated engine's async iterator
-  yielding) to the frontend handing the chunk's SSE bytes to the HTTP server (the ASGI
-  ``send`` of that body part):
-  detokenize + parse + stop strings + serialise + event-loop queueing behind other
-  streams. p50 / p99 over all chunks of the run except each stream's first.
-* **first chunk** -- the same for each stream's first engine chunk, which the frontend
-  awaits before it commits the HTTP status (so a worker failing before the first token is
-  still an error status); its latency also covers building the response and waiting for
-  the event loop while the other streams start: time-to-first-token overhead.
+* **tokens/s** -- completion tokens of all streams / wall time from the first request sent to the
+  last stream closed.
+* **frontend CPU s**, **CPU s per 1000 tokens** -- user + system CPU time the frontend process(es)
+  used during the throughput run (/proc), and that per 1,000 completion tokens: on a machine shared
+  with other work this, not wall-clock tokens/s, says what a dedicated core sustains. With the
+  in-process simulated engine it includes the engine's own cost.
+* **added latency per chunk** (stamped target only) -- measured in a second run of the same load
+  (timestamps cost a few percent, so the throughput run goes without): for each engine chunk, the
+  time from the engine handing it to the frontend (the simulated engine's async iterator yielding)
+  to the frontend handing the chunk's SSE bytes to the HTTP server (the ASGI ``send`` of that body
+  part): detokenize + parse + serialise + event-loop queueing behind other streams. p50 / p99 over
+  all chunks of the run except each stream's first.
+* **first chunk** -- client side, every target: from the connection being made (request written)
+  to the first body bytes of the stream (the frontend sends its headers with the first engine
+  chunk). With a zero-delay engine this is the frontend's time to first token, including waiting
+  for the event loop while the other streams of the row start; with ``--ttft-ms`` it includes that.
+* **burst** (``--burst N``) -- against ``serve`` with a separate ``sim-engine`` process: one
+  conversation of ~60K characters is served once (its prefix is then in the tokenizer's caches),
+  then N requests with unique prompts (``--burst-words`` ordinary words) and ``--burst-probes``
+  follow-ups of that conversation are sent at the same instant; first-chunk p50 / p99 / max of the
+  follow-ups and of the cold requests.
 * **TTFT overhead, 100K-token prompt** -- in-process: ``orjson.loads`` of the request
   body + request mapping + ``ChatPipeline.prepare`` (render + tokenize + checks) for a
   conversation of about 100K tokens that extends one already served (the tokenizer's
@@ -43,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -52,15 +74,17 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 #: completion tokens per stream at each concurrency (total work ~ comparable across rows)
-STREAM_TOKENS = {1: 20_000, 64: 1_000, 256: 400}
-QUICK_STREAM_TOKENS = {1: 4_000, 64: 300, 256: 100}
+STREAM_TOKENS = {1: 20_000, 64: 1_000, 256: 400, 1024: 100}
+QUICK_STREAM_TOKENS = {1: 4_000, 64: 300, 256: 100, 1024: 50}
 #: chunk samples kept by the server per run (bounded memory)
 MAX_SAMPLES = 2_000_000
 _USAGE = re.compile(rb'"completion_tokens":(\d+)')
@@ -69,7 +93,7 @@ _USAGE = re.compile(rb'"completion_tokens":(\d+)')
 # --------------------------------------------------------------------------- instrumented server
 
 
-def serve(port_file: str, tokens_per_chunk: int) -> None:
+def serve(port_file: str, tokens_per_chunk: int, ttft_ms: float = 0.0, itl_ms: float = 0.0) -> None:
     """Run the frontend with the in-process sim engine and chunk timestamps (``--serve`` mode)."""
     import orjson
     import uvicorn
@@ -82,7 +106,7 @@ def serve(port_file: str, tokens_per_chunk: int) -> None:
     from deepseek_frontend.tokenization import PromptTokenizer
 
     tokenizer = PromptTokenizer.load()
-    engine = SimulatedEngine(tokenizer, tokens_per_chunk=tokens_per_chunk)
+    engine = SimulatedEngine(tokenizer, tokens_per_chunk=tokens_per_chunk, ttft_ms=ttft_ms, itl_ms=itl_ms)
     engine_times: dict[str, list[float]] = defaultdict(list)
     send_times: dict[str, list[float]] = defaultdict(list)
     clock = time.perf_counter
@@ -153,6 +177,9 @@ def serve(port_file: str, tokens_per_chunk: int) -> None:
     sock.bind(("127.0.0.1", 0))
     sock.listen(4096)
     Path(port_file).write_text(str(sock.getsockname()[1]))
+    import gc
+
+    gc.set_threshold(10_000, 20, 10)  # as `serve` sets it (api/serve_command.py)
     server = uvicorn.Server(
         uvicorn.Config(
             stamped, loop="auto", http="auto", access_log=False, log_level="warning", lifespan="on"
@@ -175,44 +202,150 @@ def serve(port_file: str, tokens_per_chunk: int) -> None:
     server.run(sockets=[sock])
 
 
+# --------------------------------------------------------------------------- bare ASGI ceiling
+
+
+def serve_bare(port_file: str, tokens_per_chunk: int) -> None:
+    """The bare-ASGI ceiling (``--serve-bare``): uvicorn + uvloop + httptools streaming chunks of the
+    same size and count as the frontend's, with no frontend work at all (reads the body, answers
+    ``max_tokens`` / ``tokens_per_chunk`` pre-built chat chunks, one ``send`` each, yielding to
+    the loop between chunks like the zero-delay engine). What any Python ASGI frontend could reach."""
+    import orjson
+    import uvicorn
+
+    chunk = (
+        b'data: {"id":"chatcmpl-0123456789abcdef0123456789abcdef","object":"chat.completion.chunk",'
+        b'"created":1700000000,"model":"deepseek-v4-flash","choices":[{"index":0,"delta":'
+        b'{"content":" word"},"logprobs":null,"finish_reason":null}]}\n\n'
+    )
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        body = b""
+        more = True
+        while more:
+            message = await receive()
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+        if scope["path"] == "/health":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+            return
+        tokens = int(orjson.loads(body).get("max_tokens", 16))
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [(b"content-type", b"text/event-stream")],
+            }
+        )
+        for _ in range(0, tokens, tokens_per_chunk):
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await asyncio.sleep(0)
+        usage = b'data: {"usage":{"completion_tokens":%d}}\n\ndata: [DONE]\n\n' % tokens
+        await send({"type": "http.response.body", "body": usage, "more_body": False})
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(4096)
+    Path(port_file).write_text(str(sock.getsockname()[1]))
+    uvicorn.Server(
+        uvicorn.Config(app, loop="auto", http="auto", access_log=False, log_level="warning", lifespan="on")
+    ).run(sockets=[sock])
+
+
 # --------------------------------------------------------------------------- load generator
 
 
-async def one_stream(port: int, tokens: int, index: int) -> int:
+class _Stream(asyncio.Protocol):
+    """One streamed chat completion over raw HTTP/1.1; ``done`` resolves to (tokens, first-chunk s).
+
+    The client only keeps the tail of the body (for the usage chunk and ``[DONE]``) and stamps
+    the first body bytes after the headers, so it stays cheap next to the server it measures.
+    """
+
+    def __init__(self, request: bytes, done: asyncio.Future[tuple[int, float]]) -> None:
+        self.request = request
+        self.done = done
+        self.tail = b""
+        self.started = 0.0
+        self.first = 0.0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.started = time.perf_counter()
+        transport.write(self.request)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        if not self.first and (b"data:" in data or b"data:" in self.tail + data):
+            self.first = time.perf_counter() - self.started
+        self.tail = (self.tail + data)[-4096:]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.done.done():
+            return
+        match = _USAGE.findall(self.tail)  # no usage chunk (not asked for): 0 tokens
+        if b"[DONE]" not in self.tail:
+            self.done.set_exception(RuntimeError(f"stream did not complete: {self.tail[-300:]!r}"))
+        else:
+            self.done.set_result((int(match[-1]) if match else 0, self.first))
+
+
+@dataclass(frozen=True)
+class Target:
+    """A frontend to drive: where, which model name, and which processes' CPU time to count."""
+
+    label: str
+    host: str
+    port: int
+    model: str = "deepseek-v4-flash"
+    pids: tuple[int, ...] = ()
+    #: supports /bench/latency (the instrumented server of this script)
+    stamped: bool = False
+    path: str = "/v1/chat/completions"
+
+
+def _request(target: Target, tokens: int, index: int) -> bytes:
     body = json.dumps(
         {
-            "model": "deepseek-v4-flash",
+            "model": target.model,
             "messages": [{"role": "user", "content": f"write {tokens * 2} words {index % 7}"}],
             "max_tokens": tokens,
             "stream": True,
             "stream_options": {"include_usage": True},
             "thinking": {"type": "disabled"},
+            # servers that honour these produce exactly max_tokens (vLLM, SGLang, this frontend)
+            "ignore_eos": True,
         }
     ).encode()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(
-        b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
-        b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    return (
+        f"POST {target.path} HTTP/1.1\r\nHost: {target.host}:{target.port}\r\n".encode()
+        + b"Content-Type: application/json\r\nConnection: close\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
     )
-    await writer.drain()
-    tail = b""
-    while True:
-        data = await reader.read(1 << 16)
-        if not data:
-            break
-        tail = (tail + data)[-4096:]
-    writer.close()
-    match = _USAGE.search(tail)
-    if match is None or b"[DONE]" not in tail:
-        raise RuntimeError(f"stream {index} did not complete: {tail[-300:]!r}")
-    return int(match.group(1))
 
 
-async def run_load(port: int, concurrency: int, tokens: int) -> tuple[int, float]:
-    await one_stream(port, 50, 0)  # warm-up (plans cached, connections primed)
+async def run_load(target: Target, concurrency: int, tokens: int) -> tuple[int, float, list[float]]:
+    """(completion tokens, wall seconds, client-side first-chunk seconds per stream)."""
+    loop = asyncio.get_running_loop()
+
+    async def one(index: int, length: int) -> tuple[int, float]:
+        done: asyncio.Future[tuple[int, float]] = loop.create_future()
+        request = _request(target, length, index)
+        await loop.create_connection(lambda: _Stream(request, done), target.host, target.port)
+        return await done
+
+    # warm-up: the simulated engine plans each distinct prompt once (memoised); that is engine work
+    await asyncio.gather(*(one(i, tokens) for i in range(min(concurrency, 7))))
     started = time.perf_counter()
-    counts = await asyncio.gather(*(one_stream(port, tokens, i) for i in range(concurrency)))
-    return sum(counts), time.perf_counter() - started
+    results = await asyncio.gather(*(one(i, tokens) for i in range(concurrency)))
+    return sum(r[0] for r in results), time.perf_counter() - started, [r[1] for r in results]
 
 
 def fetch_latency(port: int) -> tuple[list[float], list[float]]:
@@ -231,8 +364,21 @@ def set_stamping(port: int, on: bool) -> None:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process ``pid`` (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except FileNotFoundError:
+        return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree(pid: int) -> tuple[int, ...]:
+    """``pid`` and its descendants (Linux /proc children lists)."""
+    out = [pid]
+    for p in out:
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                out.extend(int(c) for c in (task / "children").read_text().split())
+    return tuple(dict.fromkeys(out))
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -242,28 +388,212 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def start_server(tokens_per_chunk: int) -> tuple[subprocess.Popen[bytes], int]:
+def _wait_healthy(proc: subprocess.Popen[bytes], port: int) -> None:
+    import httpx
+
+    deadline = time.monotonic() + 120
+    while True:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("benchmark server did not start")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return
+        except httpx.TransportError:
+            time.sleep(0.1)
+
+
+def start_server(
+    tokens_per_chunk: int, ttft_ms: float = 0.0, itl_ms: float = 0.0, bare: bool = False
+) -> tuple[subprocess.Popen[bytes], int]:
+    """This script's instrumented server (or the bare-ASGI one) on a free port."""
     port_file = Path(f"/tmp/bench_serving_{os.getpid()}_{tokens_per_chunk}.port")
     port_file.unlink(missing_ok=True)
+    mode = "--serve-bare" if bare else "--serve"
     proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(port_file), "--tokens-per-chunk", str(tokens_per_chunk)]
-    )
-    deadline = time.monotonic() + 60
+        [
+            sys.executable, __file__, mode, str(port_file), "--tokens-per-chunk", str(tokens_per_chunk),
+            "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms),
+        ]
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
     while not port_file.exists() or not port_file.read_text():
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError("benchmark server did not start")
         time.sleep(0.05)
     port = int(port_file.read_text())
-    import httpx
-
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                break
-        except httpx.TransportError:
-            time.sleep(0.05)
     port_file.unlink(missing_ok=True)
+    _wait_healthy(proc, port)
     return proc, port
+
+
+def start_serve_command(
+    processes: int, tokens_per_chunk: int, ttft_ms: float, itl_ms: float, worker: str | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
+    """``deepseek-frontend serve --workers N`` exactly as deployed (in-process sim engine, or the
+    SGLang-protocol ``worker`` URL)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "deepseek_frontend", "serve", "--port", str(port),
+            "--workers", str(processes),
+            "--sim-tokens-per-chunk", str(tokens_per_chunk), "--sim-ttft-ms", str(ttft_ms),
+            "--sim-itl-ms", str(itl_ms), "--log-level", "warning",
+            # the load is the point here: no admission queueing in front of 1,024 streams
+            "--max-concurrent-requests", "100000",
+            *(["--worker", worker] if worker else []),
+        ],
+        cwd=REPO,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    _wait_healthy(proc, port)
+    return proc, port
+
+
+def measure(target: Target, concurrency: int, tokens: int) -> dict[str, Any]:
+    """One row: a throughput run (no stamps), then, for a stamped target, a latency run."""
+    pids = process_tree(target.pids[0]) if target.pids else ()
+    if target.stamped:
+        set_stamping(target.port, False)
+    cpu_before = sum(cpu_seconds(p) for p in pids)
+    total, seconds, firsts = _run(run_load(target, concurrency, tokens))
+    cpu = sum(cpu_seconds(p) for p in pids) - cpu_before if pids else float("nan")
+    added: list[float] = []
+    if target.stamped:
+        set_stamping(target.port, True)
+        fetch_latency(target.port)
+        _run(run_load(target, concurrency, tokens))
+        added, _ = fetch_latency(target.port)
+        set_stamping(target.port, False)
+    return {
+        "label": target.label, "streams": concurrency, "tokens": total, "seconds": seconds, "cpu": cpu,
+        "added": added, "first": firsts,
+    }  # fmt: skip
+
+
+def _run(coro: Any) -> Any:
+    try:
+        import uvloop
+
+        factory: Any = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover
+        factory = None
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(coro)
+
+
+HEADER = (
+    "| frontend | tokens/chunk | streams | tokens | seconds | tokens/s | frontend CPU s "
+    "| CPU s per 1000 tokens | added p50 (ms) | added p99 (ms) "
+    "| first chunk p50 (ms) | first chunk p99 (ms) |\n"
+    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+)
+
+
+def row(tpc: int, r: dict[str, Any]) -> str:
+    ms = 1000.0
+    tokens, cpu = r["tokens"], r["cpu"]
+    cpu_cells = ("-", "-") if cpu != cpu else (f"{cpu:.2f}", f"{cpu / max(tokens, 1) * 1000:.3f}")
+    added = r["added"]
+    added_cells = ("-", "-")
+    if added:
+        added_cells = (f"{percentile(added, 0.5) * ms:.3f}", f"{percentile(added, 0.99) * ms:.3f}")
+    return (
+        f"| {r['label']} | {tpc} | {r['streams']} | {tokens} | {r['seconds']:.2f} "
+        f"| {tokens / r['seconds']:,.0f} "
+        f"| {cpu_cells[0]} | {cpu_cells[1]} | {added_cells[0]} | {added_cells[1]} "
+        f"| {percentile(r['first'], 0.5) * ms:.1f} | {percentile(r['first'], 0.99) * ms:.1f} |"
+    )
+
+
+# --------------------------------------------------------------------------- burst
+
+
+def _chat_request(target: Target, messages: list[dict[str, str]], tokens: int) -> bytes:
+    body = json.dumps(
+        {
+            "model": target.model,
+            "messages": messages,
+            "max_tokens": tokens,
+            "stream": True,
+            "thinking": {"type": "disabled"},
+        }
+    ).encode()
+    return (
+        f"POST {target.path} HTTP/1.1\r\nHost: {target.host}:{target.port}\r\n".encode()
+        + b"Content-Type: application/json\r\nConnection: close\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n\r\n"
+        + body
+    )
+
+
+_WORDS = [
+    "the",
+    "engine",
+    "streams",
+    "tokens",
+    "while",
+    "the",
+    "frontend",
+    "renders",
+    "prompts",
+    "and",
+    "parses",
+    "tool",
+    "calls",
+    "from",
+    "every",
+    "chunk",
+    "so",
+    "that",
+    "clients",
+    "see",
+    "reasoning",
+    "text",
+    "and",
+    "structured",
+    "calls",
+    "arrive",
+]
+
+
+async def run_burst(
+    target: Target, arrivals: int, probes: int, cold_words: int
+) -> tuple[list[float], list[float]]:
+    """``arrivals`` simultaneous requests with unique (cold) prompts of ``cold_words`` words, plus
+    ``probes`` requests among them that extend an already served conversation (its prefix is in
+    the tokenizer's caches): (first-chunk seconds of the probes, of the cold requests)."""
+    loop = asyncio.get_running_loop()
+    history = [
+        {"role": "user", "content": "Summarise the design notes. " + "The frontend streams tokens. " * 2000},
+        {"role": "assistant", "content": "Done."},
+    ]
+
+    async def one(request: bytes) -> float:
+        done: asyncio.Future[tuple[int, float]] = loop.create_future()
+        await loop.create_connection(lambda: _Stream(request, done), target.host, target.port)
+        return (await done)[1]
+
+    # serve the conversation once: its prefix is now cached
+    await one(_chat_request(target, [*history, {"role": "user", "content": "First question?"}], 4))
+    salt = time.monotonic_ns()
+    requests: list[tuple[bool, bytes]] = []
+    for i in range(arrivals):
+        # ordinary words (about one token each), unique per request and run from the first word on
+        words = f"Request {salt} {i}. " + " ".join(
+            _WORDS[(i * 31 + j * 7) % len(_WORDS)] for j in range(cold_words)
+        )
+        requests.append((False, _chat_request(target, [{"role": "user", "content": words}], 4)))
+    step = max(1, arrivals // max(probes, 1))
+    for k in range(probes):
+        question = [*history, {"role": "user", "content": f"Follow-up {salt} {k}?"}]
+        requests.insert(min(len(requests), (k + 1) * step), (True, _chat_request(target, question, 4)))
+    firsts = await asyncio.gather(*(one(r) for _, r in requests))
+    probe_t = [f for (is_probe, _), f in zip(requests, firsts, strict=True) if is_probe]
+    cold_t = [f for (is_probe, _), f in zip(requests, firsts, strict=True) if not is_probe]
+    return probe_t, cold_t
 
 
 # --------------------------------------------------------------------------- TTFT overhead
@@ -318,49 +648,127 @@ def ttft_overhead(target_tokens: int = 100_000, repeats: int = 20) -> tuple[int,
 # --------------------------------------------------------------------------- main
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--serve", metavar="PORT_FILE", help=argparse.SUPPRESS)
-    parser.add_argument("--tokens-per-chunk", type=int, nargs="*", default=[1, 4])
-    parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 64, 256])
-    parser.add_argument("--quick", action="store_true", help="shorter streams")
-    parser.add_argument("--skip-ttft", action="store_true")
-    args = parser.parse_args()
-    if args.serve:
-        serve(args.serve, args.tokens_per_chunk[0])
-        return 0
-
-    lengths = QUICK_STREAM_TOKENS if args.quick else STREAM_TOKENS
+def burst_main(args: argparse.Namespace) -> int:
+    """``--burst N``: first-chunk latency of cached-prefix requests inside a burst of cold ones."""
     print(
-        "| tokens/chunk | streams | tokens | seconds | tokens/s | server CPU s | tokens per CPU-second "
-        "| added p50 (ms) | added p99 (ms) | first chunk p50 (ms) | first chunk p99 (ms) |"
+        f"burst: {args.burst} simultaneous cold requests ({args.burst_words} words each) with "
+        f"{args.burst_probes} cached-prefix requests among them; engine ttft {args.ttft_ms:g} ms"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for tpc in args.tokens_per_chunk:
-        proc, port = start_server(tpc)
+    print(
+        "| frontend | round | cached-prefix first chunk p50 (ms) | p99 (ms) | max (ms) "
+        "| cold p50 (ms) | cold p99 (ms) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    sys.path.insert(0, str(Path(__file__).parent))
+    from bench_sim_engine import start_engine
+
+    # the engine in its own process: its planning of each cold prompt is not the frontend's work
+    engine, engine_port = start_engine(1, args.itl_ms)
+    for n in args.workers or [1]:
+        proc, port = start_serve_command(n, 1, args.ttft_ms, args.itl_ms, f"http://127.0.0.1:{engine_port}")
+        target = Target(f"serve --workers {n} --worker sim-engine", "127.0.0.1", port)
         try:
-            for conc in args.concurrency:
-                tokens = lengths.get(conc, max(100, 100_000 // conc))
-                # throughput run: no instrumentation
-                set_stamping(port, False)
-                cpu_before = cpu_seconds(proc.pid)
-                total, seconds = asyncio.run(run_load(port, conc, tokens))
-                cpu = cpu_seconds(proc.pid) - cpu_before
-                # latency run: the same load with per-chunk timestamps
-                set_stamping(port, True)
-                fetch_latency(port)
-                asyncio.run(run_load(port, conc, tokens))
-                added, first = fetch_latency(port)
+            for round_ in range(args.repeats):
+                probes, cold = _run(run_burst(target, args.burst, args.burst_probes, args.burst_words))
+                ms = 1000.0
                 print(
-                    f"| {tpc} | {conc} | {total} | {seconds:.2f} | {total / seconds:,.0f} | {cpu:.2f} | "
-                    f"{total / max(cpu, 1e-9):,.0f} | "
-                    f"{percentile(added, 0.5) * 1000:.3f} | {percentile(added, 0.99) * 1000:.3f} | "
-                    f"{percentile(first, 0.5) * 1000:.2f} | {percentile(first, 0.99) * 1000:.2f} |",
+                    f"| {target.label} | {round_ + 1} | {percentile(probes, 0.5) * ms:.1f} "
+                    f"| {percentile(probes, 0.99) * ms:.1f} | {max(probes) * ms:.1f} "
+                    f"| {percentile(cold, 0.5) * ms:.1f} | {percentile(cold, 0.99) * ms:.1f} |",
                     flush=True,
                 )
         finally:
             proc.terminate()
-            proc.wait(timeout=10)
+            proc.wait(timeout=30)
+    engine.terminate()
+    engine.wait(timeout=30)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--serve", metavar="PORT_FILE", help=argparse.SUPPRESS)
+    parser.add_argument("--serve-bare", metavar="PORT_FILE", help=argparse.SUPPRESS)
+    parser.add_argument("--tokens-per-chunk", type=int, nargs="*", default=[1, 4])
+    parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 64, 256, 1024])
+    parser.add_argument("--quick", action="store_true", help="shorter streams")
+    parser.add_argument("--skip-ttft", action="store_true")
+    parser.add_argument("--ttft-ms", type=float, default=0.0, help="simulated engine time to first token")
+    parser.add_argument("--itl-ms", type=float, default=0.0, help="simulated engine time between chunks")
+    parser.add_argument("--tokens", type=int, default=None, help="completion tokens per stream (all rows)")
+    parser.add_argument(
+        "--workers", type=int, nargs="*", default=[], metavar="N",
+        help="also run `deepseek-frontend serve --workers N` for each N (client-side latencies only)",
+    )  # fmt: skip
+    parser.add_argument("--bare", action="store_true", help="also run the bare-ASGI ceiling")
+    parser.add_argument("--no-instrumented", action="store_true", help="skip this script's stamped server")
+    parser.add_argument(
+        "--compare", metavar="URL", help="another OpenAI-compatible frontend, run interleaved"
+    )
+    parser.add_argument("--compare-model", default="deepseek-v4-flash", help="model name it serves")
+    parser.add_argument("--compare-pid", type=int, default=None, help="its process id, to count its CPU time")
+    parser.add_argument("--repeats", type=int, default=1, help="interleaved repeats per row")
+    parser.add_argument(
+        "--burst", type=int, default=0, metavar="N",
+        help="instead of the table: N simultaneous cold arrivals with cached-prefix probes among them",
+    )  # fmt: skip
+    parser.add_argument("--burst-probes", type=int, default=16, help="cached-prefix requests per burst")
+    parser.add_argument("--burst-words", type=int, default=1500, help="words of each cold prompt")
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve, args.tokens_per_chunk[0], args.ttft_ms, args.itl_ms)
+        return 0
+    if args.serve_bare:
+        serve_bare(args.serve_bare, args.tokens_per_chunk[0])
+        return 0
+
+    if args.burst:
+        return burst_main(args)
+    lengths = QUICK_STREAM_TOKENS if args.quick else STREAM_TOKENS
+    print(
+        f"engine: simulated, ttft {args.ttft_ms:g} ms, itl {args.itl_ms:g} ms; "
+        f"load generator: this process (pid {os.getpid()}), {os.cpu_count()} CPUs"
+    )
+    print(HEADER)
+    for tpc in args.tokens_per_chunk:
+        procs: list[subprocess.Popen[bytes]] = []
+        targets: list[Target] = []
+        try:
+            if not args.no_instrumented:
+                proc, port = start_server(tpc, args.ttft_ms, args.itl_ms)
+                procs.append(proc)
+                targets.append(
+                    Target("ours (1 process, stamped)", "127.0.0.1", port, pids=(proc.pid,), stamped=True)
+                )
+            for n in args.workers:
+                proc, port = start_serve_command(n, tpc, args.ttft_ms, args.itl_ms)
+                procs.append(proc)
+                targets.append(Target(f"ours, serve --workers {n}", "127.0.0.1", port, pids=(proc.pid,)))
+            if args.bare:
+                proc, port = start_server(tpc, bare=True)
+                procs.append(proc)
+                targets.append(Target("bare ASGI ceiling", "127.0.0.1", port, pids=(proc.pid,)))
+            if args.compare:
+                url = urlsplit(args.compare)
+                pids = (args.compare_pid,) if args.compare_pid else ()
+                prefix = url.path.rstrip("/")
+                if not prefix.endswith("/v1"):
+                    prefix += "/v1"
+                targets.append(
+                    Target(
+                        f"compare {url.netloc}", url.hostname or "127.0.0.1", url.port or 80,
+                        args.compare_model, pids, path=prefix + "/chat/completions",
+                    )
+                )  # fmt: skip
+            for conc in args.concurrency:
+                tokens = args.tokens or lengths.get(conc, max(100, 100_000 // conc))
+                for _ in range(args.repeats):
+                    for target in targets:  # interleaved: each row's targets run back to back
+                        print(row(tpc, measure(target, conc, tokens)), flush=True)
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.wait(timeout=30)
     if not args.skip_ttft:
         tokens, warm_ms, cold_ms = ttft_overhead()
         print()

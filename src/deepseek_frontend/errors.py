@@ -8,15 +8,19 @@ Each class carries the HTTP status and the OpenAI ``error.type`` it maps to, so
     ├── RequestError (400 invalid_request_error)     -- also a ValueError
     │   ├── FormatError                              -- messages the format cannot render or parse
     │   ├── ContextLengthError (code context_length_exceeded)
-    │   └── UnsupportedFeatureError                  -- valid request, but this engine/model cannot honour it
+    │   ├── UnsupportedFeatureError                  -- valid request, but this engine/model cannot honour it
+    │   └── EngineRejectedRequestError (engine's 4xx)  -- the worker refused it: not retried, worker unharmed
     ├── AuthenticationError (401 authentication_error)
     ├── ModelNotFoundError (404 not_found_error)
     ├── PayloadTooLargeError (413 invalid_request_error)
+    ├── RequestTimeoutError (408 invalid_request_error)  -- the client sent its body too slowly
+    ├── OverloadedError (429 rate_limit_error)           -- admission control: retry after ``retry_after_s``
     ├── UnsupportedModelError (400 invalid_request_error) -- detected a family without an encoder
     └── EngineError (502 engine_error)
         ├── EngineUnavailableError (503 service_unavailable) -- before the first token: retry elsewhere
         │   └── NoHealthyWorkerError                    -- nothing left to retry on
-        └── EngineStreamError (502 engine_error)         -- after the first token: terminal for the request
+        ├── EngineStreamError (502 engine_error)         -- after the first token: terminal for the request
+        └── EngineTimeoutError (504 timeout_error)       -- the worker was too slow (first token, idle, total)
 
 ``param`` names the offending field with a JSON-path-like string (for example
 ``messages[3].tool_calls[0].function.arguments``) so a client can find it.
@@ -73,6 +77,29 @@ class UnsupportedModelError(RequestError):
     """The model family was detected but this frontend has no encoder for it."""
 
 
+class EngineRejectedRequestError(RequestError):
+    """The engine worker refused the request as invalid: the client's error, not the worker's.
+
+    Raised for an HTTP 4xx answer (429 excepted: that is the worker's load), for an in-stream
+    error event whose ``code`` is below 500 or that says ``"retryable": false`` (the SGLang /
+    vLLM shape ``{"error": {"message", "code", "retryable"}}``), and for SGLang's abort finish
+    ``{"type": "abort", "status_code": 4xx}``. It is never retried on another worker and never
+    counts against the worker's health. ``status_code`` is the engine's status (a 4xx, so the
+    client sees what the engine said), ``message`` the engine's message prefixed with what
+    rejected it.
+    """
+
+    code = "engine_rejected_request"
+
+    def __init__(
+        self, message: str, *, status_code: int = 400, param: str | None = None, code: str | None = None
+    ) -> None:
+        super().__init__(message, param=param, code=code)
+        # an instance attribute shadows the class default; anything outside 4xx would
+        # misreport a client error as a server one, so it falls back to 400
+        self.status_code = status_code if 400 <= status_code < 500 and status_code != 429 else 400
+
+
 class AuthenticationError(FrontendError):
     status_code = 401
     error_type = "authentication_error"
@@ -89,6 +116,29 @@ class PayloadTooLargeError(FrontendError):
     status_code = 413
     error_type = "invalid_request_error"
     code = "payload_too_large"
+
+
+class RequestTimeoutError(FrontendError):
+    """The client did not send its request (headers or body) within the server's read timeout."""
+
+    status_code = 408
+    error_type = "invalid_request_error"
+    code = "request_timeout"
+
+
+class OverloadedError(FrontendError):
+    """Admission control refused the request: too many in flight and the queue is full (HTTP 429).
+
+    ``retry_after_s`` is sent as the ``Retry-After`` header.
+    """
+
+    status_code = 429
+    error_type = "rate_limit_error"
+    code = "overloaded"
+
+    def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = max(1, int(retry_after_s))
 
 
 class EngineError(FrontendError):
@@ -111,3 +161,14 @@ class NoHealthyWorkerError(EngineUnavailableError):
 
 class EngineStreamError(EngineError):
     """The worker failed after tokens were already streamed: the request cannot be retried."""
+
+
+class EngineTimeoutError(EngineError):
+    """A worker missed a deadline: first token, idle time between tokens, or the whole request (HTTP 504).
+
+    The engine request is aborted and the worker is charged a failure. Not retried: a first-token
+    timeout already spent the client's patience on one worker.
+    """
+
+    status_code = 504
+    error_type = "timeout_error"

@@ -181,6 +181,23 @@ def test_metrics_expose_the_documented_families(client: TestClient) -> None:
         assert name in text, name
 
 
+def test_metrics_report_the_prompt_cache_sizes_and_hits(client: TestClient) -> None:
+    def cache_sample(name: str, cache: str) -> float:
+        line = next(
+            ln
+            for ln in client.get("/metrics").text.splitlines()
+            if ln.startswith(f'{name}{{cache="{cache}"}}')
+        )
+        return float(line.rsplit(" ", 1)[1])
+
+    chat(client)
+    assert cache_sample("deepseek_frontend_cache_entries", "prefix") >= 1
+    assert cache_sample("deepseek_frontend_cache_bytes", "prefix") > 0
+    hits = cache_sample("deepseek_frontend_cache_hits_total", "prefix")
+    chat(client)  # the same conversation again: served from the prefix cache
+    assert cache_sample("deepseek_frontend_cache_hits_total", "prefix") == hits + 1
+
+
 # --------------------------------------------------------------------------- config
 
 
@@ -242,14 +259,14 @@ def test_context_length_comes_from_the_checkpoint_config(tmp_path: Path) -> None
     assert config.served_model_name == "DeepSeek-V3.2"
 
 
-def test_a_v41_checkpoint_is_refused_at_startup(tmp_path: Path) -> None:
+def test_a_v41_checkpoint_is_accepted_at_startup(tmp_path: Path) -> None:
     model = tmp_path / "DeepSeek-V4.1"
     model.mkdir()
     (model / "config.json").write_text(
         json.dumps({"model_type": "deepseek_v41", "architectures": ["DeepseekV41ForCausalLM"]})
     )
-    with pytest.raises(UnsupportedModelError, match=r"V4\.1"):
-        ServerConfig.from_args(parse("--model-path", str(model)))
+    config = ServerConfig.from_args(parse("--model-path", str(model)))
+    assert config.family == "deepseek_v41" and config.reasoning_effort_profile == "release"
 
 
 def test_a_checkpoint_of_another_model_family_is_refused_at_startup(tmp_path: Path) -> None:
@@ -267,8 +284,10 @@ def test_an_unknown_served_name_without_a_checkpoint_falls_back_to_deepseek_v4()
     assert config.served_model_name == "my-model"
 
 
-@pytest.mark.parametrize(("flags", "enforced"), [((), False), (("--vllm-grammar",), True)])
-def test_vllm_workers_take_the_tool_grammar_only_with_vllm_grammar(
+@pytest.mark.parametrize(
+    ("flags", "enforced"), [((), True), (("--vllm-grammar",), True), (("--no-vllm-grammar",), False)]
+)
+def test_vllm_workers_take_the_tool_grammar_unless_switched_off(
     flags: tuple[str, ...], enforced: bool, prompt_tokenizer: PromptTokenizer
 ) -> None:
     config = ServerConfig.from_args(parse("--engine", "vllm", "--worker", "http://127.0.0.1:9", *flags))

@@ -20,6 +20,7 @@ from deepseek_frontend.errors import (
 )
 from deepseek_frontend.parsing import ContentDelta, ReasoningDelta, ToolCallArgumentsDelta, ToolCallStart
 from deepseek_frontend.pipeline.chat import (
+    UNKNOWN_RESERVATION_MARGIN,
     ChatPipeline,
     ChatRequest,
     ChoiceAccumulator,
@@ -83,7 +84,10 @@ def test_prepare_renders_the_prompt_ends_in_think_and_stops_on_eos(prompt_tokeni
     assert prompt_tokenizer.decode(chat.input_ids[-1:]) == "</think>"
     assert thinking.input_ids[0] == prompt_tokenizer.bos_token_id
     assert thinking.sampling.stop_token_ids == (prompt_tokenizer.eos_token_id,)
-    assert thinking.sampling.max_new_tokens == CONFIG.context_length - thinking.prompt_tokens
+    # the fake engine reports no capabilities: the default leaves the documented reservation margin
+    assert thinking.sampling.max_new_tokens == (
+        CONFIG.context_length - thinking.prompt_tokens - UNKNOWN_RESERVATION_MARGIN
+    )
 
 
 def test_tool_choice_none_keeps_tools_out_of_the_prompt(prompt_tokenizer: PromptTokenizer) -> None:
@@ -130,7 +134,8 @@ def test_json_response_format_is_constrained_in_chat_mode(prompt_tokenizer: Prom
     prepared = pipeline.prepare(request(thinking=False, response_format=rf))
     assert prepared.sampling.constraint is not None and prepared.sampling.constraint.kind == "json_schema"
     thinking = pipeline.prepare(request(response_format=rf))
-    assert thinking.sampling.constraint is None, "thinking mode asks for the format in the prompt only"
+    # enforced in thinking mode too: a grammar with free reasoning first (tests/api/test_structured_output.py)
+    assert thinking.sampling.constraint is not None and thinking.sampling.constraint.kind == "ebnf"
 
 
 def test_stream_splits_reasoning_content_and_counts_usage(prompt_tokenizer: PromptTokenizer) -> None:

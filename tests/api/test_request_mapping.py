@@ -144,7 +144,7 @@ def test_effort_words_are_normalized_for_the_profile() -> None:
 
 def test_assistant_history_maps_reasoning_tool_calls_and_object_arguments() -> None:
     messages = [
-        {"role": "system", "content": [{"type": "text", "text": "be "}, {"type": "text", "text": "brief"}]},
+        {"role": "system", "content": [{"type": "text", "text": "be"}, {"type": "text", "text": "brief"}]},
         {"role": "user", "content": "weather?"},
         {
             "role": "assistant",
@@ -163,7 +163,8 @@ def test_assistant_history_maps_reasoning_tool_calls_and_object_arguments() -> N
     ]
     req = to_chat_request(body(messages=messages), CONFIG, "r")
     system, _, call_msg, tool_msg, plain = req.messages
-    assert system == {"role": "system", "content": "be brief"}
+    # text parts join with a blank line, as DeepSeek's reference and vLLM join them
+    assert system == {"role": "system", "content": "be\n\nbrief"}
     assert call_msg["reasoning_content"] == "look it up"
     assert call_msg["content"] == ""
     assert call_msg["tool_calls"][0]["function"]["arguments"] == '{"city": "Zürich"}'

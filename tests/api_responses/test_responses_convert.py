@@ -228,15 +228,20 @@ def test_stateful_rejection_says_the_server_is_stateless() -> None:
 @pytest.mark.parametrize(
     ("patch", "param"),
     [
-        ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
             "input[0].content[0].type",
         ),
-        ({"input": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "pre"}]}, "input[1]"),
     ],
 )
 def test_unsupported_features_are_refused(patch: dict[str, Any], param: str) -> None:
     with pytest.raises(UnsupportedFeatureError) as err:
         convert_responses_request(body(**patch))
     assert err.value.param == param
+
+
+def test_hosted_tools_are_refused_when_the_server_says_reject() -> None:
+    with pytest.raises(UnsupportedFeatureError) as err:
+        convert_responses_request(body(tools=[{"type": "web_search"}]), hosted_tools="reject")
+    assert err.value.param == "tools[0].type"
+    assert "web_search" in err.value.message and "--hosted-tools" in err.value.message

@@ -11,6 +11,7 @@ from deepseek_frontend.e2e.runner import (
     Check,
     CheckFailed,
     Inconclusive,
+    Skipped,
     SuiteReport,
     format_table,
     run_check,
@@ -40,10 +41,14 @@ def _broken_transport(ctx: object) -> str:
     raise ConnectionError("connection refused")
 
 
+def _skipped(ctx: object) -> str:
+    raise Skipped("the model reads no images: messages[0].content[1].type: text only")
+
+
 def test_outcomes_are_classified_as_pass_fail_error_and_inconclusive() -> None:
     statuses = {
         fn.__name__: run_check(Check(fn.__name__, "protocol", "", fn), None).status
-        for fn in (_passing, _failing, _bare_assert, _inconclusive, _broken_transport)
+        for fn in (_passing, _failing, _bare_assert, _inconclusive, _broken_transport, _skipped)
     }
     assert statuses == {
         "_passing": "pass",
@@ -51,7 +56,13 @@ def test_outcomes_are_classified_as_pass_fail_error_and_inconclusive() -> None:
         "_bare_assert": "fail",
         "_inconclusive": "inconclusive",
         "_broken_transport": "error",
+        "_skipped": "skip",
     }
+
+
+def test_a_skip_keeps_its_reason() -> None:
+    result = run_check(Check("x", "protocol", "", _skipped), None)
+    assert result.status == "skip" and result.detail.startswith("the model reads no images")
 
 
 def test_a_bare_assert_reports_the_failing_line() -> None:
@@ -69,6 +80,7 @@ def test_errors_name_the_exception_type() -> None:
     [
         (_passing, _failing, True),  # a model-judgement failure never fails the run
         (_inconclusive, _passing, True),  # the model did not cooperate: not a protocol failure
+        (_skipped, _passing, True),  # the model lacks the feature (no images): not a protocol failure
         (_failing, _passing, False),
         (_broken_transport, _passing, False),
     ],
@@ -113,7 +125,7 @@ def test_long_details_are_truncated_in_the_table_but_kept_in_json() -> None:
 def test_an_empty_report_counts_nothing() -> None:
     report = SuiteReport(base_url="u", model="m", results=())
     assert report.protocol_ok is True
-    assert report.counts("protocol") == {"pass": 0, "fail": 0, "error": 0, "inconclusive": 0}
+    assert report.counts("protocol") == {"pass": 0, "fail": 0, "error": 0, "inconclusive": 0, "skip": 0}
 
 
 @pytest.mark.parametrize(

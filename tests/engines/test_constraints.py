@@ -24,12 +24,14 @@ SEARCH_SCHEMA = SEARCH_TOOL["function"]["parameters"]
 
 
 def weather_call(args: dict | None = None, block: str = "tool_calls") -> str:
-    return dsml_block(block, [("get_weather", args or {"location": "Paris", "days": 2}, WEATHER_SCHEMA)])
+    """A canonical call as a constrained model writes it: the block right at the answer."""
+    calls = [("get_weather", args or {"location": "Paris", "days": 2}, WEATHER_SCHEMA)]
+    return dsml_block(block, calls).lstrip("\n")
 
 
 def search_call() -> str:
     args = {"query": "cats", "filters": {"safe": True, "sites": ["a", "b"]}}
-    return dsml_block("tool_calls", [("web_search", args, SEARCH_SCHEMA)])
+    return dsml_block("tool_calls", [("web_search", args, SEARCH_SCHEMA)]).lstrip("\n")
 
 
 def test_required_grammar_accepts_a_canonical_call_to_any_declared_tool() -> None:
@@ -45,7 +47,7 @@ def test_required_grammar_accepts_several_invokes_in_one_block() -> None:
         ("get_weather", {"location": "Paris"}, WEATHER_SCHEMA),
         ("get_weather", {"location": "Tokyo", "unit": "celsius"}, WEATHER_SCHEMA),
     ]
-    assert ebnf_accepts(grammar, dsml_block("tool_calls", calls))
+    assert ebnf_accepts(grammar, dsml_block("tool_calls", calls).lstrip("\n"))
 
 
 def test_named_grammar_rejects_a_call_to_another_tool() -> None:
@@ -105,6 +107,16 @@ def test_text_instead_of_a_call_is_rejected() -> None:
     assert not ebnf_accepts(grammar, "")
 
 
+@pytest.mark.parametrize("thinking", [False, True])
+def test_no_whitespace_may_precede_a_required_call(thinking: bool) -> None:
+    """Whitespace before the block would reach the client as ``content`` of spaces."""
+    grammar = build_tool_call_constraint("deepseek_v4", TOOLS, "required", thinking=thinking).value
+    head = "Checking.</think>" if thinking else ""
+    assert ebnf_accepts(grammar, head + weather_call())
+    for pad in ("\n\n", " ", "\n"):
+        assert not ebnf_accepts(grammar, head + pad + weather_call())
+
+
 def test_dsv32_grammar_uses_function_calls_spelling() -> None:
     grammar = build_tool_call_constraint("deepseek_v32", TOOLS, "required", thinking=False).value
     assert ebnf_accepts(grammar, weather_call(block="function_calls"))
@@ -116,11 +128,14 @@ def test_json_parameters_accept_nested_json_with_escapes() -> None:
     args = {
         "query": "q\\n",
         "num_results": 7,
-        "filters": {"safe": False, "sites": ['x\n"y"', "\u00e9"], "n": None},
+        "filters": {"safe": False, "sites": ['x\n"y"', "\u00e9"], "lang": "en"},
     }
-    assert ebnf_accepts(grammar, dsml_block("tool_calls", [("web_search", args, SEARCH_SCHEMA)]))
-    broken = dsml_block("tool_calls", [("web_search", args, SEARCH_SCHEMA)]).replace('{"safe"', '{safe"')
-    assert not ebnf_accepts(grammar, broken)
+    text = dsml_block("tool_calls", [("web_search", args, SEARCH_SCHEMA)]).lstrip("\n")
+    assert ebnf_accepts(grammar, text)
+    assert not ebnf_accepts(grammar, text.replace('{"safe"', '{safe"'))
+    # nested objects follow their schema: no unknown keys, const kept
+    assert not ebnf_accepts(grammar, text.replace('"lang": "en"', '"lang": "fr"'))
+    assert not ebnf_accepts(grammar, text.replace('"lang": "en"', '"n": null'))
 
 
 @pytest.mark.parametrize(
@@ -172,3 +187,15 @@ def test_json_schema_constraint_carries_the_schema_as_json_text() -> None:
     constraint = build_json_schema_constraint({"type": "object", "properties": {"a": {"type": "integer"}}})
     assert constraint.kind == "json_schema"
     assert json.loads(constraint.value) == {"type": "object", "properties": {"a": {"type": "integer"}}}
+
+
+def test_every_unenforced_schema_keyword_is_documented() -> None:
+    """docs/parsing.md lists what a grammar does not enforce; the list must match the builder's."""
+    from pathlib import Path
+
+    from deepseek_frontend.parsing.constraints import UNENFORCED_KEYWORDS
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "parsing.md").read_text(encoding="utf-8")
+    section = docs.split("## Grammars (constrained decoding)", 1)[1].split("\n## ", 1)[0]
+    missing = [k for k in UNENFORCED_KEYWORDS if f"`{k}`" not in section]
+    assert not missing, missing

@@ -8,12 +8,23 @@ from typing import Any
 
 import pytest
 
-from deepseek_frontend.engines.base import EngineChunk, EngineClient, GenerateRequest
+from deepseek_frontend.engines.base import (
+    DecodingConstraint,
+    EngineChunk,
+    EngineClient,
+    GenerateRequest,
+    WorkerCapabilities,
+)
 from deepseek_frontend.engines.pool import WorkerPool, from_urls
 from deepseek_frontend.engines.sglang import SGLangClient
 from deepseek_frontend.engines.sim.engine import SimulatedEngine
 from deepseek_frontend.engines.sim.server import SimFaults, build_sim_app
-from deepseek_frontend.errors import EngineStreamError, EngineUnavailableError, NoHealthyWorkerError
+from deepseek_frontend.errors import (
+    EngineRejectedRequestError,
+    EngineStreamError,
+    EngineUnavailableError,
+    NoHealthyWorkerError,
+)
 
 from .conftest import collect, prompt_ids, request_for, serve_app
 
@@ -260,3 +271,93 @@ def test_dns_refresh_adds_new_addresses_and_drops_vanished_ones() -> None:
         ["http://[fd00::1]:30000"],
     ]
     assert asked[0] == ("workers.ns.svc", 30000)
+
+
+# ---------------------------------------------------------------- client errors, capabilities
+
+
+class RefusingWorker(ScriptedWorker):
+    """Refuses every request the way an engine refuses an invalid one (the client's error)."""
+
+    async def generate(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
+        self.calls.append(request.request_id)
+        raise EngineRejectedRequestError("the engine rejected the request: too long", status_code=400)
+        yield EngineChunk([])  # pragma: no cover - makes this an async generator
+
+
+class DiscoveringWorker(ScriptedWorker):
+    """A worker that reports ``caps`` through discover()."""
+
+    def __init__(self, name: str, caps: WorkerCapabilities | None) -> None:
+        super().__init__(name)
+        self.caps = caps
+        self.discovered = 0
+
+    async def discover(self) -> WorkerCapabilities | None:
+        self.discovered += 1
+        return self.caps
+
+
+def test_a_rejected_request_is_not_retried_and_never_counts_against_the_worker() -> None:
+    picky, other = RefusingWorker("picky"), ScriptedWorker("other")
+    pool = WorkerPool([picky], health_interval_s=0, eject_after_failures=1)
+    for i in range(5):
+        with pytest.raises(EngineRejectedRequestError, match="too long"):
+            run(collect(pool, request_for([1], rid=f"r{i}")))
+    (status,) = pool.statuses()
+    assert status.healthy and status.consecutive_failures == 0 and status.extra["failures"] == 0
+    assert len(picky.calls) == 5
+    pool = WorkerPool([picky, other], health_interval_s=0, max_attempts=2)
+    picky.calls.clear()
+    outcomes = []
+    for i in range(4):
+        try:
+            run(collect(pool, request_for([1], rid=f"s{i}")))
+            outcomes.append("ok")
+        except EngineRejectedRequestError:
+            outcomes.append("rejected")
+    # whichever worker refused answered the client: nothing moved to the other worker
+    assert outcomes.count("rejected") == len(picky.calls) and len(other.calls) == outcomes.count("ok")
+
+
+def test_constrained_requests_go_only_to_workers_with_a_grammar_backend() -> None:
+    bare = DiscoveringWorker(
+        "bare", WorkerCapabilities(constraint_kinds=frozenset(), reserved_output_tokens=4)
+    )
+    full = DiscoveringWorker(
+        "full", WorkerCapabilities(constraint_kinds=frozenset({"ebnf", "json_schema"}), context_length=8192)
+    )
+    pool = WorkerPool([bare, full], health_interval_s=0)
+    assert pool.capabilities() is None and pool.supports_constraint("ebnf")  # nothing learned yet
+    run(pool.start())
+    assert bare.discovered == 1 and full.discovered == 1
+    caps = pool.capabilities()
+    assert caps is not None
+    assert caps.constraint_kinds == {"ebnf", "json_schema"}
+    assert caps.reserved_output_tokens == 4 and caps.context_length == 8192
+    assert pool.supports_constraint("ebnf") and not pool.supports_constraint("regex")
+    constrained = request_for([1], constraint=DecodingConstraint("ebnf", 'root ::= "x"'))
+    for i in range(4):
+        run(collect(pool, constrained))
+        run(collect(pool, request_for([1], rid=f"plain{i}")))
+    assert bare.calls and all(rid.startswith("plain") for rid in bare.calls)  # plain ones spread over both
+    assert full.calls.count("req-1") == 4  # every constrained one went to the worker with a backend
+    run(pool.aclose())
+
+
+def test_a_readmitted_worker_is_asked_its_capabilities_again() -> None:
+    worker = DiscoveringWorker("w", WorkerCapabilities(constraint_kinds=frozenset()))
+    pool = WorkerPool([worker], health_interval_s=0, eject_after_failures=1)
+    run(pool.discover())
+    worker.healthy = False
+    run(pool.check_all())
+    assert pool.healthy_count == 0
+    worker.caps = WorkerCapabilities(constraint_kinds=frozenset({"ebnf"}))  # restarted with a backend
+    worker.healthy = True
+
+    async def readmit() -> None:
+        await pool.check_all()
+        await asyncio.gather(*pool._discoveries)  # the re-admission's discovery runs in the background
+
+    run(readmit())
+    assert worker.discovered == 2 and pool.supports_constraint("ebnf")

@@ -18,7 +18,12 @@ from deepseek_frontend.engines.base import DecodingConstraint
 from deepseek_frontend.engines.sglang import SGLangClient
 from deepseek_frontend.engines.sim.engine import SimulatedEngine
 from deepseek_frontend.engines.sim.server import SimFaults, build_sim_app
-from deepseek_frontend.errors import EngineStreamError, EngineUnavailableError, RequestError
+from deepseek_frontend.errors import (
+    EngineRejectedRequestError,
+    EngineStreamError,
+    EngineUnavailableError,
+    RequestError,
+)
 
 from .conftest import TOOLS, collect, prompt_ids, request_for, serve_app, wait_until
 
@@ -149,9 +154,17 @@ async def run_against(app: Starlette, **client_options: Any) -> tuple[list[int],
             await client.aclose()
 
 
-def test_http_400_is_a_request_error_with_the_engine_message() -> None:
-    with pytest.raises(RequestError, match="bad thing 400"):
-        asyncio.run(run_against(fake_sglang(status=400)))
+@pytest.mark.parametrize("status", [400, 404, 413, 422])
+def test_an_http_4xx_is_the_clients_error_with_the_engines_status_and_message(status: int) -> None:
+    with pytest.raises(EngineRejectedRequestError, match=f"bad thing {status}") as info:
+        asyncio.run(run_against(fake_sglang(status=status)))
+    assert isinstance(info.value, RequestError) and info.value.status_code == status
+
+
+@pytest.mark.parametrize("status", [408, 429, 503])
+def test_busy_or_timed_out_answers_are_the_workers_failure(status: int) -> None:
+    with pytest.raises(EngineUnavailableError, match=f"HTTP {status}"):
+        asyncio.run(run_against(fake_sglang(status=status)))
 
 
 def test_http_500_before_any_token_is_retryable() -> None:
@@ -168,6 +181,71 @@ def test_connection_refused_is_retryable() -> None:
 
     with pytest.raises(EngineUnavailableError, match="cannot reach"):
         asyncio.run(scenario())
+
+
+#: what SGLang 0.5.23's http_server streams for a request it refuses after the stream started
+REFUSED = {"message": "The input (70 tokens) is longer than the model's context length (64 tokens).",
+           "type": "invalid_request_error", "code": 400, "retryable": False}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (REFUSED, 400),
+        ({"message": "too large", "code": 413}, 413),
+        ({"message": "no code but final", "retryable": False}, 400),
+    ],
+    ids=["sglang-400", "code-413", "retryable-false"],
+)
+@pytest.mark.parametrize("after_tokens", [False, True], ids=["before-tokens", "after-tokens"])
+def test_an_error_event_that_blames_the_request_is_the_clients_error(
+    error: dict[str, Any], status: int, after_tokens: bool
+) -> None:
+    async def refused(_: dict) -> AsyncIterator[bytes]:
+        if after_tokens:
+            yield chunk([7, 8], 2)
+        yield b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+        yield b"data: [DONE]\n\n"
+
+    with pytest.raises(EngineRejectedRequestError) as info:
+        asyncio.run(run_against(fake_sglang(refused)))
+    assert info.value.status_code == status
+    assert error["message"] in info.value.message
+
+
+@pytest.mark.parametrize(
+    "error",
+    [{"message": "out of memory", "code": 503, "retryable": True}, {"message": "out of memory", "code": 500}],
+)
+def test_an_error_event_with_a_server_code_stays_the_workers_failure(error: dict[str, Any]) -> None:
+    async def failed(_: dict) -> AsyncIterator[bytes]:
+        yield b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+
+    with pytest.raises(EngineUnavailableError, match="out of memory"):
+        asyncio.run(run_against(fake_sglang(failed)))
+
+
+def test_an_abort_finish_with_a_4xx_status_is_the_clients_error_and_5xx_the_workers() -> None:
+    message = "Grammar-based generation (json_schema, regex, ebnf, structural_tag) is not supported"
+
+    def aborting(status: int) -> Callable[[dict], AsyncIterator[bytes]]:
+        async def body(_: dict) -> AsyncIterator[bytes]:
+            reason = {
+                "type": "abort",
+                "message": message,
+                "status_code": status,
+                "err_type": "BadRequestError",
+            }
+            yield chunk([], 0, reason)
+            yield b"data: [DONE]\n\n"
+
+        return body
+
+    with pytest.raises(EngineRejectedRequestError, match="Grammar-based generation") as info:
+        asyncio.run(run_against(fake_sglang(aborting(400))))
+    assert info.value.status_code == 400
+    with pytest.raises(EngineUnavailableError, match="Grammar-based generation"):
+        asyncio.run(run_against(fake_sglang(aborting(503))))
 
 
 def test_error_event_before_tokens_is_retryable_and_after_tokens_is_a_stream_error() -> None:
@@ -300,18 +378,46 @@ def test_cancelling_the_consumer_sends_abort_request() -> None:
     asyncio.run(scenario())
 
 
-def test_health_generate_decides_health(tokenizer: Any) -> None:
+def test_health_probe_does_not_generate_and_fails_when_server_info_does() -> None:
+    """The probe is GET /server_info: never /health or /health_generate (they run a generation)."""
+    hits: list[str] = []
+    state = {"status": 200}
+
+    async def record(request: Request) -> Response:
+        hits.append(request.url.path)
+        return JSONResponse({"grammar_backend": "xgrammar"}, status_code=state["status"])
+
+    app = Starlette(routes=[Route(p, record) for p in ("/server_info", "/health", "/health_generate")])
+
     async def scenario() -> tuple[bool, bool]:
-        faults = SimFaults()
-        async with serve_app(sim_app(tokenizer, faults=faults)) as url:
+        async with serve_app(app) as url:
             client = SGLangClient(url)
             healthy = await client.check_health()
-            faults.fail_after = 0
+            state["status"] = 503
             unhealthy = await client.check_health()
             await client.aclose()
             return healthy, unhealthy
 
     assert asyncio.run(scenario()) == (True, False)
+    assert hits == ["/server_info", "/server_info"]
+
+
+def test_health_probe_falls_back_to_get_server_info_on_older_sglang() -> None:
+    async def info(_: Request) -> Response:
+        return JSONResponse({"skip_tokenizer_init": True})
+
+    app = Starlette(routes=[Route("/get_server_info", info)])
+
+    async def scenario() -> tuple[bool, Any]:
+        async with serve_app(app) as url:
+            client = SGLangClient(url)
+            try:
+                return await client.check_health(), await client.discover()
+            finally:
+                await client.aclose()
+
+    healthy, caps = asyncio.run(scenario())
+    assert healthy and caps is not None and caps.constraint_kinds == frozenset()
 
 
 def test_a_client_that_just_disconnects_is_counted_as_an_abort_by_the_sim_server(tokenizer: Any) -> None:

@@ -48,3 +48,17 @@ def test_sim_engine_fail_after_zero_reports_unhealthy() -> None:
         assert httpx.get(url + "/health_generate", timeout=10).status_code == 503
         response = httpx.post(url + "/generate", json={"input_ids": [1, 2], "stream": True}, timeout=10)
         assert response.status_code == 500
+
+
+def test_tokens_per_chunk_takes_a_number_or_a_range() -> None:
+    import argparse
+
+    from deepseek_frontend.engines.sim.command import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert parser.parse_args(["--tokens-per-chunk", "1-4"]).tokens_per_chunk == (1, 4)
+    assert parser.parse_args(["--tokens-per-chunk", "3"]).tokens_per_chunk == (3, 3)
+    for bad in ("4-1", "0", "x"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["--tokens-per-chunk", bad])

@@ -298,3 +298,16 @@ def test_thinking_after_a_tool_result_reasons_about_the_result(tokenizer: Any) -
     parsed = parse_completion(text_of(tokenizer, out), family="deepseek_v4", thinking=True)
     assert parsed.reasoning_content == "The tool returned: sunny. I can answer now."
     assert parsed.content == "Based on the tool result: sunny."
+
+
+def test_a_chunk_size_range_varies_chunks_like_speculative_decoding_and_replays(tokenizer: Any) -> None:
+    ids = prompt_ids("write 200 words about the sea")
+    fixed, _ = run(SimulatedEngine(tokenizer), ids)
+    out, chunks = run(SimulatedEngine(tokenizer, tokens_per_chunk=1, max_tokens_per_chunk=4), ids)
+    again, replay = run(SimulatedEngine(tokenizer, tokens_per_chunk=1, max_tokens_per_chunk=4), ids)
+    assert out == fixed  # the chunking changes, the output does not
+    sizes = [len(c.token_ids) for c in chunks[:-1]]
+    assert set(sizes) == {1, 2, 3, 4}  # every size in the range occurs over ~200 tokens
+    assert [c.token_ids for c in replay] == [c.token_ids for c in chunks] and again == out
+    with pytest.raises(ValueError, match="max_tokens_per_chunk"):
+        SimulatedEngine(tokenizer, tokens_per_chunk=3, max_tokens_per_chunk=2)

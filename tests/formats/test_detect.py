@@ -30,6 +30,7 @@ def _checkpoint(tmp_path: Path, config: Any, encoder: str | None = None) -> Path
         ("deepseek-v4.1-flash", "deepseek_v41"),
         ("DeepSeek-V4.1", "deepseek_v41"),
         ("deepseek_v41", "deepseek_v41"),
+        ("deepseek-v4-1-flash", "deepseek_v41"),
         ("deepseek-v3.2", "deepseek_v32"),
         ("DeepSeek-V3.2-Exp", "deepseek_v32"),
         ("deepseek_v3_2", "deepseek_v32"),

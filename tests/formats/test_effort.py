@@ -157,8 +157,40 @@ def test_effort_words_are_case_insensitive(profile: str, word: str) -> None:
     assert normalize_reasoning_effort(word.capitalize(), profile) == expected
 
 
-@pytest.mark.parametrize("word", ["extreme", "", "HIGHEST", 3])
-def test_unknown_effort_words_are_a_request_error_naming_the_field(word: Any) -> None:
+@pytest.mark.parametrize("word", ["extreme", "", "HIGHEST", 0, 101, True, 2.5, [1]])
+@pytest.mark.parametrize("profile", ["official", "release"])
+def test_unknown_effort_words_are_a_request_error_naming_the_field(word: Any, profile: str) -> None:
     with pytest.raises(RequestError, match="reasoning_effort") as info:
-        normalize_reasoning_effort(word, "official")
+        normalize_reasoning_effort(word, profile)
     assert info.value.param == "reasoning_effort"
+
+
+@pytest.mark.parametrize(
+    ("effort", "profile", "expected"),
+    [
+        # V4.1: budgets pass through (digit strings too); words it lacks map to its own words
+        (42, "release", 42),
+        ("7", "prerelease", 7),
+        (None, "release", None),
+        ("minimal", "release", "low"),
+        ("medium", "release", "high"),
+        ("medium", "prerelease", "medium"),
+        ("xhigh", "release", "high"),
+        ("none", "release", "low"),
+        # V4: a budget reads as the word at or above it, then the V4 table
+        (50, "official", "low"),
+        (51, "official", "high"),
+        (76, "official", "max"),
+        (30, "preview", "high"),
+        (100, "preview", "max"),
+    ],
+)
+def test_numeric_budgets_and_v41_words(effort: Any, profile: str, expected: Any) -> None:
+    assert normalize_reasoning_effort(effort, profile) == expected
+
+
+def test_thinking_token_budgets_map_logarithmically_onto_1_to_100() -> None:
+    from deepseek_frontend.formats.effort import budget_from_thinking_tokens
+
+    sizes = (1, 256, 1024, 2048, 4000, 10000, 16384, 31999, 32768, 10**6)
+    assert [budget_from_thinking_tokens(n) for n in sizes] == [1, 1, 25, 40, 54, 74, 85, 99, 100, 100]

@@ -539,6 +539,44 @@ _BY_ID = {s.id: s for s in SCENARIOS}
 assert len(_BY_ID) == len(SCENARIOS), "scenario ids must be unique"
 
 
+def _v41_spelling(text: str) -> str:
+    """DeepSeek-V4.1's spaced DSML for V4's (`` calls``, `` invoke``, `` parameter`` after the token)."""
+    return (
+        text.replace("｜DSML｜tool_calls", "｜DSML｜ calls")
+        .replace("｜DSML｜invoke", "｜DSML｜ invoke")
+        .replace("｜DSML｜parameter", "｜DSML｜ parameter")
+    )
+
+
+def _as_v41(scenario: Scenario) -> Scenario:
+    """A V4 scenario with V4.1's spelling everywhere (text, expected texts, named chunks).
+
+    Named chunks that split a tag name (``tool`` / ``_c`` / ``alls``) cannot be respelled piecewise;
+    such a scenario keeps only the generic chunkings (``char`` and ``split2`` cover every boundary).
+    """
+    chunks = None if scenario.chunks is None else tuple(_v41_spelling(c) for c in scenario.chunks)
+    if chunks is not None and "".join(chunks) != _v41_spelling(scenario.text):
+        chunks = None
+    return Scenario(
+        id=scenario.id + "-v41",
+        text=_v41_spelling(scenario.text),
+        reasoning=_v41_spelling(scenario.reasoning),
+        content=_v41_spelling(scenario.content),
+        calls=tuple((name, _v41_spelling(arguments)) for name, arguments in scenario.calls),
+        finish=scenario.finish,
+        thinking=scenario.thinking,
+        family="deepseek_v41",
+        engine_finish=scenario.engine_finish,
+        chunks=chunks,
+        options=scenario.options,
+        split2=scenario.split2,
+    )
+
+
+#: every V4 scenario again in V4.1's spelling: the contract holds for the spaced tags too
+SCENARIOS_V41: list[Scenario] = [_as_v41(s) for s in SCENARIOS if s.family == "deepseek_v4"]
+
+
 def _check(scenario: Scenario, result: Run) -> None:
     message = result.message
     assert message.reasoning_content == scenario.reasoning
@@ -558,7 +596,7 @@ def _replay(scenario: Scenario, chunks: list[str]) -> Run:
 
 
 @pytest.mark.parametrize("chunking", CHUNKINGS)
-@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda s: s.id)
+@pytest.mark.parametrize("scenario", SCENARIOS + SCENARIOS_V41, ids=lambda s: s.id)
 def test_scenario_gives_the_contract_result_under_every_chunking(scenario: Scenario, chunking: str) -> None:
     if chunking == "split2" and not scenario.split2:
         # s25 is 10 KB: every 2-way split would be 10^4 full parses; char/tok/mtp already chunk it finely.
@@ -569,7 +607,7 @@ def test_scenario_gives_the_contract_result_under_every_chunking(scenario: Scena
         _check(scenario, _replay(scenario, chunks))
 
 
-@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s.chunks], ids=lambda s: s.id)
+@pytest.mark.parametrize("scenario", [s for s in SCENARIOS + SCENARIOS_V41 if s.chunks], ids=lambda s: s.id)
 def test_scenario_gives_the_contract_result_under_its_named_chunking(scenario: Scenario) -> None:
     assert "".join(scenario.chunks or ()) == scenario.text
     _check(scenario, _replay(scenario, list(scenario.chunks or ())))

@@ -130,6 +130,8 @@ _SOUP = st.sampled_from(
         "parameter",
         ' string="false">',
         "tool_calls>",
+        " calls>",
+        " parameter",
         EOS,
         "<think>",
         "</think>",
@@ -144,15 +146,16 @@ _SOUP = st.sampled_from(
     text=st.lists(_ALPHABET | _SOUP, max_size=40).map("".join),
     thinking=st.booleans(),
     cuts=st.lists(st.integers(min_value=0, max_value=500), max_size=20),
+    family=st.sampled_from(["deepseek_v4", "deepseek_v41"]),
 )
 def test_arbitrary_markup_soup_never_raises_or_leaks_and_is_chunking_invariant(
-    text: str, thinking: bool, cuts: list[int]
+    text: str, thinking: bool, cuts: list[int], family: str
 ) -> None:
     # CASE.4, CASE.8: run() asserts the invariants on both parses
     assume(not _splices_markup(text))
-    whole = run([text], thinking=thinking)
+    whole = run([text], thinking=thinking, family=family)
     points = sorted({c % (len(text) + 1) for c in cuts} | {0, len(text)})
-    chunked = run([text[a:b] for a, b in pairwise(points)], thinking=thinking)
+    chunked = run([text[a:b] for a, b in pairwise(points)], thinking=thinking, family=family)
     assert chunked.message.content == whole.message.content
     assert chunked.message.reasoning_content == whole.message.reasoning_content
     assert chunked.calls() == whole.calls()

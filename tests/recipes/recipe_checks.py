@@ -34,7 +34,12 @@ RECIPE_DIR = REPO_ROOT / "recipes" / "deepseek-v4-flash" / "sglang"
 DOCKERFILE_PATH = RECIPE_DIR / "Dockerfile.frontend"
 
 #: variant name -> folder holding ``deploy.yaml`` and ``k8s/`` (same layout for every variant)
-VARIANT_DIRS: dict[str, Path] = {"b200": RECIPE_DIR, "h200": RECIPE_DIR / "h200"}
+VARIANT_DIRS: dict[str, Path] = {
+    "b200": RECIPE_DIR,
+    "h200": RECIPE_DIR / "h200",
+    # DeepSeek-V4.1-Flash (text and images), same layout: every lint runs on it too
+    "v41-b200": REPO_ROOT / "recipes" / "deepseek-v4.1-flash" / "sglang",
+}
 
 #: Kubernetes minor versions the core manifests must validate against (oldest supported, newest bundled).
 K8S_VERSIONS: tuple[str, ...] = ("1.30", "1.37")
@@ -59,9 +64,18 @@ SGLANG_FLAGS: frozenset[str] = frozenset(
         "--disable-flashinfer-autotune",
         "--swa-full-tokens-ratio",
         "--skip-tokenizer-init",
+        "--grammar-backend",
         "--incremental-streaming-output",
         "--mem-fraction-static",
         "--served-model-name",
+        # DeepSeek-V4.1-Flash recipe
+        "--expert-parallel-size",
+        "--page-size",
+        "--max-running-requests",
+        "--speculative-dspark-block-size",
+        "--cuda-graph-max-bs-decode",
+        # KV cache events for the frontend's KV-aware router (srt/arg_groups/fields/observability.py)
+        "--kv-events-config",
     }
 )
 #: SGLang endpoints a probe may use (see ../shared/spec/engine-protocols.md).

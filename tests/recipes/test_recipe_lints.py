@@ -6,6 +6,9 @@ Each test reads every manifest of both variants (B200 FP4 and H200 FP8; DGD and 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from deepseek_frontend.cli import build_parser
@@ -45,13 +48,12 @@ B200_WORKER_FLAGS: dict[str, str | None] = {
     "--chunked-prefill-size": "4096",
     "--disable-flashinfer-autotune": None,
     "--swa-full-tokens-ratio": "0.1",
-    "--skip-tokenizer-init": None,
+    "--grammar-backend": "xgrammar",
     "--incremental-streaming-output": None,
 }
 B200_WORKER_ENV = {
     "SGLANG_JIT_DEEPGEMM_PRECOMPILE": "0",
     "SGLANG_JIT_DEEPGEMM_FAST_WARMUP": "1",
-    "SGLANG_ENABLE_SPEC_V2": "1",
 }
 #: SGLang's published H200 FP8 low-latency recipe for DeepSeek-V4-Flash, plus the token protocol flags.
 H200_WORKER_FLAGS: dict[str, str | None] = {
@@ -60,14 +62,37 @@ H200_WORKER_FLAGS: dict[str, str | None] = {
     "--speculative-num-steps": "3",
     "--speculative-eagle-topk": "1",
     "--speculative-num-draft-tokens": "4",
-    "--skip-tokenizer-init": None,
+    "--grammar-backend": "xgrammar",
     "--incremental-streaming-output": None,
 }
 H200_WORKER_ENV = {"SGLANG_DSV4_FP4_EXPERTS": "0"}
-GPU_PRODUCT = {"b200": "NVIDIA-B200", "h200": "NVIDIA-H200"}
+GPU_PRODUCT = {"b200": "NVIDIA-B200", "h200": "NVIDIA-H200", "v41-b200": "NVIDIA-B200"}
 CHECKPOINT = {
     "b200": "/models/deepseek-ai/DeepSeek-V4-Flash",
     "h200": "/models/sgl-project/DeepSeek-V4-Flash-FP8",
+    "v41-b200": "/models/deepseek-ai/DeepSeek-V4.1-Flash",
+}
+SERVED_NAME = {
+    "b200": "deepseek-ai/DeepSeek-V4-Flash",
+    "h200": "deepseek-ai/DeepSeek-V4-Flash",
+    "v41-b200": "deepseek-ai/DeepSeek-V4.1-Flash",
+}
+MODEL_CACHE_PVC = {"b200": "dsv4-model-cache", "h200": "dsv4-model-cache", "v41-b200": "dsv41-model-cache"}
+FAMILY = {"b200": "deepseek_v4", "h200": "deepseek_v4", "v41-b200": "deepseek_v41"}
+#: The DeepSeek-V4.1-Flash settings of the published SGLang V4.1 deployments (Dynamo's V4.1 SGLang recipe:
+#: TP 4 + EP 4, 256-token pages, DSpark block 5, decode graphs to batch 64), plus the token, grammar (and,
+#: with the tokenizer loaded, image) protocol flags.
+V41_WORKER_FLAGS: dict[str, str | None] = {
+    "--tensor-parallel-size": "4",
+    "--expert-parallel-size": "4",
+    "--page-size": "256",
+    "--mem-fraction-static": "0.8",
+    "--max-running-requests": "256",
+    "--speculative-algorithm": "DSPARK",
+    "--speculative-dspark-block-size": "5",
+    "--cuda-graph-max-bs-decode": "64",
+    "--grammar-backend": "xgrammar",
+    "--incremental-streaming-output": None,
 }
 
 
@@ -90,6 +115,20 @@ def _parse_frontend_args(frontend: Workload):
         return build_parser().parse_args(argv[1:])
     except SystemExit as exc:  # argparse reports the problem on stderr and exits
         raise AssertionError(f"{frontend.source}: frontend args do not parse: {argv[1:]}") from exc
+
+
+def _v41_checkpoint(root: Path) -> Path:
+    """A DeepSeek-V4.1 checkpoint directory: its config.json and (the stand-in of) its tokenizer.json."""
+    from deepseek_frontend.tokenization import bundled_tokenizer_path, v41_stand_in_tokenizer_json
+
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(
+        json.dumps({"model_type": "deepseek_v41", "architectures": ["DeepseekV41ForCausalLM"]}),
+        encoding="utf-8",
+    )
+    text = v41_stand_in_tokenizer_json(bundled_tokenizer_path().read_text(encoding="utf-8"))
+    (root / "tokenizer.json").write_text(text, encoding="utf-8")
+    return root
 
 
 def _deployment_path(workload: Workload) -> str:
@@ -165,6 +204,35 @@ def test_h200_workers_run_the_published_fp8_recipe_with_the_token_protocol() -> 
         assert worker.flag_value("--model-path") == CHECKPOINT["h200"]
 
 
+def test_v41_workers_run_the_published_v41_settings_with_the_token_protocol() -> None:
+    for worker in _workers("v41-b200"):
+        for flag, value in V41_WORKER_FLAGS.items():
+            assert _has_switch(worker.argv, flag, value), f"{worker.source}: missing {flag} {value or ''}"
+        # SGLang resolves the backends for V4.1; a hand-set one selects a slower fallback
+        assert worker.flag_value("--moe-runner-backend") is None, worker.source
+        env = {name: e.get("value") for name, e in worker.env().items()}
+        assert B200_WORKER_ENV.items() <= env.items(), worker.source
+        assert worker.flag_value("--model-path") == CHECKPOINT["v41-b200"]
+
+
+def test_v41_workers_reserve_what_the_frontend_computes_from_their_server_info() -> None:
+    """The frontend sizes requests without max_tokens from /server_info's speculative settings: what it
+    computes for the recipe's launch must be what SGLang reserves (0 for DSpark: not EAGLE-family)."""
+    from deepseek_frontend.engines.sglang import reserved_output_tokens
+
+    for worker in _workers("v41-b200"):
+        info = {"speculative_algorithm": worker.flag_value("--speculative-algorithm")}
+        assert reserved_output_tokens(info) == 0, worker.source
+    for worker in _workers("b200"):  # EAGLE 3/1/4 reserves 4
+        info = {
+            "speculative_algorithm": worker.flag_value("--speculative-algorithm"),
+            "speculative_num_steps": int(worker.flag_value("--speculative-num-steps") or 0),
+            "speculative_eagle_topk": int(worker.flag_value("--speculative-eagle-topk") or 0),
+            "speculative_num_draft_tokens": int(worker.flag_value("--speculative-num-draft-tokens") or 0),
+        }
+        assert reserved_output_tokens(info) == 4, worker.source
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_workers_land_on_the_right_gpu_nodes(variant: str) -> None:
     for path in (VARIANT_DIRS[variant] / "deploy.yaml", VARIANT_DIRS[variant] / "k8s" / "sglang-worker.yaml"):
@@ -205,6 +273,32 @@ def test_worker_probes_hit_sglang_health_on_the_port_sglang_listens_on(variant: 
             assert probe["path"] in SGLANG_PROBE_PATHS, f"{worker.source} {kind} path {probe['path']}"
 
 
+#: SGLang 0.5.23's /health and /health_generate run a one-token generation and wait up to
+#: SGLANG_HEALTH_CHECK_TIMEOUT (20 s) for the scheduler before answering 503 themselves
+SGLANG_HEALTH_WAIT_S = 20
+#: SGLang environment variables SGLang no longer reads (setting them misleads whoever reads the manifest)
+RETIRED_SGLANG_ENV = frozenset({"SGLANG_ENABLE_SPEC_V2"})
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_worker_probes_wait_longer_than_sglangs_own_health_check(variant: str) -> None:
+    """A busy worker answers /health late, not never: a shorter probe timeout would restart or unlist it."""
+    for worker in _workers(variant):
+        for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+            timeout = worker.container[kind].get("timeoutSeconds", 1)
+            assert timeout > SGLANG_HEALTH_WAIT_S, f"{worker.source} {kind} timeoutSeconds {timeout}"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_workers_keep_a_grammar_backend_and_set_no_retired_environment(variant: str) -> None:
+    """--skip-tokenizer-init leaves SGLang without a grammar backend: tool_choice required and
+    response_format json_schema would then be refused on the deployment we ship."""
+    for worker in _workers(variant):
+        assert "--skip-tokenizer-init" not in worker.argv, worker.source
+        assert worker.flag_value("--grammar-backend") not in (None, "none"), worker.source
+        assert not RETIRED_SGLANG_ENV & set(worker.env()), worker.source
+
+
 def _frontend_routes() -> set[str]:
     """Paths the frontend app serves, read from the app itself."""
     from deepseek_frontend.api.app import create_app
@@ -240,7 +334,7 @@ def test_frontend_args_parse_with_the_projects_own_cli(variant: str) -> None:
         assert args.engine == "sglang"
         assert args.host == "0.0.0.0"
         assert args.model_path == CHECKPOINT[variant]
-        assert args.served_model_name == "deepseek-ai/DeepSeek-V4-Flash"
+        assert args.served_model_name == SERVED_NAME[variant]
         assert len(args.worker) == 1, frontend.source
 
 
@@ -297,7 +391,7 @@ def test_worker_url_lint_rejects_a_url_that_misses_the_service() -> None:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_pvc_reference_resolves_to_the_one_model_cache_claim(variant: str) -> None:
     pvcs = defined_pvcs(variant)
-    assert list(pvcs) == ["dsv4-model-cache"]
+    assert list(pvcs) == [MODEL_CACHE_PVC[variant]]
     (pvc,) = pvcs.values()
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
     refs = claim_references(variant)
@@ -334,12 +428,17 @@ def test_frontend_image_exposes_the_port_the_manifests_use() -> None:
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_frontend_args_resolve_to_a_server_config_for_sglang_workers(variant: str) -> None:
+def test_frontend_args_resolve_to_a_server_config_for_sglang_workers(variant: str, tmp_path: Path) -> None:
     from deepseek_frontend.api.config import ServerConfig
 
     for frontend in _frontends(variant):
-        config = ServerConfig.from_args(_parse_frontend_args(frontend))
-        assert config.family == "deepseek_v4", frontend.source
+        args = _parse_frontend_args(frontend)
+        if FAMILY[variant] == "deepseek_v41":
+            # V4.1 on real workers reads the checkpoint's tokenizer.json and config.json from --model-path
+            # (the frontend refuses to start without them): a checkpoint directory stands in for the PVC.
+            args.model_path = str(_v41_checkpoint(tmp_path / Path(frontend.source).name))
+        config = ServerConfig.from_args(args)
+        assert config.family == FAMILY[variant], frontend.source
         assert config.engine == "sglang"
         assert config.default_thinking is True
         assert len(config.workers) == 1 and config.workers[0].startswith("dns+http://")

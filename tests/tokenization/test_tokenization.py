@@ -133,26 +133,63 @@ def test_a_shorter_prompt_of_the_same_conversation_is_a_prefix_hit() -> None:
     assert tok.prefix_cache.hits == 1
 
 
-def test_prefix_cache_is_bounded_by_entries_and_ids() -> None:
-    cache = PrefixCache(max_entries=2, max_ids=100)
+def _user_turn(text: str) -> list[Seg]:
+    return [Seg("<｜User｜>", True), Seg(text)]
+
+
+def test_prefix_cache_is_bounded_by_entries() -> None:
+    cache = PrefixCache(max_entries=2)
     for head in ("a", "b", "c"):
-        segs = [Seg("<｜User｜>", True), Seg(head)]
-        cache.store(segs, [1, 2], [0], [1])
+        cache.store(_user_turn(head), [1, 2], [0], [1])
     assert len(cache) == 2
-    assert cache.lookup([Seg("<｜User｜>", True), Seg("a")]) is None  # evicted first
-    cache.store([Seg("<｜User｜>", True), Seg("big")], list(range(101)), [0], [1])  # larger than the bound
-    assert cache.lookup([Seg("<｜User｜>", True), Seg("big")]) is None
+    assert cache.lookup(_user_turn("a")) is None  # evicted first
+    assert cache.lookup(_user_turn("c")) is not None
 
 
-def test_run_cache_is_bounded_by_characters() -> None:
-    cache = RunCache(max_chars=100)
+def test_prefix_cache_is_bounded_by_bytes_counting_text_and_ids() -> None:
+    one = PrefixCache()
+    one.store(_user_turn("x" * 10_000), list(range(3000)), [0], [1])
+    entry_bytes = one.bytes
+    assert entry_bytes >= 10_000 + 4 * 3000  # the text and 4 bytes an id, at least
+    cache = PrefixCache(max_bytes=3 * entry_bytes)
+    for head in "abcde":
+        cache.store(_user_turn(head + "x" * 9_999), list(range(3000)), [0], [1])
+    assert len(cache) == 3 and cache.bytes <= cache.max_bytes
+    assert cache.lookup(_user_turn("a" + "x" * 9_999)) is None
+    assert cache.lookup(_user_turn("e" + "x" * 9_999)) is not None
+    cache.store(_user_turn("y" * 4 * entry_bytes), [1], [0], [1])  # larger than the whole budget
+    assert cache.lookup(_user_turn("y" * 4 * entry_bytes)) is None and len(cache) == 3
+
+
+def test_idle_entries_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr("deepseek_frontend.tokenization.time.monotonic", lambda: clock[0])
+    tok = PromptTokenizer.load(cache_idle_s=60)
+    tok.encode_segments(conversation("a message that is certainly long enough to be cached"))
+    assert len(tok.cache) > 0 and len(tok.prefix_cache) == 1
+    clock[0] += 59
+    tok.expire_idle()
+    assert len(tok.prefix_cache) == 1
+    clock[0] += 2
+    tok.expire_idle()
+    assert len(tok.cache) == 0 and len(tok.prefix_cache) == 0
+    assert tok.cache.bytes == 0 and tok.prefix_cache.bytes == 0
+    stats = tok.cache_stats()
+    assert stats["prefix"]["entries"] == 0 and stats["run"]["misses"] > 0
+
+
+def test_run_cache_is_bounded_by_bytes() -> None:
+    probe = RunCache()
+    probe.put("00" + "x" * 18, (0,))
+    entry_bytes = probe.bytes
+    cache = RunCache(max_bytes=5 * entry_bytes)
     for i in range(20):
         cache.put(f"{i:02d}" + "x" * 18, (i,))
-    assert len(cache) == 5
+    assert len(cache) == 5 and cache.bytes <= cache.max_bytes
     assert cache.get("00" + "x" * 18) is None
-    assert cache.get("19" + "x" * 18) == (19,)
-    cache.put("y" * 1000, (1,))  # larger than the whole cache: not stored
-    assert cache.get("y" * 1000) is None
+    assert list(cache.get("19" + "x" * 18) or ()) == [19]
+    cache.put("y" * 6 * entry_bytes, (1,))  # larger than the whole cache: not stored
+    assert cache.get("y" * 6 * entry_bytes) is None and len(cache) == 5
 
 
 def test_self_check_switches_the_caches_off_when_they_disagree() -> None:
@@ -160,11 +197,11 @@ def test_self_check_switches_the_caches_off_when_they_disagree() -> None:
     segments = conversation("a message that is certainly long enough to be cached")
     good = tok.encode_segments(segments)
     # Corrupt the cached ids of the user's run, as a tokenizer bug would, and forget the prompt itself.
-    tok.cache._entries["a message that is certainly long enough to be cached"] = (1, 2, 3)
+    tok.cache.put("a message that is certainly long enough to be cached", (1, 2, 3))
     tok.prefix_cache.clear()
     tok.self_check_rate = 1.0
     tok.encode_segments(segments)  # served from the corrupt entry; the check notices
-    assert tok.cache.max_chars == 0 and tok.prefix_cache.max_entries == 0
+    assert tok.cache.max_bytes == 0 and tok.prefix_cache.max_entries == 0
     assert tok.encode_segments(segments) == good
 
 

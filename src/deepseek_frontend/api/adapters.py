@@ -25,11 +25,12 @@ import orjson
 from starlette.responses import Response
 
 from deepseek_frontend.errors import RequestError
+from deepseek_frontend.images import resolve_request_images
 
 from .errors import as_frontend_error
 from .event_stream import EventEncoder, SSEEvent, frame_events
 from .http import EventStreamResponse, get_state, unless_disconnected
-from .validation import check_array, check_object, check_string
+from .validation import check_array, check_boolean, check_integer, check_object, check_string
 
 if TYPE_CHECKING:
     from starlette.requests import Request
@@ -43,6 +44,7 @@ __all__ = [
     "ConvertedChat",
     "check_model",
     "function_tools",
+    "length_controls",
     "respond_with_events",
     "to_chat_request",
 ]
@@ -70,7 +72,12 @@ class ConvertedChat:
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     thinking: bool | None = None
-    reasoning_effort: str | None = None
+    #: an effort word or a budget 1-100, as the client sent it (normalized by :func:`to_chat_request`)
+    reasoning_effort: str | int | None = None
+    #: where the effort came from, for error messages (``output_config.effort``, ``reasoning.effort``)
+    effort_param: str = "reasoning_effort"
+    #: Anthropic ``thinking.budget_tokens``: the effort on V4.1 checkpoints when no effort is given
+    thinking_budget_tokens: int | None = None
     stop: list[str] = field(default_factory=list)
     temperature: float | None = None
     top_p: float | None = None
@@ -80,6 +87,21 @@ class ConvertedChat:
     response_format: dict[str, Any] | None = None
     #: end-user id (``metadata.user_id`` / ``user``), carried as ``ChatRequest.user``
     user: str | None = None
+    #: generate to max_tokens whatever EOS says / not before min_tokens (benchmark clients)
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    #: flattened tool name -> (namespace, name the client declared) for Responses namespace tools
+    tool_namespaces: dict[str, tuple[str, str]] = field(default_factory=dict)
+    #: what the server ignored in the request (hosted tools), reported back in the response
+    warnings: list[str] = field(default_factory=list)
+
+
+def length_controls(body: Mapping[str, Any]) -> tuple[bool, int]:
+    """``(ignore_eos, min_tokens)``: vLLM's field names, accepted on every API (benchmark clients)."""
+    return (
+        check_boolean(body.get("ignore_eos"), "ignore_eos", default=False),
+        check_integer(body.get("min_tokens"), "min_tokens", minimum=0, default=0),
+    )
 
 
 def check_model(body: Mapping[str, Any]) -> str:
@@ -130,14 +152,25 @@ def to_chat_request(converted: ConvertedChat, config: ServerConfig, request_id: 
     (DeepSeek decides how many calls one turn makes).
     """
     from deepseek_frontend.formats import normalize_reasoning_effort
+    from deepseek_frontend.formats.effort import V41_PROFILES, budget_from_thinking_tokens
     from deepseek_frontend.pipeline.chat import ChatRequest
 
     model = config.resolve_model(converted.model)
     thinking = config.default_thinking if converted.thinking is None else converted.thinking
+    raw_effort = converted.reasoning_effort
+    param = converted.effort_param
+    if (
+        raw_effort is None
+        and converted.thinking_budget_tokens is not None
+        and config.reasoning_effort_profile in V41_PROFILES
+    ):
+        # V4.1 has a numeric effort: a thinking token budget maps onto it (V4 keeps its words).
+        raw_effort = budget_from_thinking_tokens(converted.thinking_budget_tokens)
+        param = "thinking.budget_tokens"
     # An unset effort goes through the profile too: the "official" profile's default is
     # "high" (what DeepSeek's API renders), not "no effort text".
     effort = (
-        normalize_reasoning_effort(converted.reasoning_effort, config.reasoning_effort_profile)
+        normalize_reasoning_effort(raw_effort, config.reasoning_effort_profile, param=param)
         if thinking
         else None
     )
@@ -156,6 +189,10 @@ def to_chat_request(converted: ConvertedChat, config: ServerConfig, request_id: 
         stop=tuple(converted.stop),
         response_format=converted.response_format,
         user=converted.user,
+        # echoed as sent: Claude Code drops the thinking of turns whose model it did not ask for
+        requested_model=converted.model,
+        ignore_eos=converted.ignore_eos,
+        min_tokens=converted.min_tokens,
     )
 
 
@@ -177,11 +214,14 @@ async def respond_with_events(
     state = get_state(request)
     req = to_chat_request(converted, state.config, tracker.request_id)
     pipeline = state.pipeline
-    prepared = pipeline.prepare(req)
+    await resolve_request_images(state, req.messages)
+    prepared = await pipeline.prepare_async(req)
     # A client that leaves during prefill, or while a non-streamed answer is folded,
     # cancels the work, which aborts the engine request (as on the OpenAI routes).
     (stream,) = await unless_disconnected(request, pipeline.start(prepared))
     encoder = make_encoder(req, prepared)
+    if stream.first_cached_tokens:
+        encoder.note_cached_prompt(stream.first_cached_tokens)
     if converted.stream:
         return EventStreamResponse(_event_stream(state, encoder, stream, tracker), tracker)
     events = await unless_disconnected(request, _fold_events(encoder, stream))

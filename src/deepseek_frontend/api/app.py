@@ -7,7 +7,8 @@ Routes::
 
     POST /v1/chat/completions   openai.chat.chat_completions
     POST /v1/completions        completions.completions
-    GET  /v1/models             the served model (aliases are accepted, not listed)
+    GET  /v1/models             the served model (aliases are accepted, not listed); Anthropic's
+                                shape (type, display_name, created_at) for Anthropic clients
     GET  /health                JSON with worker states; 503 when no worker is healthy
     GET  /live                  process liveness (never touches workers)
     GET  /metrics               Prometheus text
@@ -19,7 +20,9 @@ on every route except /health, /live and /metrics (probes and scrapers carry no 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import ctypes
 import gc
 import hmac
 import importlib
@@ -38,9 +41,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from deepseek_frontend.errors import AuthenticationError, FrontendError, RequestError
 
+from .admission import Admission
 from .config import ServerConfig
 from .errors import ErrorBodyRenderer, error_response, openai_error_body
-from .http import FrontendState
+from .http import FrontendState, TurnGate, log_request_done, new_request_id
 from .metrics import CONTENT_TYPE, FrontendMetrics
 
 log = logging.getLogger("deepseek_frontend.api")
@@ -54,7 +58,7 @@ PUBLIC_PATHS = frozenset({"/health", "/live", "/metrics"})
 #: Constraint kinds each engine protocol can enforce, when the backend does not say itself.
 DEFAULT_CONSTRAINT_SUPPORT = {
     "sglang": frozenset({"ebnf", "json_schema", "regex", "structural_tag"}),
-    "vllm": frozenset({"json_schema", "regex"}),
+    "vllm": frozenset({"ebnf", "json_schema", "regex"}),
     "sim": frozenset({"ebnf", "json_schema"}),
 }
 
@@ -68,6 +72,11 @@ class _Backend:
         self.engine = engine
         self.generate = target.generate
         self._supports: Callable[[str], bool] | None = getattr(target, "supports_constraint", None)
+        self._capabilities: Callable[[], Any] | None = getattr(target, "capabilities", None)
+
+    def capabilities(self) -> Any:
+        """The workers' combined ``WorkerCapabilities`` (None when the target reports none)."""
+        return self._capabilities() if callable(self._capabilities) else None
 
     def supports_constraint(self, kind: str) -> bool:
         if self._supports is not None:
@@ -100,6 +109,7 @@ class _Backend:
 def build_backend(config: ServerConfig, tokenizer: Any) -> _Backend:
     """The engine backend ``config`` asks for (not started yet)."""
     if config.engine == "sim":
+        from deepseek_frontend.engines.sim.behavior import PRESETS
         from deepseek_frontend.engines.sim.engine import SimulatedEngine
 
         engine = SimulatedEngine(
@@ -107,9 +117,11 @@ def build_backend(config: ServerConfig, tokenizer: Any) -> _Backend:
             ttft_ms=config.sim_ttft_ms,
             itl_ms=config.sim_itl_ms,
             tokens_per_chunk=config.sim_tokens_per_chunk,
+            behavior=PRESETS[config.sim_behave] if config.sim_behave != "ideal" else None,
         )
         return _Backend(engine, "sim")
     from deepseek_frontend.engines.pool import from_urls
+    from deepseek_frontend.routing import Router, RouterConfig
 
     pool = from_urls(
         config.engine,
@@ -117,9 +129,30 @@ def build_backend(config: ServerConfig, tokenizer: Any) -> _Backend:
         model=config.worker_model or config.served_model_name,
         vllm_grammar=config.vllm_grammar,
         health_interval_s=config.health_check_interval,
+        health_timeout_s=config.health_check_timeout,
         max_attempts=config.max_retries + 1,
+        limits=stream_limits(config, tokenizer),
+        router=Router(config.router or RouterConfig()),
+        migration_limit=config.migration_limit,
     )
     return _Backend(pool, config.engine)
+
+
+def stream_limits(config: ServerConfig, tokenizer: Any) -> Any:
+    """The worker pool's :class:`~deepseek_frontend.engines.pool.StreamLimits` for ``config``."""
+    from deepseek_frontend.engines.pool import StreamLimits
+
+    lim = config.limits
+    return StreamLimits(
+        max_in_flight_per_worker=lim.max_requests_per_worker,
+        # every admitted request may hold an engine stream; n > 1 choices wait for a slot
+        max_in_flight=max(lim.max_concurrent_requests, lim.max_requests_per_worker),
+        capacity_wait_s=lim.queue_timeout,
+        first_token_timeout_s=lim.first_token_timeout or None,
+        idle_timeout_s=lim.idle_timeout or None,
+        request_timeout_s=lim.request_timeout or None,
+        vocab_size=getattr(tokenizer, "vocab_size", None),
+    )
 
 
 # --------------------------------------------------------------------------- middleware
@@ -128,10 +161,20 @@ def build_backend(config: ServerConfig, tokenizer: Any) -> _Backend:
 class AuthMiddleware:
     """Pure-ASGI API key check (no per-request task or body wrapping, unlike BaseHTTPMiddleware)."""
 
-    def __init__(self, app: ASGIApp, api_key: str, renderers: list[tuple[str, ErrorBodyRenderer]]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        api_key: str,
+        renderers: list[tuple[str, ErrorBodyRenderer]],
+        metrics: FrontendMetrics | None = None,
+        endpoints: frozenset[str] = frozenset(),
+    ) -> None:
         self.app = app
         self._key = api_key.encode()
         self._renderers = renderers
+        self._metrics = metrics
+        #: paths counted under their own name; any other path is counted as "other" (bounded labels)
+        self._endpoints = endpoints
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
@@ -153,6 +196,12 @@ class AuthMiddleware:
             f"{message}: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
         )
         response = error_response(err, _renderer_for(scope["path"], self._renderers))
+        # A refused request is counted and logged like any other (the key itself never is).
+        path = scope["path"]
+        endpoint = path if path in self._endpoints else "other"
+        if self._metrics is not None:
+            self._metrics.requests.labels(endpoint, str(err.status_code), err.error_type).inc()
+        log_request_done(new_request_id("auth"), endpoint, err.status_code, err.error_type, err.message, 0.0)
         await response(scope, receive, send)
 
 
@@ -166,9 +215,26 @@ def _renderer_for(path: str, renderers: list[tuple[str, ErrorBodyRenderer]]) -> 
 # --------------------------------------------------------------------------- small endpoints
 
 
+def _is_anthropic_client(request: Request) -> bool:
+    """Anthropic SDKs and Claude Code send ``anthropic-version`` (and their key as ``x-api-key``)."""
+    headers = request.headers
+    return "anthropic-version" in headers or ("x-api-key" in headers and "authorization" not in headers)
+
+
+def _anthropic_model(name: str, created: int) -> dict[str, Any]:
+    """A model in the shape of Anthropic's ``GET /v1/models`` (``created_at`` is RFC 3339)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created))
+    return {"type": "model", "id": name, "display_name": name, "created_at": stamp}
+
+
 async def list_models(request: Request) -> Response:
+    """The served model, in OpenAI's list shape -- or Anthropic's for an Anthropic client."""
     state: FrontendState = request.app.state.frontend
     cfg = state.config
+    if _is_anthropic_client(request):
+        entry = _anthropic_model(cfg.served_model_name, state.extra.get("started_at", 0))
+        page = {"data": [entry], "has_more": False, "first_id": entry["id"], "last_id": entry["id"]}
+        return Response(orjson.dumps(page), media_type="application/json")
     model = {
         "id": cfg.served_model_name,
         "object": "model",
@@ -183,6 +249,10 @@ async def retrieve_model(request: Request) -> Response:
     state: FrontendState = request.app.state.frontend
     cfg = state.config
     name = cfg.resolve_model(request.path_params["model"])
+    if _is_anthropic_client(request):
+        # the name asked for (an alias such as claude-*), as every response echoes it
+        entry = _anthropic_model(request.path_params["model"], state.extra.get("started_at", 0))
+        return Response(orjson.dumps(entry), media_type="application/json")
     return Response(
         orjson.dumps(
             {
@@ -203,15 +273,44 @@ def _worker_json(status: Any) -> dict[str, Any]:
         "in_flight": status.in_flight,
         "consecutive_failures": status.consecutive_failures,
         "last_error": status.last_error,
+        # request / failure counters and what discovery learned (the pool's WorkerStatus.extra)
+        **{k: v for k, v in (getattr(status, "extra", None) or {}).items() if k in _WORKER_EXTRA_KEYS},
     }
 
 
+#: WorkerStatus.extra entries /health shows per worker
+_WORKER_EXTRA_KEYS = frozenset({"requests", "failures", "capabilities"})
+
+
+def _presents_key(request: Request, api_key: str | None) -> bool:
+    """Whether ``request`` carries ``api_key`` (Bearer or x-api-key); True when no key is configured."""
+    if not api_key:
+        return True
+    key = api_key.encode()
+    for name, value in request.scope["headers"]:
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key):
+                return True
+        elif name == b"x-api-key" and hmac.compare_digest(value.strip(), key):
+            return True
+    return False
+
+
 async def health(request: Request) -> Response:
-    """Ready when at least one worker is healthy (Kubernetes readiness probe)."""
+    """Ready when at least one worker is healthy (Kubernetes readiness probe).
+
+    Probes carry no key, so without one the answer is only up or down (``status``); worker URLs
+    and their last errors -- internal addresses, engine messages -- need the API key when one is
+    configured.
+    """
     state: FrontendState = request.app.state.frontend
     workers = [_worker_json(s) for s in state.backend.statuses()]
     healthy = sum(1 for w in workers if w["healthy"])
     status = "ok" if healthy == len(workers) else "degraded" if healthy else "unavailable"
+    if not _presents_key(request, state.config.api_key):
+        code = 200 if healthy else 503
+        return Response(orjson.dumps({"status": status}), status_code=code, media_type="application/json")
     body = {
         "status": status,
         "model": state.config.served_model_name,
@@ -233,6 +332,9 @@ async def metrics_endpoint(request: Request) -> Response:
     for s in state.backend.statuses():
         m.worker_healthy.labels(s.url).set(1 if s.healthy else 0)
         m.worker_in_flight.labels(s.url).set(s.in_flight)
+    slot = state.extra.get("process_slot")  # serve --workers N (api/processes.py)
+    if slot is not None and request.query_params.get("scope") != "process":
+        return Response(await slot.sibling_metrics(m.render()), media_type=CONTENT_TYPE)
     return Response(m.render(), media_type=CONTENT_TYPE)
 
 
@@ -263,6 +365,64 @@ async def _frontend_error(request: Request, exc: Exception) -> Response:
 # --------------------------------------------------------------------------- app
 
 
+async def _expire_idle_cache_entries(tokenizer: Any, idle_s: float) -> None:
+    """Release idle prompt-id cache entries even when no request arrives to trigger it.
+
+    After a sweep that freed something, glibc is asked to hand free heap pages back to the
+    system (``malloc_trim``): without it the freed entries stay in the process's RSS.
+    """
+    if not hasattr(tokenizer, "expire_idle"):
+        return
+    trim = _malloc_trim()
+    while True:
+        await asyncio.sleep(max(1.0, min(idle_s / 4, 60.0)))
+        before = sum(c["bytes"] for c in tokenizer.cache_stats().values())
+        tokenizer.expire_idle()
+        if trim is not None and sum(c["bytes"] for c in tokenizer.cache_stats().values()) < before:
+            trim(0)
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None on other C libraries."""
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim  # type: ignore[no-any-return]
+    except (OSError, AttributeError):
+        return None
+
+
+def _load_tokenizer(config: ServerConfig) -> Any:
+    """The checkpoint's tokenizer, the bundled V4 one, or (V4.1 without a checkpoint, simulated
+    engine only: ServerConfig refuses real workers) the V4.1 stand-in derived from it."""
+    from pathlib import Path
+
+    from deepseek_frontend.errors import FormatError, UnsupportedModelError
+    from deepseek_frontend.tokenization import PromptTokenizer, load_v41_stand_in
+
+    sizes = {
+        "run_cache_bytes": config.run_cache_bytes,
+        "prefix_cache_bytes": config.prefix_cache_bytes,
+        "cache_idle_s": config.cache_idle_seconds,
+    }
+    has_own = config.model_path is not None and (
+        Path(config.model_path).is_file() or (Path(config.model_path) / "tokenizer.json").is_file()
+    )
+    if config.family == "deepseek_v41" and not has_own:
+        return load_v41_stand_in(**sizes)
+    tok = PromptTokenizer.load(config.model_path, **sizes)
+    if config.family == "deepseek_v41":
+        from deepseek_frontend.formats import dsv41
+
+        for spelling in (dsv41.DSV41_SPELLINGS.system, dsv41.IMAGE_TOKEN):
+            try:
+                tok.token_id(spelling)
+            except FormatError:
+                raise UnsupportedModelError(
+                    f"{tok.source} has no {spelling} token: it is not a DeepSeek-V4.1 tokenizer "
+                    "(pass --model-path of the V4.1 checkpoint)"
+                ) from None
+    return tok
+
+
 def create_app(
     config: ServerConfig,
     *,
@@ -276,17 +436,31 @@ def create_app(
     loaded from the config. The backend is started and closed by the app's lifespan.
     """
     from deepseek_frontend.pipeline.chat import ChatPipeline
-    from deepseek_frontend.tokenization import PromptTokenizer
 
     from .openai.chat import chat_completions
     from .openai.completions import completions
 
-    tok = tokenizer if tokenizer is not None else PromptTokenizer.load(config.model_path)
+    tok = tokenizer if tokenizer is not None else _load_tokenizer(config)
     back = _Backend(backend, config.engine) if backend is not None else build_backend(config, tok)
     metrics = FrontendMetrics()
+    if hasattr(tok, "cache_stats"):
+        metrics.watch_caches(tok.cache_stats)
+    router = getattr(back.target, "router", None)
+    if router is not None:
+        from deepseek_frontend.routing.metrics import RoutingCollector
+
+        metrics.registry.register(RoutingCollector(router))
     pipeline = ChatPipeline(config, tok, back, metrics)
     state = FrontendState(config=config, pipeline=pipeline, tokenizer=tok, metrics=metrics, backend=back)
     state.extra["started_at"] = int(time.time())
+    lim = config.limits
+    state.admission = Admission(lim.max_concurrent_requests, lim.max_queued_requests, lim.queue_timeout)
+    metrics.watch_admission(
+        state.admission,
+        lambda: pipeline.offload.pending,
+        # the serve command puts its HTTP protocol class here (absent under a test client)
+        lambda: getattr(state.extra.get("http_protocol"), "stats", None),
+    )
 
     routes: list[BaseRoute] = [
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -309,10 +483,15 @@ def create_app(
         # move it out of the collector's sight so full collections stay short under load.
         gc.collect()
         gc.freeze()
+        sweeper = asyncio.create_task(_expire_idle_cache_entries(tok, config.cache_idle_seconds))
         try:
             yield
         finally:
+            sweeper.cancel()
             await back.aclose()
+            resolver = state.extra.get("image_resolver")  # made on the first image request
+            if resolver is not None:
+                await resolver.aclose()
 
     app = Starlette(
         routes=routes,
@@ -321,6 +500,15 @@ def create_app(
     )
     app.state.frontend = state
     app.state.error_renderers = renderers
+    if router is not None and router.mode in ("session", "kv", "kv-approx"):
+        from deepseek_frontend.routing.session import SessionMiddleware
+
+        app.add_middleware(SessionMiddleware)  # the agent session header, for affinity
     if config.api_key:
-        app.add_middleware(AuthMiddleware, api_key=config.api_key, renderers=renderers)
+        endpoints = frozenset(getattr(r, "path", "") for r in routes) - {""}
+        app.add_middleware(
+            AuthMiddleware, api_key=config.api_key, renderers=renderers, metrics=metrics, endpoints=endpoints
+        )
+    # added last, so outermost: a burst queues here before any routing, auth or validation work
+    app.add_middleware(TurnGate, turns=pipeline.turns)
     return app

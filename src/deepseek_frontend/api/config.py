@@ -17,15 +17,23 @@ from pathlib import Path
 from typing import Literal
 
 from deepseek_frontend.errors import ModelNotFoundError, UnsupportedModelError
+from deepseek_frontend.images import ImageOptions
+from deepseek_frontend.routing.options import router_config_from_args
+from deepseek_frontend.routing.router import RouterConfig
+from deepseek_frontend.tokenization import CACHE_IDLE_SECONDS, PREFIX_CACHE_BYTES, RUN_CACHE_BYTES
 
 EngineKind = Literal["sglang", "vllm", "sim"]
 
 #: Context window used when the checkpoint does not say (DeepSeek-V4: 1M tokens).
 DEFAULT_CONTEXT_LENGTH = 1_048_576
 #: Per-family fallbacks when no config.json is available.
-FAMILY_CONTEXT_LENGTH = {"deepseek_v4": 1_048_576, "deepseek_v32": 163_840}
+FAMILY_CONTEXT_LENGTH = {"deepseek_v4": 1_048_576, "deepseek_v41": 1_048_576, "deepseek_v32": 163_840}
 #: Name served when neither --served-model-name nor --model-path gives one.
-FAMILY_DISPLAY_NAME = {"deepseek_v4": "deepseek-v4-flash", "deepseek_v32": "deepseek-v3.2"}
+FAMILY_DISPLAY_NAME = {
+    "deepseek_v4": "deepseek-v4-flash",
+    "deepseek_v41": "deepseek-v4.1-flash",
+    "deepseek_v32": "deepseek-v3.2",
+}
 #: Environment variable read when --api-key is not given.
 API_KEY_ENV = "DEEPSEEK_FRONTEND_API_KEY"
 
@@ -41,6 +49,49 @@ class ModelAlias:
         if any(c in self.pattern for c in "*?["):
             return fnmatch.fnmatchcase(name, self.pattern)
         return name == self.pattern
+
+
+@dataclass(frozen=True, slots=True)
+class ServingLimits:
+    """What one client or one worker may cost the server (``serve`` flags of the "limits" group).
+
+    Defaults are sized for DeepSeek's long prompts: a 1M-token prefill takes minutes before the
+    first token, decode steps take milliseconds. A timeout of 0 turns it off.
+    """
+
+    #: requests served at once (admission control); more wait in a queue of ``max_queued_requests``
+    max_concurrent_requests: int = 1024
+    max_queued_requests: int = 256
+    #: seconds a request may wait in that queue before its 429
+    queue_timeout: float = 10.0
+    #: engine requests one worker runs at once (the engine client's connections are sized to match)
+    max_requests_per_worker: int = 1024
+    #: seconds from sending a request to a worker to its first token
+    first_token_timeout: float = 600.0
+    #: seconds a started stream may go without a chunk from its worker
+    idle_timeout: float = 60.0
+    #: seconds one engine request may take in all
+    request_timeout: float = 3600.0
+    #: seconds a client may take for its request line and headers, and for its body
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    #: open client connections at most (file descriptors)
+    max_connections: int = 8192
+    #: threads rendering and tokenizing long prompts, and the size (characters) that sends one there
+    offload_threads: int = 2
+    offload_min_chars: int = 16_384
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServingLimits:
+        """The limits the parsed flags give (a flag missing from ``args`` keeps its default)."""
+        defaults = cls()
+        values = {name: getattr(args, name, getattr(defaults, name)) for name in cls.__dataclass_fields__}
+        for name, value in values.items():
+            # timeouts and the queue may be 0 (off / no queue); counts must be positive
+            may_be_zero = name.endswith("timeout") or name == "max_queued_requests"
+            if value is None or value < 0 or (value == 0 and not may_be_zero):
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value!r}")
+        return cls(**values)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,13 +115,31 @@ class ServerConfig:
     model_aliases: tuple[ModelAlias, ...] = ()
     #: the ``model`` field of requests to vLLM workers (their --served-model-name)
     worker_model: str | None = None
-    #: vLLM workers accept the DSML tool grammar (``--vllm-grammar``)
-    vllm_grammar: bool = False
+    #: whether vLLM workers get the DSML tool grammar (``--[no-]vllm-grammar``); None: yes (the default)
+    vllm_grammar: bool | None = None
+    #: what /v1/responses does with hosted tools it cannot run: "drop" (warn) or "reject" (400)
+    hosted_tools: str = "drop"
     health_check_interval: float = 5.0
+    #: seconds one health probe or capability discovery may take (above SGLang's 20 s health wait)
+    health_check_timeout: float = 30.0
     max_retries: int = 2
+    #: the router's settings (``--router-mode`` and friends, routing/options.py); None: defaults
+    router: RouterConfig | None = None
+    #: times a response broken mid-stream continues on another worker (``--migration-limit``)
+    migration_limit: int = 0
     sim_ttft_ms: float = 0.0
     sim_itl_ms: float = 0.0
     sim_tokens_per_chunk: int = 1
+    #: the built-in simulated engine's behaviour preset (engines/sim/behavior.py PRESETS)
+    sim_behave: str = "ideal"
+    #: memory budgets of the prompt-id caches and their idle expiry (see tokenization.PromptTokenizer)
+    run_cache_bytes: int = RUN_CACHE_BYTES
+    prefix_cache_bytes: int = PREFIX_CACHE_BYTES
+    cache_idle_seconds: float = CACHE_IDLE_SECONDS
+    #: limits and timeouts (docs/serving.md "Limits and timeouts"); a timeout of 0 is off
+    limits: ServingLimits = field(default_factory=lambda: ServingLimits())
+    #: image limits and the remote image URL policy (images.py)
+    images: ImageOptions = field(default_factory=ImageOptions)
     extra: dict[str, object] = field(default_factory=dict, compare=False)
 
     @property
@@ -105,11 +174,6 @@ class ServerConfig:
         model_path: str | None = args.model_path
         served: str | None = args.served_model_name
         family = detect_family(model_path, served)
-        if family == "deepseek_v41":
-            raise UnsupportedModelError(
-                "DeepSeek-V4.1 was detected but this frontend has no V4.1 prompt encoder yet; "
-                "serve a V4 or V3.2 checkpoint (or pass --served-model-name to override detection)"
-            )
         if family is None:
             if model_path and (Path(model_path) / "config.json").is_file():
                 # The checkpoint says what it is, and it is not a family this frontend renders.
@@ -139,6 +203,24 @@ class ServerConfig:
             )
         if engine != "sim" and not workers:
             raise ValueError(f"--engine {engine} needs at least one --worker URL")
+        if (
+            family == "deepseek_v41"
+            and engine != "sim"
+            and not (model_path and (Path(model_path) / "tokenizer.json").is_file())
+        ):
+            # The bundled tokenizer is V4's: it has no <｜System｜> and spells the image token
+            # <｜image2｜>. Only the simulated engine may run on the renamed stand-in.
+            raise UnsupportedModelError(
+                "DeepSeek-V4.1 on real workers needs the checkpoint's own tokenizer: pass "
+                "--model-path DIR (a directory with the checkpoint's tokenizer.json); the bundled "
+                "tokenizer is DeepSeek-V4's and lacks <｜System｜> and <｜deepseek_image｜>"
+            )
+        profile = args.reasoning_effort_profile or default_effort_profile(model_path, served)
+        from deepseek_frontend.formats.effort import V41_PROFILES
+
+        if (family == "deepseek_v41") != (profile in V41_PROFILES):
+            expected = "release or prerelease" if family == "deepseek_v41" else "preview or official"
+            raise ValueError(f"--reasoning-effort-profile {profile}: a {family} checkpoint takes {expected}")
 
         aliases = tuple(parse_model_alias(a, served) for a in args.model_alias)
         api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
@@ -151,21 +233,56 @@ class ServerConfig:
             host=args.host,
             port=args.port,
             default_thinking=args.default_thinking,
-            reasoning_effort_profile=args.reasoning_effort_profile
-            or default_effort_profile(model_path, args.served_model_name),
+            reasoning_effort_profile=profile,
             api_key=api_key,
             max_body_bytes=args.max_body_bytes,
             context_length=context_length,
             default_max_tokens=args.default_max_tokens,
             model_aliases=aliases,
             worker_model=getattr(args, "worker_model", None) or model_path or served,
-            vllm_grammar=bool(getattr(args, "vllm_grammar", False)),
+            vllm_grammar=getattr(args, "vllm_grammar", None),
+            hosted_tools=getattr(args, "hosted_tools", "drop") or "drop",
             health_check_interval=args.health_check_interval,
+            health_check_timeout=getattr(args, "health_check_timeout", 30.0),
             max_retries=args.max_retries,
+            router=router_config_from_args(args),
+            migration_limit=getattr(args, "migration_limit", 0),
             sim_ttft_ms=args.sim_ttft_ms,
             sim_itl_ms=args.sim_itl_ms,
             sim_tokens_per_chunk=args.sim_tokens_per_chunk,
+            sim_behave=_sim_behave(getattr(args, "sim_behave", "ideal")),
+            run_cache_bytes=args.run_cache_bytes,
+            prefix_cache_bytes=args.prefix_cache_bytes,
+            cache_idle_seconds=args.cache_idle_seconds,
+            limits=ServingLimits.from_args(args),
+            images=_image_options(args),
         )
+
+
+def _image_options(args: argparse.Namespace) -> ImageOptions:
+    """The image flags -> :class:`ImageOptions`; raises ValueError for a non-positive limit."""
+    defaults = ImageOptions()
+    options = ImageOptions(
+        max_images_per_request=getattr(args, "max_images_per_request", defaults.max_images_per_request),
+        max_image_bytes=getattr(args, "max_image_bytes", defaults.max_image_bytes),
+        max_total_image_bytes=getattr(args, "max_total_image_bytes", defaults.max_total_image_bytes),
+        url_allow=tuple(getattr(args, "image_url_allow", None) or ()),
+        fetch_timeout=getattr(args, "image_fetch_timeout", defaults.fetch_timeout),
+    )
+    for name in ("max_images_per_request", "max_image_bytes", "max_total_image_bytes", "fetch_timeout"):
+        if getattr(options, name) <= 0:
+            flag = "image-fetch-timeout" if name == "fetch_timeout" else name.replace("_", "-")
+            raise ValueError(f"--{flag} must be positive")
+    return options
+
+
+def _sim_behave(name: str) -> str:
+    """``--sim-behave``: a preset name of the simulated engine; raises ValueError for another."""
+    from deepseek_frontend.engines.sim.behavior import PRESETS
+
+    if name not in PRESETS:
+        raise ValueError(f"--sim-behave {name!r}: expected one of {', '.join(sorted(PRESETS))}")
+    return name
 
 
 def parse_model_alias(spec: str, served_model_name: str) -> ModelAlias:

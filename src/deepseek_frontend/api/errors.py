@@ -60,6 +60,12 @@ def error_response(
 ) -> Response:
     """A JSON response with the status ``exc`` maps to, in the shape ``render`` gives."""
     err = as_frontend_error(exc)
+    retry_after = getattr(err, "retry_after_s", None)
+    if retry_after is not None:
+        headers = {**(headers or {}), "retry-after": str(retry_after)}
+    if err.status_code == 408:
+        # the client is too slow to send its request: do not wait for the rest on this connection
+        headers = {**(headers or {}), "connection": "close"}
     return Response(
         orjson.dumps(render(err)),
         status_code=err.status_code,

@@ -68,6 +68,10 @@ class EventEncoder(ABC):
 
     # -- the protocol's part --------------------------------------------------------------
 
+    def note_cached_prompt(self, cached_tokens: int) -> None:  # noqa: B027 - optional hook
+        """The prompt tokens the engine's first chunk reported as cache hits (before :meth:`start`),
+        for protocols whose opening event reports them; by default ignored."""
+
     @abstractmethod
     def start(self) -> list[SSEEvent]:
         """The events that open the stream."""

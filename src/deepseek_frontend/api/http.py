@@ -25,10 +25,12 @@ import anyio
 import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from deepseek_frontend.errors import FrontendError, PayloadTooLargeError, RequestError
+from deepseek_frontend.errors import FrontendError, PayloadTooLargeError, RequestError, RequestTimeoutError
+from deepseek_frontend.pipeline.offload import CURRENT_TURN, release_current_turn
 
+from .admission import Admission
 from .errors import ErrorBodyRenderer, as_frontend_error, error_response, openai_error_body
 from .sse import MEDIA_TYPE, SSE_HEADERS
 
@@ -57,6 +59,8 @@ class FrontendState:
     #: the WorkerPool (or in-process simulated engine) behind the pipeline
     backend: Any
     extra: dict[str, Any] = field(default_factory=dict)
+    #: admission control of the generating endpoints (None: unlimited)
+    admission: Admission | None = None
 
 
 def get_state(request: Request) -> FrontendState:
@@ -68,26 +72,51 @@ def new_request_id(prefix: str = "chatcmpl") -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
+#: seconds a client may take to send its whole request body (32 MiB at 1 MB/s takes 32 s)
+BODY_TIMEOUT_S = 60.0
+
+
+async def read_json(request: Request, max_bytes: int, timeout_s: float | None = None) -> dict[str, Any]:
     """The request body as a JSON object.
 
     Raises ``PayloadTooLargeError`` past ``max_bytes`` (checked on Content-Length
-    first, then while reading, so a lying client cannot make us buffer more) and
-    ``RequestError`` for invalid JSON or a non-object body.
+    first, then while reading, so a lying client cannot make us buffer more),
+    ``RequestTimeoutError`` (408, and the connection is closed) when the body has not
+    arrived within ``timeout_s`` seconds (default: the server's ``body_timeout``, else
+    :data:`BODY_TIMEOUT_S`) -- a client trickling its body must not hold a request slot
+    forever -- and ``RequestError`` for invalid JSON or a non-object body.
     """
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > max_bytes:
         raise PayloadTooLargeError(f"request body is {declared} bytes; the limit is {max_bytes}")
+    if timeout_s is None:
+        limits = getattr(get_state(request).config, "limits", None)
+        timeout_s = getattr(limits, "body_timeout", BODY_TIMEOUT_S)
     parts: list[bytes] = []
     size = 0
+    # A client may send its body slowly: nobody else waits for this request's loop turn meanwhile.
+    release_current_turn()
+    CURRENT_TURN.set(None)
     try:
-        async for part in request.stream():
-            size += len(part)
-            if size > max_bytes:
-                raise PayloadTooLargeError(f"request body exceeds the limit of {max_bytes} bytes")
-            parts.append(part)
+        async with asyncio.timeout(timeout_s or None):
+            async for part in request.stream():
+                size += len(part)
+                if size > max_bytes:
+                    raise PayloadTooLargeError(f"request body exceeds the limit of {max_bytes} bytes")
+                parts.append(part)
     except ClientDisconnect:
         raise RequestError("client disconnected while sending the body") from None
+    except TimeoutError:
+        raise RequestTimeoutError(
+            f"the request body did not arrive within {timeout_s:g} s ({size} bytes received)"
+        ) from None
+    turns = getattr(get_state(request).pipeline, "turns", None)
+    if turns is not None:
+        # Parsing, validating and preparing the prompt run on the event loop in turns, from here
+        # until the request waits on the engine (ChatPipeline.start gives the turn up): a burst
+        # queues here instead of running thousands of such steps in one loop iteration while
+        # /live and everyone else wait.
+        CURRENT_TURN.set(await turns.take())
     return parse_json_object(b"".join(parts))
 
 
@@ -104,6 +133,32 @@ def parse_json_object(raw: bytes, where: str = "request body") -> dict[str, Any]
     return data
 
 
+class TurnGate:
+    """Pure-ASGI middleware: each ``POST`` request starts by taking a loop turn (see ``LoopTurns``).
+
+    A burst of thousands of requests would otherwise run thousands of routing, validation and
+    admission steps in one event-loop iteration, and ``/live`` would wait behind all of them. Here a
+    request's first step only queues; the turn is handed on when the request reads its body, waits
+    on the engine or ends. Other methods (``GET /live``, ``/health``, ``/metrics``) pass straight
+    through.
+    """
+
+    def __init__(self, app: ASGIApp, turns: Any) -> None:
+        self.app = app
+        self.turns = turns
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        token = CURRENT_TURN.set(await self.turns.take())
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            release_current_turn()
+            CURRENT_TURN.reset(token)
+
+
 class RequestTracker:
     """Per-request bookkeeping: in-flight gauge, status counter, e2e latency, one log line.
 
@@ -111,7 +166,16 @@ class RequestTracker:
     response calls it when its body ends (``deferred`` set by the endpoint).
     """
 
-    __slots__ = ("_done", "deferred", "endpoint", "metrics", "request_id", "started", "stream_error")
+    __slots__ = (
+        "_done",
+        "_release",
+        "deferred",
+        "endpoint",
+        "metrics",
+        "request_id",
+        "started",
+        "stream_error",
+    )
 
     def __init__(self, metrics: FrontendMetrics, endpoint: str, request_id: str) -> None:
         self.metrics = metrics
@@ -122,29 +186,45 @@ class RequestTracker:
         #: error type of an in-band error event a stream ended with ('' if none)
         self.stream_error = ""
         self._done = False
+        #: gives the request's admission slot back (set once admitted)
+        self._release: Callable[[], None] | None = None
         metrics.in_flight.labels(endpoint).inc()
 
-    def finish(self, status: int, error_type: str = "") -> None:
+    def finish(self, status: int, error_type: str = "", message: str = "") -> None:
+        """Count the request by status and log its "request done" line (idempotent).
+
+        ``message`` is the error message the client got (it names the field and what is
+        wrong, never the API key or message contents), logged at the default level so an
+        operator sees why a 4xx happened.
+        """
         if self._done:
             return
         self._done = True
+        release, self._release = self._release, None
+        if release is not None:
+            release()
         m = self.metrics
         elapsed = time.perf_counter() - self.started
         m.in_flight.labels(self.endpoint).dec()
         m.requests.labels(self.endpoint, str(status), error_type).inc()
         m.e2e.observe(elapsed)
-        level = logging.INFO if status < 500 else logging.WARNING
-        log.log(
-            level,
-            "request done",
-            extra={
-                "request_id": self.request_id,
-                "endpoint": self.endpoint,
-                "status": status,
-                "error_type": error_type or "-",
-                "seconds": round(elapsed, 4),
-            },
-        )
+        log_request_done(self.request_id, self.endpoint, status, error_type, message, elapsed)
+
+
+def log_request_done(
+    request_id: str, endpoint: str, status: int, error_type: str, message: str, seconds: float
+) -> None:
+    """The one "request done" line of a request (INFO, WARNING for 5xx), with the error message if any."""
+    extra: dict[str, object] = {
+        "request_id": request_id,
+        "endpoint": endpoint,
+        "status": status,
+        "error_type": error_type or "-",
+        "seconds": round(seconds, 4),
+    }
+    if message:
+        extra["error"] = message
+    log.log(logging.INFO if status < 500 else logging.WARNING, "request done", extra=extra)
 
 
 Endpoint = Callable[[Request, RequestTracker], Awaitable[Response]]
@@ -168,11 +248,31 @@ def api_route(
             request.state.request_id = request_id
             tracker = RequestTracker(state.metrics, endpoint, request_id)
             try:
-                response = await fn(request, tracker)
+                admission = state.admission
+                if admission is not None:
+                    # Before the body is read: a refused request costs no memory and no parsing. A
+                    # request that queues here must not hold its loop turn (read_json takes a new one).
+                    if not admission.can_enter():
+                        release_current_turn()
+                    refusal = await admission.enter()
+                    if refusal is not None:
+                        # answered without raising (see Admission.enter): the cheapest answer there is
+                        response = error_response(refusal, render)
+                        tracker.finish(response.status_code, refusal.error_type, refusal.message)
+                        response.headers.setdefault(
+                            REQUEST_ID_HEADER, request.headers.get(REQUEST_ID_HEADER) or request_id
+                        )
+                        return response
+                    tracker._release = admission.release
+                try:
+                    response = await fn(request, tracker)
+                finally:
+                    # the loop turn (TurnGate, read_json) ends with the handler at the latest
+                    release_current_turn()
             except Exception as exc:
                 err = as_frontend_error(exc)
                 response = error_response(err, render)
-                tracker.finish(response.status_code, err.error_type)
+                tracker.finish(response.status_code, err.error_type, err.message)
                 if err.status_code >= 500:
                     log.warning("request failed: %s", err.message, extra={"request_id": request_id})
             else:

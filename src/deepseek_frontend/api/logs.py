@@ -3,13 +3,36 @@
 ``configure_logging`` installs a formatter that appends any ``extra={...}``
 fields as ``key=value`` pairs, so ``log.info("request done", extra={"request_id": rid, "status": 200})``
 prints ``... request done request_id=chatcmpl-... status=200``.
+
+One event is always one line: the message, every field and a traceback have their control
+characters escaped (``\\n``, ``\\x1b``, ...), because they carry text from clients and workers (an
+engine error message, a model name) that could otherwise forge log lines or terminal escapes.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
+
+#: characters a log line must not carry raw: C0 controls, DEL, C1 controls, line/paragraph separators
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_char(match: re.Match[str]) -> str:
+    char = match.group()
+    if char in _ESCAPES:
+        return _ESCAPES[char]
+    code = ord(char)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escape(text: str) -> str:
+    """``text`` with control characters escaped, so it cannot break or forge a log line."""
+    return _UNSAFE.sub(_escape_char, text) if _UNSAFE.search(text) else text
+
 
 #: LogRecord attributes that are not user ``extra`` fields.
 _STANDARD_ATTRS = frozenset(
@@ -23,17 +46,18 @@ class KeyValueFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        parts = [f"{ts}.{int(record.msecs):03d}Z", record.levelname, record.name, record.getMessage()]
+        parts = [f"{ts}.{int(record.msecs):03d}Z", record.levelname, record.name, escape(record.getMessage())]
         for key, value in record.__dict__.items():
             if key in _STANDARD_ATTRS or key.startswith("_"):
                 continue
             text = str(value)
             if not text or any(c in text for c in ' "='):
                 text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-            parts.append(f"{key}={text}")
+            parts.append(f"{key}={escape(text)}")
         line = " ".join(parts)
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+            # still one line: the traceback's newlines are escaped like any other
+            line += " exc=" + escape(self.formatException(record.exc_info))
         return line
 
 
@@ -47,3 +71,7 @@ def configure_logging(level: str = "info") -> None:
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers[:] = []
         logging.getLogger(name).propagate = True
+    # httpx logs every request (health probes every few seconds per worker) at INFO
+    quiet = logging.DEBUG if level.lower() == "debug" else logging.WARNING
+    for name in ("httpx", "httpcore"):
+        logging.getLogger(name).setLevel(quiet)

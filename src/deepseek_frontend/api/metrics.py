@@ -9,10 +9,11 @@ counters are incremented once per request.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 PREFIX = "deepseek_frontend"
@@ -67,6 +68,77 @@ class Histogram:
 
     def describe(self) -> Iterator[Metric]:
         yield HistogramMetricFamily(self.name, self.documentation)
+
+
+class _CacheCollector:
+    """``<prefix>_cache_{entries,bytes}`` gauges and ``_cache_{hits,misses}_total`` counters by cache."""
+
+    def __init__(self, stats: Callable[[], dict[str, dict[str, int]]]) -> None:
+        self._stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._stats()
+        families = (
+            GaugeMetricFamily(
+                f"{PREFIX}_cache_entries", "Entries in each prompt-id cache.", labels=["cache"]
+            ),
+            GaugeMetricFamily(
+                f"{PREFIX}_cache_bytes", "Estimated bytes held by each prompt-id cache.", labels=["cache"]
+            ),
+            CounterMetricFamily(f"{PREFIX}_cache_hits", "Lookups served by each cache.", labels=["cache"]),
+            CounterMetricFamily(f"{PREFIX}_cache_misses", "Lookups each cache missed.", labels=["cache"]),
+        )
+        for name, values in stats.items():
+            for family, key in zip(families, ("entries", "bytes", "hits", "misses"), strict=True):
+                family.add_metric([name], values[key])
+        yield from families
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+class _AdmissionCollector:
+    """Admission control and isolation, read at scrape time (no per-request cost).
+
+    ``<prefix>_admission_{active,queued}`` gauges, ``_admission_rejected_total`` (429s),
+    ``_offload_pending`` (long prompts queued or being prepared off the event loop) and, when the
+    HTTP protocol's counters are given, ``_http_{header_timeouts,refused_connections,parser_errors}_total``.
+    """
+
+    def __init__(
+        self,
+        admission: Any,
+        offload_pending: Callable[[], int],
+        http_stats: Callable[[], dict[str, int] | None],
+    ) -> None:
+        self._admission = admission
+        self._offload_pending = offload_pending
+        self._http_stats = http_stats
+
+    def collect(self) -> Iterator[Metric]:
+        adm = self._admission
+        yield GaugeMetricFamily(
+            f"{PREFIX}_admission_active", "Requests admitted and being served.", adm.active
+        )
+        yield GaugeMetricFamily(f"{PREFIX}_admission_queued", "Requests waiting for a slot.", adm.queued)
+        yield CounterMetricFamily(
+            f"{PREFIX}_admission_rejected", "Requests refused with 429 by admission control.", adm.rejected
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_offload_pending",
+            "Long prompts queued or being rendered and tokenized off the event loop.",
+            self._offload_pending(),
+        )
+        stats = self._http_stats() or {}
+        for key, text in (
+            ("header_timeouts", "Connections closed for not sending a request head in time (408)."),
+            ("refused_connections", "Connections refused over the open-connection limit (503)."),
+            ("parser_errors", "Requests the HTTP parser rejected (400)."),
+        ):
+            yield CounterMetricFamily(f"{PREFIX}_http_{key}", text, stats.get(key, 0))
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
 
 
 def _format_bound(bound: float) -> str:
@@ -133,6 +205,19 @@ class FrontendMetrics:
             "Tool calls the model made to tools the request did not declare (dropped).",
             registry=r,
         )
+
+    def watch_caches(self, stats: Callable[[], dict[str, dict[str, int]]]) -> None:
+        """Export the prompt-id caches' sizes and hit counts, read from ``stats()`` at each scrape."""
+        self.registry.register(_CacheCollector(stats))
+
+    def watch_admission(
+        self,
+        admission: Any,
+        offload_pending: Callable[[], int],
+        http_stats: Callable[[], dict[str, int] | None] = lambda: None,
+    ) -> None:
+        """Export admission control, offload and HTTP-limit counters, read at each scrape."""
+        self.registry.register(_AdmissionCollector(admission, offload_pending, http_stats))
 
     def render(self) -> bytes:
         """Prometheus text exposition of every metric."""

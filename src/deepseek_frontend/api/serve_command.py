@@ -10,9 +10,15 @@ the first log line says so.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import logging
 import socket
 import sys
+from collections.abc import Callable
+from typing import Any
+
+from deepseek_frontend.tokenization import CACHE_IDLE_SECONDS, PREFIX_CACHE_BYTES, RUN_CACHE_BYTES
 
 HELP = "run the OpenAI-compatible HTTP server over SGLang / vLLM workers (or the built-in simulated engine)"
 
@@ -74,11 +80,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="thinking mode when the request does not choose (default: on)",
     )
     model.add_argument(
+        "--hosted-tools",
+        choices=("drop", "reject"),
+        default="drop",
+        help="OpenAI hosted tools this server cannot run (web_search, file_search, code_interpreter, "
+        "computer use, MCP) in a /v1/responses request: drop them with a warning in the response and a "
+        "log line, or reject the request with a 400 (default: drop, so Codex runs)",
+    )
+    model.add_argument(
         "--reasoning-effort-profile",
-        choices=("preview", "official"),
+        choices=("preview", "official", "release", "prerelease"),
         default=None,
-        help="how reasoning_effort words map onto the checkpoint's effort levels "
-        "(default: detected from the checkpoint, else preview)",
+        help="how reasoning_effort words map onto the checkpoint's effort levels: preview|official for "
+        "DeepSeek-V4, release|prerelease for V4.1 (default: detected from the checkpoint)",
     )
 
     engine = parser.add_argument_group("engine")
@@ -105,10 +119,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     engine.add_argument(
         "--vllm-grammar",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="send the DSML tool-call grammar (tool_choice required / named) to vLLM workers as "
-        "structured_outputs.grammar; only for a vLLM grammar backend checked to emit the DSML and "
-        "</think> tokens (default: such requests get a 400 on vLLM)",
+        "structured_outputs.grammar (default: on, vLLM always has a structured-outputs backend); "
+        "--no-vllm-grammar answers such requests with a 400 instead, for a backend known to fail them",
     )
     engine.add_argument(
         "--health-check-interval",
@@ -117,19 +132,187 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds between worker health checks (default: 5)",
     )
     engine.add_argument(
+        "--health-check-timeout",
+        type=float,
+        default=30.0,
+        help="seconds one worker health probe (SGLang: GET /server_info, which does not generate) or "
+        "capability discovery may take before it counts as a failure; keep it above SGLang's own 20 s "
+        "health wait so busy workers are not ejected (default: 30)",
+    )
+    engine.add_argument(
         "--max-retries",
         type=int,
         default=2,
         help="other workers to try when one fails before the first token (default: 2)",
     )
 
+    from deepseek_frontend.routing.options import add_routing_arguments
+
+    add_routing_arguments(parser)
+
     sim = parser.add_argument_group("built-in simulated engine (no --worker)")
     sim.add_argument("--sim-ttft-ms", type=float, default=0.0, help="simulated time to first token")
     sim.add_argument("--sim-itl-ms", type=float, default=0.0, help="simulated time between chunks")
     sim.add_argument("--sim-tokens-per-chunk", type=int, default=1, help="tokens per simulated chunk")
+    sim.add_argument(
+        "--sim-behave",
+        default="ideal",
+        metavar="PRESET",
+        help="refuse what a real engine launched this way would: ideal (nothing), sglang-recipe "
+        "(no grammar backend, EAGLE reserving 4 output slots, seeds ignored), sglang-recipe-grammar "
+        "(the same with xgrammar) (default: ideal; see `sim-engine --help`)",
+    )
+
+    caches = parser.add_argument_group("prompt-id caches (per frontend process)")
+    caches.add_argument(
+        "--prefix-cache-bytes",
+        type=int,
+        default=PREFIX_CACHE_BYTES,
+        help="memory budget of the conversation prefix cache: segment text plus 4 bytes an id "
+        f"(default: {PREFIX_CACHE_BYTES >> 20} MiB)",
+    )
+    caches.add_argument(
+        "--run-cache-bytes",
+        type=int,
+        default=RUN_CACHE_BYTES,
+        help=f"memory budget of the text-run cache (default: {RUN_CACHE_BYTES >> 20} MiB)",
+    )
+    caches.add_argument(
+        "--cache-idle-seconds",
+        type=float,
+        default=CACHE_IDLE_SECONDS,
+        help=f"drop cache entries unused this long (default: {CACHE_IDLE_SECONDS:g})",
+    )
+
+    limits = parser.add_argument_group(
+        "limits and timeouts (docs/serving.md, 'Limits and timeouts'; a timeout of 0 turns it off)"
+    )
+    limits.add_argument(
+        "--max-concurrent-requests",
+        type=int,
+        default=1024,
+        help="requests served at once; more wait in a short queue (default: 1024)",
+    )
+    limits.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=256,
+        help="requests that may wait for a slot; beyond it a 429 with Retry-After at once (default: 256)",
+    )
+    limits.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a request may wait for a slot (a request or worker slot) before its 429 (default: 10)",
+    )
+    limits.add_argument(
+        "--max-requests-per-worker",
+        type=int,
+        default=1024,
+        help="engine requests one worker runs at once; the engine client's connection pool is sized to "
+        "match (default: 1024)",
+    )
+    limits.add_argument(
+        "--first-token-timeout",
+        type=float,
+        default=600.0,
+        help="seconds a worker may take to the first token (a 1M-token prefill takes minutes); then the "
+        "request is aborted and the client gets a 504 (default: 600)",
+    )
+    limits.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a started stream may go without output from its worker; then it is aborted and "
+        "ends with an error event (default: 60)",
+    )
+    limits.add_argument(
+        "--request-timeout",
+        type=float,
+        default=3600.0,
+        help="seconds one engine request may take in all (default: 3600)",
+    )
+    limits.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a client may take to send its request line and headers; then 408 and the "
+        "connection is closed (default: 10)",
+    )
+    limits.add_argument(
+        "--body-timeout",
+        type=float,
+        default=60.0,
+        help="seconds a client may take to send its request body; then 408 and the connection is "
+        "closed (default: 60)",
+    )
+    limits.add_argument(
+        "--max-connections",
+        type=int,
+        default=8192,
+        help="open client connections at most; a new one beyond it gets a 503 at once (default: 8192, "
+        "capped by the open-files limit)",
+    )
+    limits.add_argument(
+        "--offload-threads",
+        type=int,
+        default=2,
+        help="threads that render and tokenize long prompts off the event loop (default: 2)",
+    )
+    limits.add_argument(
+        "--offload-min-chars",
+        type=int,
+        default=16_384,
+        help="requests with at least this many characters of text are prepared on those threads "
+        "(default: 16384)",
+    )
+
+    images = parser.add_argument_group("images (DeepSeek-V4.1; docs/serving.md, 'Images')")
+    images.add_argument(
+        "--max-images-per-request",
+        type=int,
+        default=32,
+        help="image parts one request may carry; more is a 400 naming the first extra part (default: 32)",
+    )
+    images.add_argument(
+        "--max-image-bytes",
+        type=int,
+        default=20 * 1024 * 1024,
+        help="encoded bytes of one image (default: 20 MiB)",
+    )
+    images.add_argument(
+        "--max-total-image-bytes",
+        type=int,
+        default=64 * 1024 * 1024,
+        help="encoded bytes of all images of one request (default: 64 MiB)",
+    )
+    images.add_argument(
+        "--image-url-allow",
+        action="append",
+        default=[],
+        metavar="DOMAIN",
+        help="fetch http(s) image URLs of DOMAIN and its subdomains (repeatable). Off by default: only "
+        "data: URLs are read. Loopback, private and link-local addresses are never fetched",
+    )
+    images.add_argument(
+        "--image-fetch-timeout",
+        type=float,
+        default=10.0,
+        help="seconds one remote image may take, connection to last byte (default: 10)",
+    )
 
     http = parser.add_argument_group("http")
     http.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
+    http.add_argument(
+        "--workers",
+        dest="frontend_processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="frontend processes sharing the port, under a supervisor that forwards signals (POSIX); "
+        "caches, limits and the in-process simulated engine are per process, /metrics covers all "
+        "(docs/serving.md, 'Several processes') (default: 1)",
+    )
     http.add_argument(
         "--port", type=int, default=DEFAULT_PORT, help=f"port (default: {DEFAULT_PORT}; 0 picks a free one)"
     )
@@ -153,12 +336,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _connection_limit(wanted: int, log: logging.Logger) -> int:
+    """``wanted`` open connections, or fewer if the open-files limit cannot hold them.
+
+    The soft limit is raised to the hard one first; a margin of descriptors stays for worker
+    connections, the tokenizer files and logs.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    # engine connections (one per in-flight stream, plus control connections) need descriptors too
+    room = max(64, soft - 1024 - wanted // 4)
+    if wanted > room:
+        log.warning("--max-connections %d does not fit the open-files limit %d; using %d", wanted, soft, room)
+        return room
+    return wanted
+
+
+def _error_body_for(app: Any) -> Callable[[str, Any], bytes]:
+    """Errors the HTTP layer answers before the app runs, in the shape of the API the path belongs to."""
+    import orjson
+
+    from deepseek_frontend.api.errors import openai_error_body
+
+    renderers = list(getattr(app.state, "error_renderers", []))
+
+    def body(path: str, err: Any) -> bytes:
+        for prefix, render in renderers:
+            if path.startswith(prefix):
+                return orjson.dumps(render(err))
+        return orjson.dumps(openai_error_body(err))
+
+    return body
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted. Returns the process exit code."""
     import uvicorn
 
     from deepseek_frontend.api.app import create_app
     from deepseek_frontend.api.config import ServerConfig
+    from deepseek_frontend.api.http_protocol import guarded_protocol
     from deepseek_frontend.api.logs import configure_logging
     from deepseek_frontend.errors import FrontendError
 
@@ -181,15 +405,46 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"deepseek-frontend serve: cannot bind {config.host}:{config.port}: {exc}", file=sys.stderr)
         return 2
-    sock.listen(2048)
+    max_connections = _connection_limit(config.limits.max_connections, log)
+    # a burst of connections waits in the kernel's accept queue rather than being refused by it
+    # (the kernel caps this at net.core.somaxconn)
+    backlog = max(2048, min(max_connections, 65535))
+    sock.listen(backlog)
     sock.set_inheritable(True)
     port = sock.getsockname()[1]
 
+    processes = getattr(args, "frontend_processes", 1)
+    slot = None
+    if processes > 1:
+        from deepseek_frontend.api.processes import fork_processes
+
+        # fork before the app exists: no threads yet, and each process loads its own tokenizer
+        forked = fork_processes(processes, sock)
+        if isinstance(forked, int):
+            return forked  # the supervisor, after every process exited
+        slot = forked
+    elif processes < 1:
+        print("deepseek-frontend serve: --workers must be >= 1", file=sys.stderr)
+        return 2
+
     app = create_app(config)
+    if slot is not None:
+        app.state.frontend.extra["process_slot"] = slot
+    # Thousands of requests in flight make every full collection long (~0.1 s on 2 cores, the
+    # event loop stopped meanwhile); collect the young generation 14x less often (10,000
+    # allocations instead of 700) and so run far fewer full collections under a burst.
+    gc.set_threshold(10_000, 20, 10)
+    protocol = guarded_protocol(
+        header_timeout_s=config.limits.header_timeout,
+        max_connections=max_connections,
+        error_body=_error_body_for(app),
+    )
+    app.state.frontend.extra["http_protocol"] = protocol
     uv_config = uvicorn.Config(
         app,
         loop="auto",
-        http="auto",
+        http=protocol,
+        backlog=backlog,  # uvicorn listens again on the socket it is given: keep our queue length
         access_log=False,
         log_level=args.log_level,
         lifespan="on",
@@ -207,7 +462,9 @@ def run(args: argparse.Namespace) -> int:
         ",".join(config.workers) or "-",
     )
     try:
-        server.run(sockets=[sock])  # applies loop="auto" (uvloop when installed)
+        # applies loop="auto" (uvloop when installed); a forked process also serves its private socket
+        private = [slot.private_socket] if slot is not None and slot.private_socket is not None else []
+        server.run(sockets=[sock, *private])
     except KeyboardInterrupt:
         pass
     finally:

@@ -31,7 +31,7 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--reasoning-effort-profile",
-        choices=("preview", "official"),
+        choices=("preview", "official", "release", "prerelease"),
         default=None,
         help="effort profile of the checkpoint (default: detected from the checkpoint, else preview)",
     )

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal, TextIO
 
 Category = Literal["protocol", "model-judgement"]
-Status = Literal["pass", "fail", "error", "inconclusive"]
+Status = Literal["pass", "fail", "error", "inconclusive", "skip"]
 CATEGORIES: tuple[Category, ...] = ("protocol", "model-judgement")
 
 #: longest detail text shown in the table (the JSON output keeps it whole)
@@ -38,6 +38,11 @@ class CheckFailed(AssertionError):
 
 class Inconclusive(Exception):
     """The model did not do what the check needs to test the protocol (e.g. it called no tool)."""
+
+
+class Skipped(Exception):
+    """The deployment's model lacks the feature the check tests (e.g. it reads no images); the message
+    says why. Only a capability the model genuinely lacks may skip a check, never a failed request."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,11 +83,11 @@ class SuiteReport:
 
     @property
     def protocol_ok(self) -> bool:
-        """True when no protocol check failed or errored (inconclusive ones do not count against)."""
-        return all(r.status in ("pass", "inconclusive") for r in self.by_category("protocol"))
+        """True when no protocol check failed or errored (inconclusive and skipped ones do not count)."""
+        return all(r.status in ("pass", "inconclusive", "skip") for r in self.by_category("protocol"))
 
     def counts(self, category: Category) -> dict[Status, int]:
-        out: dict[Status, int] = {"pass": 0, "fail": 0, "error": 0, "inconclusive": 0}
+        out: dict[Status, int] = {"pass": 0, "fail": 0, "error": 0, "inconclusive": 0, "skip": 0}
         for result in self.by_category(category):
             out[result.status] += 1
         return out
@@ -107,6 +112,8 @@ def run_check(check: Check, ctx: Any) -> CheckResult:
         status = "pass"
     except Inconclusive as exc:
         status, detail = "inconclusive", str(exc)
+    except Skipped as exc:
+        status, detail = "skip", str(exc)
     except AssertionError as exc:
         status, detail = "fail", str(exc) or _last_frame(exc)
     except Exception as exc:  # transport and API errors: the endpoint did not answer properly

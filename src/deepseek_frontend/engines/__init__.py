@@ -4,16 +4,17 @@
 
     EngineClient (base.py)          generate(GenerateRequest) -> AsyncIterator[EngineChunk], abort, ...
     ├── SGLangClient (sglang.py)    POST /generate, token mode, SSE (incremental or cumulative chunks)
-    ├── VLLMClient (vllm.py)        POST /v1/completions with token-id prompts and return_token_ids
+    ├── VLLMClient (vllm.py)        POST /inference/v1/generate (token-in, 0.32+), else /v1/completions
     ├── SimulatedEngine (sim/)      in-process, deterministic DSV4 output (sim/: engine.py, rules in model.py)
-    └── WorkerPool (pool.py)        least-outstanding routing, health checks, ejection, early retry
+    └── WorkerPool (pool.py)        a Router (routing/) picks workers; health checks, retry, migration
 
 The two HTTP clients share ``_http.py`` (connection pool, SSE reading, failure mapping,
 health probe). ``sim/server.py`` serves a SimulatedEngine over SGLang's HTTP protocol and
 ``sim/command.py`` is the ``deepseek-frontend sim-engine`` command. Failures follow
 the tree in :mod:`deepseek_frontend.errors`: ``EngineUnavailableError`` before the first
-chunk (retryable), ``EngineStreamError`` after it, ``RequestError`` when the worker rejects
-the request.
+chunk (retryable), ``EngineStreamError`` after it, ``EngineRejectedRequestError`` (a
+``RequestError``: not retried, the worker's health untouched) when the worker refuses the request.
+Each client reports what its worker can serve through ``discover()`` (``WorkerCapabilities``).
 """
 
 from deepseek_frontend.engines._http import new_http_client

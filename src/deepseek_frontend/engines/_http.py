@@ -3,11 +3,18 @@
 Both clients POST a JSON body and read an SSE stream of JSON chunks. The failure mapping is the same for
 both (see :mod:`deepseek_frontend.errors`), so it lives here once:
 
-* the worker cannot be reached, or answers HTTP 5xx / 429 -> :class:`EngineUnavailableError` (retry
-  elsewhere);
-* HTTP 400 / 422 -> :class:`RequestError` carrying the worker's message (the engine's own validation);
-* an unparsable chunk, an error event or a broken stream -> :meth:`StreamProgress.broken`:
+* the worker cannot be reached, or answers HTTP 5xx / 429 / 408 -> :class:`EngineUnavailableError` (retry
+  elsewhere; counts against the worker);
+* any other HTTP 4xx, or an in-stream error event ``{"error": {"message", "code", "retryable"}}`` whose
+  ``code`` is below 500 or whose ``retryable`` is false, before or after the first token ->
+  :class:`EngineRejectedRequestError` with the engine's status and message (:func:`rejection_of`): the
+  client's error, never retried, never counted against the worker;
+* an unparsable chunk, any other error event or a broken stream -> :meth:`StreamProgress.broken`:
   :class:`EngineUnavailableError` before the first token was yielded, :class:`EngineStreamError` after.
+
+SGLang and vLLM validate most of a request only once it is streaming (the length check, the grammar
+compile), so their "bad request" arrives as HTTP 200 followed by one error event: classifying by the
+HTTP status alone would blame the worker for the client's request and eject it.
 
 :class:`HTTPEngineClient` holds what every HTTP client of one worker has: its URL and name, the
 (possibly shared) ``httpx.AsyncClient``, the health probe and closing; :func:`sampling_fields` the
@@ -24,16 +31,24 @@ import httpx
 import orjson
 
 from deepseek_frontend.engines.base import EngineClient, SamplingParams
-from deepseek_frontend.errors import EngineStreamError, EngineUnavailableError, RequestError
+from deepseek_frontend.errors import EngineRejectedRequestError, EngineStreamError, EngineUnavailableError
 
 #: connections per worker; a frontend streams hundreds of requests to one worker at once
 MAX_CONNECTIONS = 1024
+#: longest SSE line accepted from a worker: a cumulative-mode chunk late in a long answer repeats the
+#: whole output (about 7 bytes an id), so this leaves room for ~2M tokens, and bounds what a worker
+#: that never sends a newline can make us buffer
+MAX_SSE_LINE_BYTES = 16 * 1024 * 1024
 #: seconds to wait for a worker to accept a request and send headers
 CONNECT_TIMEOUT_S = 10.0
 #: seconds an abort or health probe may take before we give up on it
 CONTROL_TIMEOUT_S = 5.0
 
 _SSE_HEADERS = {"content-type": "application/json", "accept": "text/event-stream"}
+
+
+class SSELineTooLongError(httpx.RemoteProtocolError):
+    """A worker sent an SSE line longer than the limit (a broken or hostile worker)."""
 
 
 def new_http_client(max_connections: int = MAX_CONNECTIONS) -> httpx.AsyncClient:
@@ -45,6 +60,41 @@ def new_http_client(max_connections: int = MAX_CONNECTIONS) -> httpx.AsyncClient
         limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         timeout=httpx.Timeout(CONNECT_TIMEOUT_S, read=None),
         trust_env=False,
+    )
+
+
+#: HTTP statuses in the 4xx range that speak about the worker, not the request: retry elsewhere
+_WORKER_4XX = frozenset({408, 429})
+
+
+def is_client_status(status: int) -> bool:
+    """Whether an engine's HTTP (or in-stream ``code``) status blames the request rather than the worker."""
+    return 400 <= status < 500 and status not in _WORKER_4XX
+
+
+def rejection_of(err: object) -> EngineRejectedRequestError | None:
+    """The client error an in-stream ``error`` object stands for, or None when it is the worker's fault.
+
+    ``err`` is the value of an error event's ``error`` field. It blames the request when its ``code``
+    is a client status (a 4xx other than 408 / 429, :func:`is_client_status`) or it says
+    ``"retryable": false`` -- SGLang and vLLM send ``{"message", "code": 400, "retryable": false}``
+    for a request they refuse after the stream started. A code that is not an integer, or no code
+    and no ``retryable``, leaves the fault with the worker (None).
+    """
+    if not isinstance(err, dict):
+        return None
+    code = err.get("code")
+    status = code if isinstance(code, int) and not isinstance(code, bool) else None
+    if status is not None and 500 <= status < 600:
+        return None
+    client = (status is not None and is_client_status(status)) or err.get("retryable") is False
+    if not client:
+        return None
+    message = err.get("message")
+    text = message if isinstance(message, str) and message else "the engine refused the request"
+    return EngineRejectedRequestError(
+        f"the engine rejected the request: {text}",
+        status_code=status if status is not None and is_client_status(status) else 400,
     )
 
 
@@ -68,27 +118,49 @@ def error_message(body: bytes, fallback: str) -> str:
     return fallback
 
 
-async def iter_sse_data(response: httpx.Response) -> AsyncIterator[bytes]:
+async def iter_sse_data(response: httpx.Response, max_line_bytes: int | None = None) -> AsyncIterator[bytes]:
     """The ``data:`` payloads of an SSE body, as bytes (no text decoding: orjson reads bytes).
 
     Only ``data`` fields matter for these engines; comments and other fields are skipped.
     Lines end with ``\\n`` (``\\r\\n`` tolerated). A trailing line without a newline is kept.
+
+    Work and memory are linear in the body: the unfinished tail of a line is kept as a list of
+    pieces and joined once, when its newline arrives. A line longer than ``max_line_bytes``
+    (default :data:`MAX_SSE_LINE_BYTES`) raises :class:`SSELineTooLongError` -- an
+    ``httpx.HTTPError``, so the clients treat it as the broken stream it is.
     """
-    buffer = b""
+    limit = MAX_SSE_LINE_BYTES if max_line_bytes is None else max_line_bytes
+    pending: list[bytes] = []
+    pending_size = 0
     async for raw in response.aiter_bytes():
-        buffer = buffer + raw if buffer else raw
         start = 0
         while True:
-            end = buffer.find(b"\n", start)
+            end = raw.find(b"\n", start)
             if end < 0:
                 break
-            line = buffer[start:end]
+            if pending:
+                pending.append(raw[start:end])
+                line = b"".join(pending)
+                pending.clear()
+                pending_size = 0
+            else:
+                line = raw[start:end]
             start = end + 1
+            if len(line) > limit:
+                raise SSELineTooLongError(f"the worker sent an SSE line of {len(line)} bytes (limit {limit})")
             if line.startswith(b"data:"):
                 yield line[5:].strip()
-        buffer = buffer[start:]
-    if buffer.startswith(b"data:"):
-        yield buffer[5:].strip()
+        if start < len(raw):
+            pending_size += len(raw) - start
+            if pending_size > limit:
+                raise SSELineTooLongError(
+                    f"the worker sent an SSE line of more than {limit} bytes without a newline"
+                )
+            pending.append(raw[start:] if start else raw)
+    if pending:
+        line = b"".join(pending)
+        if line.startswith(b"data:"):
+            yield line[5:].strip()
 
 
 def sampling_fields(s: SamplingParams) -> dict[str, Any]:
@@ -137,7 +209,14 @@ class StreamProgress:
             raise self.broken(f"unparsable chunk {data[:200]!r}") from exc
 
     def error_event(self, err: object) -> NoReturn:
-        """Raise for an error event whose ``error`` field (an object with a message, or text) is ``err``."""
+        """Raise for an error event whose ``error`` field (an object with a message, or text) is ``err``.
+
+        :class:`EngineRejectedRequestError` when the event blames the request (:func:`rejection_of`),
+        whether or not tokens were yielded; otherwise the worker's failure (:meth:`broken`).
+        """
+        rejected = rejection_of(err)
+        if rejected is not None:
+            raise rejected
         msg = err.get("message") if isinstance(err, dict) else str(err)
         raise self.broken(f"engine error: {msg}")
 
@@ -149,7 +228,8 @@ async def open_event_stream(
     """POST the JSON ``body`` to ``url`` and hold its SSE response open (status 200 checked).
 
     Raises, before the body is entered: :class:`EngineUnavailableError` when the worker cannot be reached
-    or answers another status, :class:`RequestError` for 400 / 422. Leaving the block closes the HTTP
+    or answers 5xx / 408 / 429 (or any other non-200), :class:`EngineRejectedRequestError` with the
+    worker's status and message for any other 4xx. Leaving the block closes the HTTP
     stream -- which engines treat as an abort of an unfinished request.
     """
     try:
@@ -164,8 +244,10 @@ async def open_event_stream(
             except httpx.HTTPError as exc:
                 raise EngineUnavailableError(f"{name}: stream broke: {exc!r}") from exc
             message = error_message(text, f"HTTP {response.status_code}")
-            if response.status_code in (400, 422):  # the engine's own validation
-                raise RequestError(f"engine rejected the request: {message}")
+            if is_client_status(response.status_code):  # the engine's own validation
+                raise EngineRejectedRequestError(
+                    f"the engine rejected the request: {message}", status_code=response.status_code
+                )
             raise EngineUnavailableError(f"{name}: HTTP {response.status_code}: {message}")
         yield response
     finally:

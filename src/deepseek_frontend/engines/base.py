@@ -9,9 +9,10 @@ Failure contract (see ``deepseek_frontend.errors``): a client raises
 (connection refused, HTTP 5xx, error before any token) -- the pool may retry on
 another worker -- and ``EngineStreamError`` when it fails after at least one
 chunk was yielded. A request the worker rejects as invalid raises
-``RequestError`` (not retried). Closing the async generator early (client
-disconnect) must abort the request on the worker; clients do that in
-``finally``.
+``EngineRejectedRequestError`` (a ``RequestError`` carrying the worker's 4xx status; not
+retried, and never counted against the worker), before or after the first chunk. Closing
+the async generator early (client disconnect) must abort the request on the worker; clients
+do that in ``finally``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ class SamplingParams:
     constraint: DecodingConstraint | None = None
     logprobs: bool = False
     top_logprobs: int = 0
+    #: keep generating past EOS / stop ids until max_new_tokens (SGLang and vLLM ``ignore_eos``)
+    ignore_eos: bool = False
+    #: EOS / stop ids are not honoured before this many new tokens (SGLang ``min_new_tokens``,
+    #: vLLM ``min_tokens``)
+    min_new_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +61,10 @@ class GenerateRequest:
     request_id: str
     input_ids: list[int]
     sampling: SamplingParams
+    #: the prompt's images as ``data:`` URLs, one per image placeholder id of ``input_ids``, in
+    #: order. The worker expands each placeholder itself (SGLang ``image_data``, vLLM
+    #: ``content_parts``); the frontend never pre-expands.
+    images: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,16 +1,34 @@
 """SGLang client: ``POST /generate`` in token mode over Server-Sent Events.
 
-The worker runs with ``--skip-tokenizer-init`` (ids in, ids out). With
-``--incremental-streaming-output`` each chunk carries only the new ids; without it each
-chunk repeats the whole output so far. :class:`SGLangClient` copes with both
-(``cumulative=None`` detects the form, see :class:`_ChunkDiffer`).
+The frontend sends ``input_ids`` and reads ``output_ids``. SGLang 0.5.23 does both whether it
+runs with ``--skip-tokenizer-init`` (no tokenizer, no detokenizer, no grammar backend) or with
+its tokenizer loaded (then each chunk also carries ``text``, which is ignored, and the output ids
+are the same: the detokenizer trims a matched stop only from the text). The request body is
+valid in both modes: only ``input_ids``, no string stops. With ``--incremental-streaming-output``
+each chunk carries only the new ids; without it each chunk repeats the whole output so far.
+:class:`SGLangClient` copes with both (``cumulative=None`` detects the form, see
+:class:`_ChunkDiffer`).
+
+Capabilities (:meth:`SGLangClient.discover`, :func:`capabilities_from_server_info`) come from
+``GET /server_info`` (``/get_server_info`` on older SGLangs): the grammar backend, the context
+length, the output slots EAGLE reserves, whether seeds take effect, the KV page size.
 
 Failure mapping (the pool decides by type, never by message):
 
-* connect error, timeout, HTTP 5xx / 429, or an error event / broken stream before any
-  token -> :class:`EngineUnavailableError` (retry on another worker);
-* HTTP 400 / 422 -> :class:`RequestError` carrying the worker's message;
-* an error event or a broken stream after tokens were yielded -> :class:`EngineStreamError`.
+* connect error, timeout, HTTP 5xx / 408 / 429, or a worker-side error event / broken stream before
+  any token -> :class:`EngineUnavailableError` (retry on another worker, counts against it);
+* HTTP 4xx otherwise, an error event with a 4xx ``code`` or ``"retryable": false``, or an abort
+  finish ``{"type": "abort", "status_code": 4xx}`` (how SGLang refuses a grammar it cannot compile,
+  or any grammar without a backend), before or after the first token ->
+  :class:`EngineRejectedRequestError` with the engine's status and message (the client's error);
+* an abort finish with a 5xx ``status_code`` -> the worker's failure, like an error event;
+* a worker-side error event or a broken stream after tokens were yielded -> :class:`EngineStreamError`.
+
+Health (:meth:`SGLangClient.check_health`) is ``GET /server_info``: it does not generate, yet
+it round-trips through the scheduler (``get_internal_state``), so a hung scheduler fails it while
+a busy one answers. SGLang's ``/health`` and ``/health_generate`` both run a one-token generation
+(``/health`` too unless ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=0``) and wait up to
+``SGLANG_HEALTH_CHECK_TIMEOUT`` (20 s) for the scheduler, polling once a second.
 
 Closing the generator early (client disconnect, ``aclose()``, cancellation) closes the
 HTTP stream -- which SGLang treats as an abort -- and also sends ``/abort_request`` in
@@ -34,15 +52,115 @@ from deepseek_frontend.engines._http import (
     CONTROL_TIMEOUT_S,
     HTTPEngineClient,
     StreamProgress,
+    is_client_status,
     iter_sse_data,
     new_http_client,
     open_event_stream,
     sampling_fields,
 )
-from deepseek_frontend.engines.base import EngineChunk, EngineFinishReason, GenerateRequest, TokenLogprob
-from deepseek_frontend.errors import EngineUnavailableError
+from deepseek_frontend.engines.base import (
+    ConstraintKind,
+    EngineChunk,
+    EngineFinishReason,
+    GenerateRequest,
+    TokenLogprob,
+    WorkerCapabilities,
+)
+from deepseek_frontend.errors import EngineRejectedRequestError, EngineUnavailableError
 
-__all__ = ["SGLangClient", "new_http_client"]
+__all__ = ["GRAMMAR_BACKEND_KINDS", "SGLangClient", "capabilities_from_server_info", "new_http_client"]
+
+#: seconds a health probe may take: above SGLang's own 20 s SGLANG_HEALTH_CHECK_TIMEOUT, so a busy
+#: worker whose scheduler answers between long batches is never taken for a dead one
+PROBE_TIMEOUT_S = 30.0
+
+_ALL_KINDS: frozenset[ConstraintKind] = frozenset({"ebnf", "json_schema", "regex", "structural_tag"})
+#: what each SGLang 0.5.23 grammar backend compiles (``srt/constrained/*_backend.py``: outlines has
+#: no ``dispatch_ebnf`` / ``dispatch_structural_tag``); ``none`` compiles nothing
+GRAMMAR_BACKEND_KINDS: dict[str, frozenset[ConstraintKind]] = {
+    "xgrammar": _ALL_KINDS,
+    "llguidance": _ALL_KINDS,
+    "outlines": frozenset({"json_schema", "regex"}),
+    "none": frozenset(),
+}
+#: speculative algorithms that keep draft tokens in the output slots (SGLang's ``is_eagle()``;
+#: NEXTN is an alias of EAGLE)
+_EAGLE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "FROZEN_KV_MTP"})
+#: server_info fields kept in ``WorkerCapabilities.extra`` (routing reads ``kv_events_config``)
+_EXTRA_FIELDS = (
+    "kv_events_config",
+    "kv_events",
+    "dp_size",  # routing: one KV event publisher per data-parallel rank
+    "speculative_algorithm",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "skip_tokenizer_init",
+    "incremental_streaming_output",
+    "enable_deterministic_inference",
+    "version",
+)
+
+
+def _int_field(info: dict[str, Any], key: str) -> int | None:
+    value = info.get(key)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def reserved_output_tokens(info: dict[str, Any]) -> int:
+    """Output slots SGLang reserves per request on top of its input (``compute_num_reserved_tokens``).
+
+    SGLang 0.5.23 checks ``input + reserved < context_length`` and ``input + reserved +
+    max_new_tokens <= context_length``; only EAGLE-family algorithms reserve, as
+    ``max(speculative_eagle_topk * speculative_num_steps, speculative_num_draft_tokens)``
+    (the recipe's EAGLE with 3 steps, top-k 1 and 4 draft tokens reserves 4).
+    """
+    algorithm = str(info.get("speculative_algorithm") or "").upper()
+    if algorithm not in _EAGLE_ALGORITHMS:
+        return 0
+    topk = _int_field(info, "speculative_eagle_topk") or 0
+    steps = _int_field(info, "speculative_num_steps") or 0
+    drafts = max(
+        _int_field(info, "speculative_num_draft_tokens") or 0,
+        _int_field(info, "max_speculative_num_draft_tokens") or 0,
+    )
+    return max(topk * steps, drafts)
+
+
+def capabilities_from_server_info(info: dict[str, Any]) -> WorkerCapabilities:
+    """What an SGLang worker can serve, from its ``/server_info`` JSON (a pure function).
+
+    * ``constraint_kinds``: none with ``skip_tokenizer_init`` (SGLang then builds no grammar
+      backend at all, ``grammar_manager.py``) or ``grammar_backend`` ``none``; else what the
+      backend compiles (:data:`GRAMMAR_BACKEND_KINDS`; a custom registered backend is assumed to
+      compile every kind, and the worker's answer decides). A missing ``grammar_backend`` with a
+      tokenizer loaded means SGLang's default, ``xgrammar``.
+    * ``context_length``: the ``context_length`` server arg when set (None: the model's, which
+      server_info does not report, so the frontend's own setting applies).
+    * ``reserved_output_tokens``: :func:`reserved_output_tokens`.
+    * ``honours_seed``: ``enable_deterministic_inference`` (without it SGLang's sampler ignores
+      ``sampling_seed``).
+    * ``page_size``; ``extra`` keeps the speculative settings and ``kv_events_config``.
+    """
+    skip = bool(info.get("skip_tokenizer_init"))
+    backend_field = info.get("grammar_backend", "xgrammar")
+    backend = str(backend_field) if backend_field is not None else "xgrammar"
+    if skip or backend == "none":
+        kinds: frozenset[ConstraintKind] = frozenset()
+        grammar_backend = None
+    else:
+        kinds = GRAMMAR_BACKEND_KINDS.get(backend, _ALL_KINDS)
+        grammar_backend = backend
+    context = _int_field(info, "context_length")
+    return WorkerCapabilities(
+        constraint_kinds=kinds,
+        grammar_backend=grammar_backend,
+        context_length=context if context else None,
+        reserved_output_tokens=reserved_output_tokens(info),
+        honours_seed=bool(info.get("enable_deterministic_inference")),
+        page_size=_int_field(info, "page_size") or None,
+        extra={key: info[key] for key in _EXTRA_FIELDS if info.get(key) is not None},
+    )
 
 
 class _ChunkDiffer:
@@ -103,6 +221,23 @@ def _finish(meta: dict[str, Any]) -> tuple[EngineFinishReason | None, int | str 
     return "stop", matched if isinstance(matched, int | str) else None, None
 
 
+def _abort_status(meta: dict[str, Any]) -> tuple[int, str] | None:
+    """``(status_code, message)`` of an abort finish that carries an HTTP status, else None.
+
+    SGLang finishes a request it refuses in the scheduler (no grammar backend, a grammar that does
+    not compile, ...) with ``{"type": "abort", "message", "status_code": 400, "err_type"}``; an
+    abort without a status (``/abort_request``, a client that left) is an ordinary abort finish.
+    """
+    reason = meta.get("finish_reason")
+    if not isinstance(reason, dict) or reason.get("type") != "abort":
+        return None
+    status = reason.get("status_code")
+    if not isinstance(status, int) or isinstance(status, bool) or not 400 <= status < 600:
+        return None
+    message = reason.get("message")
+    return status, message if isinstance(message, str) and message else "aborted by the engine"
+
+
 def _logprobs(meta: dict[str, Any], count: int) -> list[TokenLogprob] | None:
     triples = meta.get("output_token_logprobs")
     if not triples or count == 0:
@@ -125,9 +260,10 @@ async def _drain(events: AsyncIterator[bytes]) -> None:
     frontend streaming hundreds of requests would then open one TCP connection per request.
     """
     with contextlib.suppress(httpx.HTTPError):
-        async for data in events:
-            if data == b"[DONE]":
-                break
+        # To the end of the body, not just to [DONE]: the chunked-encoding terminator follows it,
+        # and a response closed before that is not reusable either. (The pool bounds this wait.)
+        async for _ in events:
+            pass
 
 
 class SGLangClient(HTTPEngineClient):
@@ -135,10 +271,12 @@ class SGLangClient(HTTPEngineClient):
 
     ``http`` may be shared between clients (the pool does); a client only closes an
     ``httpx.AsyncClient`` it created itself. ``cumulative``: None = detect per request.
-    Health is ``GET /health_generate`` (the worker generates one token): 200 = healthy.
+    Health is ``GET /server_info`` answering 200 within ``probe_timeout_s`` (it does not generate;
+    see the module docstring). :attr:`capabilities` holds what :meth:`discover` last learned
+    (None before it ran or when the worker did not say); :meth:`supports_constraint` follows it.
     """
 
-    health_path = "/health_generate"
+    health_path = "/server_info"
 
     def __init__(
         self,
@@ -147,9 +285,14 @@ class SGLangClient(HTTPEngineClient):
         http: httpx.AsyncClient | None = None,
         cumulative: bool | None = None,
         control_timeout_s: float = CONTROL_TIMEOUT_S,
+        probe_timeout_s: float = PROBE_TIMEOUT_S,
     ) -> None:
         super().__init__(base_url, http=http, control_timeout_s=control_timeout_s)
         self.cumulative = cumulative
+        self.probe_timeout_s = probe_timeout_s
+        self.capabilities: WorkerCapabilities | None = None
+        #: the server-info path this worker answers ("/get_server_info" on SGLangs before /server_info)
+        self._info_path = "/server_info"
         self._pending_aborts: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
@@ -162,9 +305,14 @@ class SGLangClient(HTTPEngineClient):
         params: dict[str, Any] = {"max_new_tokens": s.max_new_tokens, **sampling_fields(s)}
         if s.seed is not None:
             params["sampling_seed"] = s.seed
+        # Sent only when set, so ordinary bodies stay as they were (and as older SGLangs take them).
+        if s.ignore_eos:
+            params["ignore_eos"] = True
+        if s.min_new_tokens:
+            params["min_new_tokens"] = s.min_new_tokens
         if s.constraint is not None:
             params[s.constraint.kind] = s.constraint.value
-        return {
+        body: dict[str, Any] = {
             "rid": request.request_id,
             "input_ids": request.input_ids,
             "sampling_params": params,
@@ -172,6 +320,10 @@ class SGLangClient(HTTPEngineClient):
             "return_logprob": s.logprobs,
             "top_logprobs_num": s.top_logprobs if s.logprobs else 0,
         }
+        if request.images:
+            # one data: URL per image placeholder id of input_ids, in order; SGLang expands them
+            body["image_data"] = list(request.images)
+        return body
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
         rid = request.request_id
@@ -198,6 +350,15 @@ class SGLangClient(HTTPEngineClient):
                         if "error" in obj:
                             progress.error_event(obj["error"])
                         meta = obj.get("meta_info") or {}
+                        refused = _abort_status(meta)
+                        if refused is not None:
+                            status, message = refused
+                            finished = True  # the worker already dropped the request: no abort to send
+                            if is_client_status(status):
+                                raise EngineRejectedRequestError(
+                                    f"the engine rejected the request: {message}", status_code=status
+                                )
+                            raise progress.broken(f"engine aborted the request ({status}): {message}")
                         ids = obj.get("output_ids")
                         if ids is None:
                             ids = obj.get("token_ids") or []
@@ -265,6 +426,50 @@ class SGLangClient(HTTPEngineClient):
                 headers={"content-type": "application/json"},
                 timeout=self.control_timeout_s,
             )
+
+    def supports_constraint(self, kind: ConstraintKind) -> bool:
+        """Per the discovered grammar backend; True while nothing was discovered (the worker decides)."""
+        caps = self.capabilities
+        return caps is None or kind in caps.constraint_kinds
+
+    async def _server_info(self, timeout: float) -> httpx.Response:
+        """``GET /server_info``, falling back once to ``/get_server_info`` (older SGLangs) on a 404."""
+        response = await self._http.get(self.base_url + self._info_path, timeout=timeout)
+        if response.status_code == 404 and self._info_path == "/server_info":
+            fallback = await self._http.get(self.base_url + "/get_server_info", timeout=timeout)
+            if fallback.status_code != 404:
+                self._info_path = "/get_server_info"
+                return fallback
+        return response
+
+    async def check_health(self) -> bool:
+        """``GET /server_info`` answers 200 within ``probe_timeout_s`` (no generation)."""
+        try:
+            response = await self._server_info(self.probe_timeout_s)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def discover(self) -> WorkerCapabilities | None:
+        """Read ``/server_info`` into :class:`WorkerCapabilities` (:func:`capabilities_from_server_info`).
+
+        None when the worker cannot be reached or answers something other than a JSON object
+        (the pool keeps what it knew and asks again when the worker is re-admitted).
+        """
+        try:
+            response = await self._server_info(self.probe_timeout_s)
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        try:
+            info = orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            return None
+        if not isinstance(info, dict):
+            return None
+        self.capabilities = capabilities_from_server_info(info)
+        return self.capabilities
 
     async def get_model_info(self) -> dict[str, Any]:
         """``GET /get_model_info`` (model path, ...); raises EngineUnavailableError."""

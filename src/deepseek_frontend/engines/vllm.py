@@ -1,25 +1,52 @@
-"""vLLM client: ``POST /v1/completions`` with token-id prompts and ``return_token_ids``.
+"""vLLM client: the token-in ``POST /inference/v1/generate`` API, ``/v1/completions`` as the fallback.
 
-Request: ``"prompt": [ids]``, ``"return_token_ids": true`` (each streamed choice then
-carries the chunk's new ``token_ids``), ``"detokenize": false`` (no text work in the
-worker; servers that do not know the field ignore it), ``"skip_special_tokens": false``,
-``stop_token_ids``, ``stream_options.include_usage`` (usage arrives in a trailing chunk
-with no choices, so the finish is held back until the stream ends).
+Two wire protocols, one per vLLM generation (chosen once per worker, see :meth:`VLLMClient.discover`):
 
-Constraints: a ``json_schema`` goes out as ``structured_outputs: {"json": schema}``
-(vLLM >= 0.12; older servers took ``guided_json``). The DSML tool-call grammar is
-*not* sent by default: it spells special tokens (``｜DSML｜``) as text, and whether a
-vLLM grammar backend lets the model emit those tokens depends on the backend, so
-``ebnf`` raises :class:`UnsupportedFeatureError` unless ``grammar=True`` says the
-deployment was checked (then it goes out as ``structured_outputs: {"grammar": ...}``).
-:meth:`VLLMClient.supports_constraint` lets the API answer 400 before sending.
+* **Token-in generate** (vLLM >= 0.32 started with ``--enable-scale-out`` or ``--tokens-only``):
+  ``{"token_ids", "sampling_params": {...}, "stream": true, "stream_options": {"include_usage":
+  true}, "request_id", "model"}``. Each streamed choice carries its new ``token_ids``; logprobs come
+  as ``{"content": [{"token_id", "logprob", "rank", "top_logprobs": [{"token_id", "logprob",
+  "rank"}]}]}``, sampled token first; usage arrives in a trailing chunk with no choices. vLLM runs
+  the request as ``generate-tokens-<request_id>`` (the ``request_id`` field of its chunks), and
+  ``POST /inference/v1/abort_requests {"request_ids": [...]}`` stops it.
+* **Completions** (any vLLM): ``"prompt": [ids]``, ``"return_token_ids": true`` (each streamed
+  choice then carries the chunk's new ``token_ids``), ``stream_options.include_usage``; logprobs as
+  ``token_logprobs`` plus ``top_logprobs`` dicts keyed ``token_id:N``
+  (``return_tokens_as_token_ids``). There is no abort endpoint: closing the stream aborts.
 
-Abort: vLLM aborts a request when its stream closes; there is no abort endpoint, so
-:meth:`abort` is a no-op and closing the generator is what aborts.
+Both: ``"skip_special_tokens": false``, ``stop_token_ids``, ``seed``; the frontend applies stop
+strings itself, so none are sent (a ``--tokens-only`` vLLM rejects them).
+
+Top logprobs: vLLM's per-position list is the sampled token *plus* the top ``k`` (so ``k + 1``
+entries when the sampled token is not among them), and the generate API cuts that list to its
+first ``k`` entries, sampled token first -- which drops the ``k``-th alternative whenever the
+sampled token is not in the top ``k``. So the generate API is asked for ``k + 1`` and every answer
+is reduced to exactly the ``k`` best alternatives by logprob. ``k + 1`` must fit the worker's
+``--max-logprobs`` (vLLM default 20, :data:`VLLM_MAX_LOGPROBS`); a request that would not fit goes
+out on ``/v1/completions``, which returns the full ``k + 1`` itself.
+
+Constraints (vLLM always has a structured-outputs backend: ``auto`` picks xgrammar and falls back
+to guidance; ``--structured-outputs-config '{"backend": ...}'`` pins one): a ``json_schema`` goes
+out as ``structured_outputs: {"json": schema}``, a ``regex`` as ``{"regex": ...}`` and the DSML
+tool-call grammar (``ebnf``) as ``{"grammar": ...}``. The grammar is sent by default;
+``grammar=False`` (``serve --no-vllm-grammar``) refuses it up front instead (tool_choice required /
+named then gets a 400), for a deployment whose backend is known not to handle it.
+
+Capabilities (:meth:`VLLMClient.discover`): ``GET /v1/models`` gives ``max_model_len``;
+``GET /server_info`` (only with ``VLLM_SERVER_DEV_MODE=1``) the structured-outputs backend;
+``GET /version`` the version; a probe ``POST /inference/v1/generate`` with an empty body tells
+whether the token-in API is on (422 / 400: validation ran, so the route serves; 403: vLLM has it
+but was started without ``--enable-scale-out``; 404 / 405: an older vLLM).
+
+``cached_tokens`` (``usage.prompt_tokens_details.cached_tokens``) is reported only by a worker
+started with ``--enable-prompt-tokens-details``; without it the field stays None.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -39,15 +66,44 @@ from deepseek_frontend.engines.base import (
     EngineChunk,
     EngineFinishReason,
     GenerateRequest,
+    SamplingParams,
     TokenLogprob,
+    WorkerCapabilities,
 )
 from deepseek_frontend.errors import UnsupportedFeatureError
 
-__all__ = ["VLLMClient"]
+__all__ = [
+    "COMPLETIONS_PATH",
+    "GENERATE_ABORT_PATH",
+    "GENERATE_PATH",
+    "VLLM_MAX_LOGPROBS",
+    "VLLMClient",
+]
+
+log = logging.getLogger("deepseek_frontend.engines.vllm")
+
+#: vLLM's token-in generate endpoint (0.32+, behind ``--enable-scale-out`` / ``--tokens-only``)
+GENERATE_PATH = "/inference/v1/generate"
+#: its abort endpoint: ``{"request_ids": [...]}``, ids as the generate stream reports them
+GENERATE_ABORT_PATH = "/inference/v1/abort_requests"
+#: the OpenAI completions endpoint every vLLM has
+COMPLETIONS_PATH = "/v1/completions"
+#: vLLM's default ``--max-logprobs``: more alternatives than this per position are refused
+VLLM_MAX_LOGPROBS = 20
+#: what vLLM's generate endpoint puts before the request id it is given
+_GENERATE_ID_PREFIX = "generate-tokens-"
+#: constraint kinds vLLM's structured outputs take (``structural_tag`` has another shape there)
+_VLLM_KINDS: frozenset[ConstraintKind] = frozenset({"json_schema", "regex", "ebnf"})
 
 
 class VLLMClient(HTTPEngineClient):
-    """One vLLM worker at ``base_url`` serving ``model`` (see module docstring). Health: ``GET /health``."""
+    """One vLLM worker at ``base_url`` serving ``model`` (see module docstring). Health: ``GET /health``.
+
+    ``token_api``: None detects the token-in API (at :meth:`discover`, or lazily before the first
+    request); True / False force it. ``grammar``: None sends the tool-call grammar (vLLM always has a
+    structured-outputs backend), False refuses it up front. ``max_logprobs`` is the worker's
+    ``--max-logprobs``. :attr:`capabilities` holds what :meth:`discover` last learned.
+    """
 
     health_path = "/health"
 
@@ -57,20 +113,145 @@ class VLLMClient(HTTPEngineClient):
         *,
         model: str,
         http: httpx.AsyncClient | None = None,
-        grammar: bool = False,
+        grammar: bool | None = None,
+        token_api: bool | None = None,
+        max_logprobs: int = VLLM_MAX_LOGPROBS,
         control_timeout_s: float = CONTROL_TIMEOUT_S,
     ) -> None:
         super().__init__(base_url, http=http, control_timeout_s=control_timeout_s)
         self.model = model
         self.grammar = grammar
+        self.token_api = token_api
+        #: True when the caller chose the protocol; else every discover() asks the worker again
+        self._token_api_forced = token_api is not None
+        self.max_logprobs = max_logprobs
+        self.capabilities: WorkerCapabilities | None = None
+        self._pending_aborts: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         return f"VLLMClient({self.base_url!r}, model={self.model!r})"
 
+    # ------------------------------------------------------------------ capabilities
+
     def supports_constraint(self, kind: ConstraintKind) -> bool:
-        if kind == "ebnf":
-            return self.grammar
-        return kind in ("json_schema", "regex")
+        """json_schema / regex always; the DSML grammar unless ``grammar=False``; never structural_tag."""
+        if kind == "ebnf" and self.grammar is False:
+            return False
+        caps = self.capabilities
+        if caps is not None:
+            return kind in caps.constraint_kinds
+        return kind in _VLLM_KINDS
+
+    async def discover(self) -> WorkerCapabilities | None:
+        """Learn ``max_model_len``, the grammar backend and whether the token-in API is on.
+
+        None when ``/v1/models`` cannot be read (worker down or not vLLM): the pool asks again
+        later. The token-in probe runs only when ``token_api`` was not forced.
+        """
+        try:
+            models = await self._get_json("/v1/models")
+        except httpx.HTTPError:
+            return None
+        if not isinstance(models, dict):
+            return None
+        served = [c.get("id") for c in models.get("data") or () if isinstance(c, dict)]
+        if served and self.model not in served:
+            # vLLM answers every request for another name with 404: say so once, at start-up
+            log.warning(
+                "vLLM worker %s serves %s, not %r: its requests will be refused (set --worker-model)",
+                self.name,
+                ", ".join(map(repr, served)),
+                self.model,
+            )
+        if not self._token_api_forced:
+            # asked again at every discovery: a worker re-admitted after a restart may be another vLLM
+            self.token_api = await self._probe_token_api()
+        version = await self._optional_json("/version")
+        server_info = await self._optional_json("/server_info?config_format=json")
+        backend = _structured_outputs_backend(server_info)
+        kinds = set(_VLLM_KINDS)
+        if self.grammar is False:
+            kinds.discard("ebnf")
+        extra: dict[str, object] = {"token_api": self.token_api}
+        if isinstance(version, dict) and isinstance(version.get("version"), str):
+            extra["version"] = version["version"]
+        self.capabilities = WorkerCapabilities(
+            constraint_kinds=frozenset(kinds),
+            # not reported without VLLM_SERVER_DEV_MODE: vLLM's default, "auto", is xgrammar with a
+            # per-request fallback to guidance
+            grammar_backend=backend or "auto",
+            context_length=_max_model_len(models, self.model),
+            extra=extra,
+        )
+        return self.capabilities
+
+    async def _get_json(self, path: str) -> Any:
+        response = await self._http.get(self.base_url + path, timeout=self.control_timeout_s)
+        response.raise_for_status()
+        try:
+            return orjson.loads(response.content)
+        except orjson.JSONDecodeError:
+            return None
+
+    async def _optional_json(self, path: str) -> Any:
+        """``GET path`` as JSON, or None when the worker does not have it."""
+        try:
+            return await self._get_json(path)
+        except httpx.HTTPError:
+            return None
+
+    async def _probe_token_api(self) -> bool | None:
+        """Whether ``/inference/v1/generate`` serves (an empty body fails validation without generating);
+        None when the worker cannot be reached (undecided: asked again before the next request)."""
+        try:
+            response = await self._http.post(
+                self.base_url + GENERATE_PATH,
+                content=b"{}",
+                headers={"content-type": "application/json"},
+                timeout=self.control_timeout_s,
+            )
+        except httpx.HTTPError:
+            return None
+        # 400 / 422: the route exists and validated our empty body; 403: present but not enabled
+        # (no --enable-scale-out); 404 / 405: an older vLLM without it
+        return response.status_code in (400, 422)
+
+    async def _ensure_protocol(self) -> None:
+        """Make the token-in decision if neither the caller nor :meth:`discover` made it yet."""
+        if self.token_api is None:
+            self.token_api = await self._probe_token_api()
+
+    # ------------------------------------------------------------------ request bodies
+
+    def _structured_outputs(self, s: SamplingParams) -> dict[str, Any] | None:
+        """``structured_outputs`` for the constraint of ``s``; raises UnsupportedFeatureError."""
+        if s.constraint is None:
+            return None
+        kind = s.constraint.kind
+        if not self.supports_constraint(kind):
+            raise UnsupportedFeatureError(
+                f"this vLLM deployment cannot enforce a {kind} constraint"
+                + (
+                    " (its tool-call grammar is switched off: serve --no-vllm-grammar)"
+                    if kind == "ebnf"
+                    else ""
+                ),
+                param="tool_choice" if kind == "ebnf" else "response_format",
+            )
+        if kind == "json_schema":
+            return {"json": orjson.loads(s.constraint.value)}
+        if kind == "regex":
+            return {"regex": s.constraint.value}
+        return {"grammar": s.constraint.value}
+
+    def uses_completions(self, request: GenerateRequest) -> bool:
+        """Whether ``request`` goes out on ``/v1/completions`` (no token-in API, or logprobs past its cap)."""
+        if not self.token_api:
+            return True
+        if request.images:
+            return False  # only the token-in API carries images; logprobs get its capped list
+        s = request.sampling
+        return s.logprobs and s.top_logprobs + 1 > self.max_logprobs
 
     def request_body(self, request: GenerateRequest) -> dict[str, Any]:
         """The ``/v1/completions`` body; raises UnsupportedFeatureError for a constraint it cannot send."""
@@ -81,90 +262,207 @@ class VLLMClient(HTTPEngineClient):
             "max_tokens": s.max_new_tokens,
             **sampling_fields(s),
             "return_token_ids": True,
-            "detokenize": False,
             "stream": True,
             "stream_options": {"include_usage": True},
             "request_id": request.request_id,
         }
         if s.seed is not None:
             body["seed"] = s.seed
+        if s.ignore_eos:
+            body["ignore_eos"] = True
+        if s.min_new_tokens:
+            body["min_tokens"] = s.min_new_tokens
         if s.logprobs:
-            body["logprobs"] = max(s.top_logprobs, 1)
-            # logprob keys as "token_id:N" instead of text we asked vLLM not to produce
+            # vLLM answers with these k plus the sampled token; _alternatives keeps the k best
+            body["logprobs"] = s.top_logprobs
+            # logprob keys as "token_id:N" instead of text
             body["return_tokens_as_token_ids"] = True
-        if s.constraint is not None:
-            kind = s.constraint.kind
-            if not self.supports_constraint(kind):
-                raise UnsupportedFeatureError(
-                    f"this vLLM deployment cannot enforce a {kind} constraint "
-                    "(tool_choice 'required' or a named tool needs SGLang, or a vLLM worker configured "
-                    "for grammars)",
-                    param="tool_choice" if kind == "ebnf" else "response_format",
-                )
-            if kind == "json_schema":
-                body["structured_outputs"] = {"json": orjson.loads(s.constraint.value)}
-            elif kind == "regex":
-                body["structured_outputs"] = {"regex": s.constraint.value}
-            else:
-                body["structured_outputs"] = {"grammar": s.constraint.value}
+        structured = self._structured_outputs(s)
+        if structured is not None:
+            body["structured_outputs"] = structured
         return body
 
+    def generate_body(self, request: GenerateRequest) -> dict[str, Any]:
+        """The ``/inference/v1/generate`` body; raises UnsupportedFeatureError like :meth:`request_body`."""
+        s = request.sampling
+        params: dict[str, Any] = {
+            "max_tokens": s.max_new_tokens,
+            **sampling_fields(s),
+            # the frontend detokenizes; vLLM need not (a --tokens-only worker never does)
+            "detokenize": False,
+        }
+        if s.seed is not None:
+            params["seed"] = s.seed
+        if s.ignore_eos:
+            params["ignore_eos"] = True
+        if s.min_new_tokens:
+            params["min_tokens"] = s.min_new_tokens
+        if s.logprobs:
+            # one more than asked: the endpoint keeps its first k entries with the sampled token
+            # among them, so k + 1 always holds the k best (see the module docstring)
+            params["logprobs"] = s.top_logprobs + 1 if s.top_logprobs else 0
+        structured = self._structured_outputs(s)
+        if structured is not None:
+            params["structured_outputs"] = structured
+        body: dict[str, Any] = {
+            "model": self.model,
+            "request_id": request.request_id,
+            "token_ids": request.input_ids,
+            "sampling_params": params,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if request.images:
+            # vLLM's raw multimodal input (GenerateRequest.content_parts): it resolves the media and
+            # expands the one placeholder id per image itself
+            body["content_parts"] = [{"type": "image_url", "url": url} for url in request.images]
+        return body
+
+    # ------------------------------------------------------------------ generation
+
     async def generate(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
-        body = orjson.dumps(self.request_body(request))
+        await self._ensure_protocol()
+        completions = self.uses_completions(request)
+        if completions and request.images:
+            raise UnsupportedFeatureError(
+                "images reach vLLM workers only through the token-in /inference/v1/generate API "
+                "(start vLLM with --enable-scale-out); this worker offers only /v1/completions",
+                param="messages",
+            )
+        if completions:
+            path, body = COMPLETIONS_PATH, orjson.dumps(self.request_body(request))
+        else:
+            path, body = GENERATE_PATH, orjson.dumps(self.generate_body(request))
+        k = request.sampling.top_logprobs
         progress = StreamProgress(self.name)
         held: EngineChunk | None = None  # the finishing chunk, waiting for the usage chunk
         prompt_tokens: int | None = None
         completion = 0
-        # leaving the block closes the stream, which is vLLM's abort
-        async with open_event_stream(
-            self._http, self.name, self.base_url + "/v1/completions", body
-        ) as response:
-            try:
-                async for data in iter_sse_data(response):
-                    if data == b"[DONE]":
-                        break
-                    if not data:
-                        continue
-                    obj = progress.decode(data)
-                    if "error" in obj or obj.get("object") == "error":
-                        progress.error_event(obj.get("error", obj))
-                    usage = obj.get("usage")
-                    if isinstance(usage, dict) and held is not None:
-                        held.prompt_tokens = usage.get("prompt_tokens", held.prompt_tokens)
-                        held.completion_tokens = usage.get("completion_tokens", held.completion_tokens)
-                        details = usage.get("prompt_tokens_details") or {}
-                        held.cached_tokens = (
-                            details.get("cached_tokens") if isinstance(details, dict) else None
-                        )
-                    for choice in obj.get("choices") or ():
-                        ids = choice.get("token_ids") or []
-                        if prompt_tokens is None and choice.get("prompt_token_ids") is not None:
-                            prompt_tokens = len(choice["prompt_token_ids"])
-                        completion += len(ids)
-                        reason = _finish(choice.get("finish_reason"))
-                        chunk = EngineChunk(
-                            list(ids),
-                            reason,
-                            _matched(choice.get("stop_reason")) if reason == "stop" else None,
-                            prompt_tokens,
-                            completion,
-                            None,
-                            _logprobs(choice.get("logprobs"), ids),
-                            "aborted by the engine" if reason == "abort" else None,
-                        )
-                        if reason is not None:
-                            held = chunk
-                        elif ids:
-                            progress.yielded = True
-                            yield chunk
-                if held is None:
-                    raise progress.broken("stream ended without a finish reason")
-                yield held
-            except httpx.HTTPError as exc:
-                raise progress.broken(f"stream broke: {exc!r}") from exc
+        #: the id vLLM runs the request under (the generate stream says; abort needs it)
+        engine_id = _GENERATE_ID_PREFIX + request.request_id
+        running = finished = consumer_left = False
+        try:
+            # leaving the block closes the stream, which vLLM also treats as an abort
+            async with open_event_stream(self._http, self.name, self.base_url + path, body) as response:
+                running = True
+                try:
+                    async for data in iter_sse_data(response):
+                        if data == b"[DONE]":
+                            break
+                        if not data:
+                            continue
+                        obj = progress.decode(data)
+                        if "error" in obj or obj.get("object") == "error":
+                            progress.error_event(obj.get("error", obj))
+                        if isinstance(obj.get("request_id"), str):
+                            engine_id = obj["request_id"]
+                        if prompt_tokens is None and isinstance(obj.get("prompt_token_ids"), list):
+                            prompt_tokens = len(obj["prompt_token_ids"])
+                        usage = obj.get("usage")
+                        if isinstance(usage, dict) and held is not None:
+                            _apply_usage(held, usage)
+                        for choice in obj.get("choices") or ():
+                            ids = choice.get("token_ids") or []
+                            if prompt_tokens is None and choice.get("prompt_token_ids") is not None:
+                                prompt_tokens = len(choice["prompt_token_ids"])
+                            completion += len(ids)
+                            reason = _finish(choice.get("finish_reason"))
+                            block = choice.get("logprobs")
+                            chunk = EngineChunk(
+                                list(ids),
+                                reason,
+                                _matched(choice.get("stop_reason")) if reason == "stop" else None,
+                                prompt_tokens,
+                                completion,
+                                None,
+                                _completion_logprobs(block, ids, k)
+                                if completions
+                                else _generate_logprobs(block, k),
+                                "aborted by the engine" if reason == "abort" else None,
+                            )
+                            if reason is not None:
+                                held = chunk
+                                finished = True
+                            elif ids:
+                                progress.yielded = True
+                                yield chunk
+                    if held is None:
+                        raise progress.broken("stream ended without a finish reason")
+                    yield held
+                except httpx.HTTPError as exc:
+                    raise progress.broken(f"stream broke: {exc!r}") from exc
+        except (GeneratorExit, asyncio.CancelledError):
+            consumer_left = True
+            raise
+        finally:
+            # /v1/completions has no abort endpoint: closing its stream is the abort
+            if running and not finished and not completions:
+                if consumer_left:
+                    await self._abort_shielded(engine_id)
+                else:
+                    # the stream failed: the worker may be gone, so the error must not wait for it
+                    self._abort_in_background(engine_id)
+
+    def _abort_in_background(self, engine_id: str) -> asyncio.Task[None]:
+        """Start the abort call; :meth:`aclose` waits for the ones still running."""
+        task = asyncio.ensure_future(self._abort_engine_id(engine_id))
+        self._pending_aborts.add(task)
+        task.add_done_callback(self._pending_aborts.discard)
+        return task
+
+    async def _abort_shielded(self, engine_id: str) -> None:
+        """Send the abort even when the caller is being cancelled (the caller's cancellation proceeds)."""
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self._abort_in_background(engine_id))
+
+    async def _abort_engine_id(self, engine_id: str) -> None:
+        with contextlib.suppress(httpx.HTTPError):
+            await self._http.post(
+                self.base_url + GENERATE_ABORT_PATH,
+                content=orjson.dumps({"request_ids": [engine_id]}),
+                headers={"content-type": "application/json"},
+                timeout=self.control_timeout_s,
+            )
 
     async def abort(self, request_id: str) -> None:
-        """No-op: vLLM aborts when the stream closes (the generator's ``finally`` does that)."""
+        """Best effort: ``/inference/v1/abort_requests`` when the worker has the token-in API, else a
+        no-op (``/v1/completions`` aborts when its stream closes, which the generator's ``finally`` does)."""
+        if self.token_api:
+            await self._abort_engine_id(_GENERATE_ID_PREFIX + request_id)
+
+    async def aclose(self) -> None:
+        if self._pending_aborts:
+            await asyncio.gather(*self._pending_aborts, return_exceptions=True)
+        await super().aclose()
+
+
+# ---------------------------------------------------------------------- wire helpers
+
+
+def _max_model_len(models: dict[str, Any], model: str) -> int | None:
+    """``max_model_len`` of the card named ``model`` in a ``/v1/models`` answer (else the first card's)."""
+    cards = [c for c in models.get("data") or () if isinstance(c, dict)]
+    chosen = next((c for c in cards if c.get("id") == model), cards[0] if cards else None)
+    value = chosen.get("max_model_len") if chosen is not None else None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _structured_outputs_backend(server_info: Any) -> str | None:
+    """The backend in a ``/server_info?config_format=json`` answer, or None."""
+    if not isinstance(server_info, dict):
+        return None
+    config = server_info.get("vllm_config")
+    section = config.get("structured_outputs_config") if isinstance(config, dict) else None
+    backend = section.get("backend") if isinstance(section, dict) else None
+    return backend if isinstance(backend, str) and backend else None
+
+
+def _apply_usage(chunk: EngineChunk, usage: dict[str, Any]) -> None:
+    chunk.prompt_tokens = usage.get("prompt_tokens", chunk.prompt_tokens)
+    chunk.completion_tokens = usage.get("completion_tokens", chunk.completion_tokens)
+    details = usage.get("prompt_tokens_details")
+    # only a worker run with --enable-prompt-tokens-details reports it
+    chunk.cached_tokens = details.get("cached_tokens") if isinstance(details, dict) else None
 
 
 def _finish(reason: object) -> EngineFinishReason | None:
@@ -181,7 +479,22 @@ def _matched(stop_reason: object) -> int | str | None:
     return stop_reason if isinstance(stop_reason, int | str) else None
 
 
-def _logprobs(block: object, ids: list[int]) -> list[TokenLogprob] | None:
+def _best(alternatives: list[tuple[int, float, int | None]], k: int) -> tuple[tuple[int, float], ...]:
+    """The ``k`` most likely of ``(token_id, logprob, rank)`` alternatives, best first.
+
+    vLLM adds the sampled token to its top ``k``, so there may be one too many. Ranks decide when
+    vLLM gives them (a random model's logprobs tie often); otherwise the logprobs do.
+    """
+    if k <= 0:
+        return ()
+    unique: dict[int, tuple[int, float, int | None]] = {}
+    for alt in alternatives:
+        unique.setdefault(alt[0], alt)
+    ordered = sorted(unique.values(), key=lambda a: (a[2] is None, a[2] or 0, -a[1]))
+    return tuple((token_id, logprob) for token_id, logprob, _ in ordered[:k])
+
+
+def _completion_logprobs(block: object, ids: list[int], k: int) -> list[TokenLogprob] | None:
     """Completions-API logprobs (``token_logprobs``, ``top_logprobs`` keyed ``token_id:N``)."""
     if not isinstance(block, dict) or not ids:
         return None
@@ -189,12 +502,34 @@ def _logprobs(block: object, ids: list[int]) -> list[TokenLogprob] | None:
     tops = block.get("top_logprobs") or [None] * len(values)
     out = []
     for token_id, value, top in zip(ids, values, tops, strict=False):
-        alts: tuple[tuple[int, float], ...] = ()
+        alts: list[tuple[int, float, int | None]] = []
         if isinstance(top, dict):
-            alts = tuple(
-                (int(key.split(":", 1)[1]), float(lp))
+            alts = [
+                (int(key.split(":", 1)[1]), float(lp), None)
                 for key, lp in top.items()
                 if isinstance(key, str) and key.startswith("token_id:")
-            )
-        out.append(TokenLogprob(int(token_id), float(value) if value is not None else 0.0, alts))
+            ]
+        out.append(TokenLogprob(int(token_id), float(value) if value is not None else 0.0, _best(alts, k)))
     return out
+
+
+def _generate_logprobs(block: object, k: int) -> list[TokenLogprob] | None:
+    """Token-in generate logprobs: ``{"content": [{"token_id", "logprob", "top_logprobs": [...]}]}``."""
+    if not isinstance(block, dict) or not isinstance(block.get("content"), list):
+        return None
+    out = []
+    for entry in block["content"]:
+        if not isinstance(entry, dict):
+            continue
+        alts = [
+            (int(alt["token_id"]), float(alt["logprob"]), _rank(alt.get("rank")))
+            for alt in entry.get("top_logprobs") or ()
+            if isinstance(alt, dict) and "token_id" in alt and "logprob" in alt
+        ]
+        out.append(TokenLogprob(int(entry["token_id"]), float(entry.get("logprob", 0.0)), _best(alts, k)))
+    return out
+
+
+def _rank(value: object) -> int | None:
+    """A 1-based rank; vLLM sends None for a sampled token whose logprob was NaN."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None

@@ -3,7 +3,8 @@
 Public entry points::
 
     family = detect_family(model_path, served_model_name)    # "deepseek_v4" | ... | None
-    fmt = get_chat_format(family)                             # dsv4 / dsv32 module
+    fmt = get_chat_format(family)                             # dsv4 / dsv41 / dsv32 module
+    messages = place_instructions(messages)                    # developer / mid-conversation system
     messages = attach_request_tools(messages, tools, response_format)
     effort = normalize_reasoning_effort(word, profile)        # profile: default_effort_profile(...)
     segments = fmt.render_prompt_segments(messages, "thinking", reasoning_effort=effort,
@@ -20,14 +21,14 @@ from __future__ import annotations
 from types import ModuleType
 
 from deepseek_frontend.errors import UnsupportedModelError
-from deepseek_frontend.formats import dsv4, dsv32
+from deepseek_frontend.formats import dsv4, dsv32, dsv41
 from deepseek_frontend.formats.detect import default_effort_profile, detect_family
 from deepseek_frontend.formats.effort import (
     EFFORT_WORDS,
     REASONING_EFFORT_PROFILES,
     normalize_reasoning_effort,
 )
-from deepseek_frontend.formats.request import attach_request_tools
+from deepseek_frontend.formats.request import attach_request_tools, continues_assistant, place_instructions
 from deepseek_frontend.formats.segments import PromptSegment, join_segments
 
 FAMILIES: tuple[str, ...] = ("deepseek_v4", "deepseek_v41", "deepseek_v32")
@@ -35,13 +36,11 @@ FAMILIES: tuple[str, ...] = ("deepseek_v4", "deepseek_v41", "deepseek_v32")
 
 _REGISTRY: dict[str, ModuleType] = {
     "deepseek_v4": dsv4,
+    "deepseek_v41": dsv41,
     "deepseek_v32": dsv32,
 }
 
-_NOT_YET = {
-    "deepseek_v41": "DeepSeek-V4.1 was detected, but this frontend has no V4.1 encoder yet; "
-    "serve it with a frontend that supports V4.1 or pin a V4 checkpoint",
-}
+_NOT_YET: dict[str, str] = {}
 
 
 def get_chat_format(family: str | None) -> ModuleType:
@@ -67,9 +66,11 @@ __all__ = [
     "REASONING_EFFORT_PROFILES",
     "PromptSegment",
     "attach_request_tools",
+    "continues_assistant",
     "default_effort_profile",
     "detect_family",
     "get_chat_format",
     "join_segments",
     "normalize_reasoning_effort",
+    "place_instructions",
 ]

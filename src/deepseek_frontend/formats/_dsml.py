@@ -46,7 +46,11 @@ class DsmlSpelling:
     think_end: str
     dsml: str
     block: str
-    """Name of the wrapping element: ``tool_calls`` (V4) or ``function_calls`` (V3.2)."""
+    """Name of the wrapping element: ``tool_calls`` (V4), ``function_calls`` (V3.2), `` calls`` (V4.1)."""
+    invoke: str = "invoke"
+    """Name of the call element (V4.1: `` invoke``, with its leading space)."""
+    parameter: str = "parameter"
+    """Name of the parameter element (V4.1: `` parameter``)."""
     segment: PromptSegment = field(init=False)
     """The shared special segment of ``dsml`` (built once, reused by every render)."""
     _glue: dict[str, _Glue] = field(init=False, repr=False, compare=False)
@@ -59,39 +63,41 @@ class DsmlSpelling:
         """The DSML glue for a builder marker (a handful of markers exist, so this stays small)."""
         glue = self._glue.get(mark)
         if glue is None:
-            block = self.block
+            block, invoke, parameter = self.block, self.invoke, self.parameter
             glue = self._glue[mark] = _Glue(
-                f'\n\n<{mark}{block}>\n<{mark}invoke name="',
-                f'\n<{mark}invoke name="',
+                f'\n\n<{mark}{block}>\n<{mark}{invoke} name="',
+                f'\n<{mark}{invoke} name="',
                 '">\n',
-                f'<{mark}parameter name="',
-                f'\n<{mark}parameter name="',
+                f'<{mark}{parameter} name="',
+                f'\n<{mark}{parameter} name="',
                 '" string="true">',
                 '" string="false">',
-                f"</{mark}parameter>",
-                f"\n</{mark}invoke>",
+                f"</{mark}{parameter}>",
+                f"\n</{mark}{invoke}>",
                 f"\n</{mark}{block}>",
             )
         return glue
 
 
-def dsml_example(block: str, call_name: str) -> str:
-    """The two-call DSML example both families' tools prose shows, as template text.
+def dsml_example(block: str, call_name: str, invoke: str = "invoke", parameter: str = "parameter") -> str:
+    """The two-call DSML example every family's tools prose shows, as template text.
 
     ``{dsml}`` fields stand for the family's DSML spelling (``compile_template`` makes
-    them special segments); ``block`` is the wrapping element's name and
-    ``$<call_name>`` / ``$<call_name>2`` the placeholder call names the family's
-    prose uses. Ends with a newline.
+    them special segments); ``block``, ``invoke`` and ``parameter`` are the element
+    names (V4.1 spells them with a leading space) and ``$<call_name>`` /
+    ``$<call_name>2`` the placeholder call names the family's prose uses. Ends with a
+    newline.
     """
     return (
         f"<{{dsml}}{block}>\n"
-        f'<{{dsml}}invoke name="${call_name}">\n'
-        '<{dsml}parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</{dsml}parameter>\n'
+        f'<{{dsml}}{invoke} name="${call_name}">\n'
+        f'<{{dsml}}{parameter} name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE'
+        f"</{{dsml}}{parameter}>\n"
         "...\n"
-        "</{dsml}invoke>\n"
-        f'<{{dsml}}invoke name="${call_name}2">\n'
+        f"</{{dsml}}{invoke}>\n"
+        f'<{{dsml}}{invoke} name="${call_name}2">\n'
         "...\n"
-        "</{dsml}invoke>\n"
+        f"</{{dsml}}{invoke}>\n"
         f"</{{dsml}}{block}>\n"
     )
 
@@ -207,10 +213,10 @@ def _arguments_json(args: dict[str, tuple[str, str]]) -> str:
 
 
 def _parse_calls(text: str, pos: int, sp: DsmlSpelling) -> tuple[int, str | None, list[dict[str, Any]]]:
-    invoke_open = f"<{sp.dsml}invoke"
-    invoke_close = f"</{sp.dsml}invoke"
-    param_open = f"<{sp.dsml}parameter"
-    param_close = f"/{sp.dsml}parameter"
+    invoke_open = f"<{sp.dsml}{sp.invoke}"
+    invoke_close = f"</{sp.dsml}{sp.invoke}"
+    param_open = f"<{sp.dsml}{sp.parameter}"
+    param_close = f"/{sp.dsml}{sp.parameter}"
     block_close = f"</{sp.dsml}{sp.block}>"
     calls: list[dict[str, Any]] = []
     stop: str | None = None

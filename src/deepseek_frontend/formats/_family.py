@@ -52,6 +52,10 @@ class Spellings:
     dsml: str = "｜DSML｜"
     response_format_template: str = _RESPONSE_FORMAT_TEMPLATE
     """The response-format appendix; ``{schema}`` is request text."""
+    invoke_tag: str = "invoke"
+    """Name of the DSML call element (V4.1: `` invoke``: plain text after the ``｜DSML｜`` token)."""
+    parameter_tag: str = "parameter"
+    """Name of the DSML parameter element (V4.1: `` parameter``)."""
 
     def special_spellings(self) -> frozenset[str]:
         """Every spelling this family's renderer may emit as a special segment."""
@@ -85,7 +89,16 @@ class ChatFormat:
         tokens = {"dsml": sp.dsml, "think_start": sp.think_start, "think_end": sp.think_end}
         self._tools = compile_template(sp.tools_template, tokens)
         self._response_format = compile_template(sp.response_format_template, tokens)
-        self._dsml = DsmlSpelling(sp.bos, sp.eos, sp.think_start, sp.think_end, sp.dsml, sp.tool_calls_block)
+        self._dsml = DsmlSpelling(
+            sp.bos,
+            sp.eos,
+            sp.think_start,
+            sp.think_end,
+            sp.dsml,
+            sp.tool_calls_block,
+            sp.invoke_tag,
+            sp.parameter_tag,
+        )
         self._bos = PromptSegment(sp.bos, True)
         self._eos = PromptSegment(sp.eos, True)
         self._user = PromptSegment(sp.user, True)

@@ -20,7 +20,7 @@ from deepseek_frontend.formats.effort import REASONING_EFFORT_PROFILES
 # trailing group stops ``deepseek-v40`` / ``deepseek-v4pro``. V4.1 is tried before
 # V4, whose pattern would also accept ``deepseek-v4.1``.
 _NAME_PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = (
-    ("deepseek_v41", re.compile(r"^deepseek[-_.]?v4[._]?1([-_.]|$)", re.IGNORECASE)),
+    ("deepseek_v41", re.compile(r"^deepseek[-_.]?v4[-_.]?1([-_.]|$)", re.IGNORECASE)),
     ("deepseek_v4", re.compile(r"^deepseek[-_.]?v4([-_.]|$)", re.IGNORECASE)),
     ("deepseek_v32", re.compile(r"^deepseek[-_.]?v3[-_.]?2([-_.]|$)", re.IGNORECASE)),
 )
@@ -98,7 +98,9 @@ def default_effort_profile(
 ) -> str:
     """The reasoning-effort profile a V4 checkpoint was trained with, best guess.
 
-    In order: ``config.json`` key ``dsv4_reasoning_effort_profile`` (the key SGLang
+    A V4.1 checkpoint: ``release``, or ``prerelease`` when its ``config.json`` sets
+    ``dsv41_reasoning_effort_profile: "prerelease"``. A V4 checkpoint, in order:
+    ``config.json`` key ``dsv4_reasoning_effort_profile`` (the key SGLang
     reads for converted checkpoints); the checkpoint's bundled
     ``encoding/encoding_dsv4.py`` (``REASONING_EFFORT_PROMPTS`` means official,
     ``REASONING_EFFORT_MAX`` preview); a ``0731`` tag in the served name or the
@@ -106,6 +108,10 @@ def default_effort_profile(
     ``--reasoning-effort-profile`` overrides all of this.
     """
     config = _read_config(model_path)
+    if detect_family(model_path, served_model_name) == "deepseek_v41":
+        # V4.1: the release table unless the checkpoint declares the pre-release one.
+        declared = (config or {}).get("dsv41_reasoning_effort_profile")
+        return "prerelease" if declared == "prerelease" else "release"
     if config is not None:
         declared = config.get("dsv4_reasoning_effort_profile")
         if declared in REASONING_EFFORT_PROFILES:

@@ -230,8 +230,11 @@ class V32ChatFormat(ChatFormat):
                     add(content if content.__class__ is str else field_text(m, "content", content))
                 if calls:
                     render_tool_calls(out, calls, dsml, strict_arguments)
-                add(mark)
-                special(eos_seg)
+                # wo_eos: an assistant prefix the model continues (formats.request.place_instructions);
+                # V4's reference reads the same key.
+                if not raw.get("wo_eos", False):
+                    add(mark)
+                    special(eos_seg)
             elif role == "tool":
                 anchor = anchors[index]
                 if anchor < 0 or full[anchor].role != "assistant":

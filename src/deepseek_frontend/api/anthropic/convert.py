@@ -29,15 +29,22 @@ Translation rules (each one is pinned by a test in ``tests/api_anthropic``):
   ``{"type": "disabled"}`` off; absent leaves the server default.
   ``budget_tokens`` is validated but not enforced (DeepSeek has no thinking
   budget; ``output_config.effort`` selects a reasoning effort instead).
-* Images, documents and server tools are rejected (DeepSeek-V4 is a text model
-  and the frontend runs no server-side tools) -- except an image inside a
+* With ``read_images`` (the model reads images: DeepSeek-V4.1) ``image`` blocks
+  (``base64`` / ``url`` sources), also inside ``tool_result`` content, become image
+  parts that ``images.py`` resolves. Otherwise images, and always documents and
+  server tools, are rejected (DeepSeek-V4 is a text model and the frontend runs no
+  server-side tools) -- except an image inside a
   ``tool_result``, which becomes :data:`IMAGE_PLACEHOLDER`: an agent whose tool
   returned a screenshot would otherwise fail on every later request of the
   session, since the image stays in its history. ``cache_control`` and
   ``citations`` are accepted and ignored. Unknown top-level fields are ignored so
   new agent releases keep working.
-* The last message must be a user message: assistant prefill is refused, since
-  DeepSeek's format always opens a new assistant turn after the last message.
+* ``messages[i].role == "system"`` (beta ``mid-conversation-system-2026-04-07``) is a
+  mid-conversation instruction, kept in place; ``formats.place_instructions`` renders it
+  (V4 / V3.2: a ``<system-reminder>`` in the user turn beside it, as deepseek-recipe does).
+* A last assistant message is prefill: the answer continues its text (the prompt
+  ends inside that turn, without end-of-sentence). One with ``tool_use`` is refused.
+* ``ignore_eos`` and ``min_tokens`` (vLLM's names; not Anthropic fields) reach the engine.
 
 The result is a :class:`~deepseek_frontend.api.adapters.ConvertedChat` (see
 :mod:`.adapters`, shared with ``api/responses/convert.py``);
@@ -56,14 +63,17 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 from deepseek_frontend.errors import RequestError, UnsupportedFeatureError
+from deepseek_frontend.images import make_image_part
 
 from ..adapters import (
     ChatMessage,
     ConvertedChat,
     check_model,
     function_tools,
+    length_controls,
     to_chat_request,
 )
+from ..schemas import check_json_schema
 from ..validation import (
     check_array,
     check_boolean,
@@ -146,6 +156,47 @@ def _text_of_blocks(content: Any, param: str, *, what: str, image_placeholder: b
     return "\n\n".join(texts)
 
 
+def _image_part(block: Mapping[str, Any], param: str) -> Any:
+    """An ``image`` block (``base64`` or ``url`` source) -> an unresolved image part (images.py)."""
+    source = check_object(block.get("source"), f"{param}.source")
+    kind = source.get("type")
+    if kind == "base64":
+        media_type = check_string(source.get("media_type"), f"{param}.source.media_type", non_empty=True)
+        data = check_string(source.get("data"), f"{param}.source.data", non_empty=True)
+        return make_image_part(f"data:{media_type};base64,{data}", param)
+    if kind == "url":
+        return make_image_part(check_string(source.get("url"), f"{param}.source.url", non_empty=True), param)
+    raise UnsupportedFeatureError(
+        f"{param}.source.type: image sources of type {kind!r} are not supported (use base64 or url)",
+        param=f"{param}.source.type",
+    )
+
+
+def _parts_of_blocks(content: Any, param: str, *, what: str) -> str | list[Any]:
+    """Like :func:`_text_of_blocks`, but ``image`` blocks become image parts (a model that reads
+    images): a list of ``{"type": "text"}`` dicts and image parts when there is an image."""
+    if isinstance(content, str):
+        return content
+    parts: list[Any] = []
+    has_image = False
+    for bparam, block, block_type in _blocks(content, param):
+        if block_type == "image":
+            parts.append(_image_part(block, bparam))
+            has_image = True
+        elif block_type == "text":
+            parts.append({"type": "text", "text": check_string(block.get("text"), f"{bparam}.text")})
+        elif block_type == "document":
+            raise _unsupported_block(block_type, bparam)
+        else:
+            raise RequestError(
+                f"{bparam}: {what} takes only text and image blocks, got {block_type!r}",
+                param=f"{bparam}.type",
+            )
+    if has_image:
+        return parts
+    return "\n\n".join(p["text"] for p in parts)
+
+
 def _convert_system(system: Any) -> str | None:
     if system is None:
         return None
@@ -153,7 +204,9 @@ def _convert_system(system: Any) -> str | None:
     return text if text else None
 
 
-def _tool_result_message(block: Mapping[str, Any], param: str, known_ids: Mapping[str, int]) -> ChatMessage:
+def _tool_result_message(
+    block: Mapping[str, Any], param: str, known_ids: Mapping[str, int], read_images: bool = False
+) -> ChatMessage:
     tool_use_id = check_string(block.get("tool_use_id"), f"{param}.tool_use_id")
     if tool_use_id not in known_ids:
         raise RequestError(
@@ -162,27 +215,43 @@ def _tool_result_message(block: Mapping[str, Any], param: str, known_ids: Mappin
             param=f"{param}.tool_use_id",
         )
     content = block.get("content", "")
-    text = (
-        ""
-        if content is None
-        else _text_of_blocks(content, f"{param}.content", what="tool_result content", image_placeholder=True)
-    )
+    text: str | list[Any]
+    if content is None:
+        text = ""
+    elif read_images:
+        text = _parts_of_blocks(content, f"{param}.content", what="tool_result content")
+    else:
+        text = _text_of_blocks(
+            content, f"{param}.content", what="tool_result content", image_placeholder=True
+        )
     if check_boolean(block.get("is_error", False), f"{param}.is_error"):
-        text = TOOL_ERROR_PREFIX + text
+        if isinstance(text, str):
+            text = TOOL_ERROR_PREFIX + text
+        elif text and isinstance(text[0], dict):  # parts starting with text: prefix that text
+            text = [{"type": "text", "text": TOOL_ERROR_PREFIX + text[0]["text"]}, *text[1:]]
+        else:  # parts starting with an image
+            text = [{"type": "text", "text": TOOL_ERROR_PREFIX.rstrip()}, *text]
     return {"role": "tool", "tool_call_id": tool_use_id, "content": text}
 
 
-def _convert_user(content: Any, param: str, pending_tool_ids: Mapping[str, int]) -> list[ChatMessage]:
-    """One user message -> tool messages (in block order) then one user message with the text."""
+def _convert_user(
+    content: Any, param: str, pending_tool_ids: Mapping[str, int], read_images: bool = False
+) -> list[ChatMessage]:
+    """One user message -> tool messages (in block order) then one user message with the text
+    (and, with ``read_images``, its images: then the content is a list of parts)."""
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     tool_messages: list[ChatMessage] = []
     texts: list[str] = []
+    parts: list[Any] = []
     for bparam, block, block_type in _blocks(content, param):
         if block_type == "text":
             texts.append(check_string(block.get("text"), f"{bparam}.text"))
+            parts.append({"type": "text", "text": texts[-1]})
+        elif block_type == "image" and read_images:
+            parts.append(_image_part(block, bparam))
         elif block_type == "tool_result":
-            tool_messages.append(_tool_result_message(block, bparam, pending_tool_ids))
+            tool_messages.append(_tool_result_message(block, bparam, pending_tool_ids, read_images))
         elif block_type in ("thinking", "redacted_thinking", "tool_use"):
             raise RequestError(
                 f"{bparam}: {block_type!r} blocks belong to assistant messages", param=f"{bparam}.type"
@@ -190,8 +259,10 @@ def _convert_user(content: Any, param: str, pending_tool_ids: Mapping[str, int])
         else:
             raise _unsupported_block(block_type, bparam)
     out = tool_messages
+    if len(parts) > len(texts):  # images among the blocks: the content stays a list of parts
+        out.append({"role": "user", "content": parts})
     # A user turn made only of tool results has no user text to render.
-    if texts or not tool_messages:
+    elif texts or not tool_messages:
         out.append({"role": "user", "content": "\n\n".join(texts)})
     return out
 
@@ -239,7 +310,7 @@ def _convert_assistant(content: Any, param: str) -> tuple[ChatMessage, dict[str,
     return message, ids
 
 
-def _convert_messages(raw: Any) -> list[ChatMessage]:
+def _convert_messages(raw: Any, read_images: bool = False) -> list[ChatMessage]:
     messages = check_array(raw, "messages", non_empty=True)
     out: list[ChatMessage] = []
     pending_tool_ids: dict[str, int] = {}
@@ -251,23 +322,29 @@ def _convert_messages(raw: Any) -> list[ChatMessage]:
             raise RequestError(f"{param}.content: required", param=f"{param}.content")
         content = message["content"]
         if role == "user":
-            out.extend(_convert_user(content, f"{param}.content", pending_tool_ids))
+            out.extend(_convert_user(content, f"{param}.content", pending_tool_ids, read_images))
             pending_tool_ids = {}
         elif role == "assistant":
             converted, pending_tool_ids = _convert_assistant(content, f"{param}.content")
             out.append(converted)
+        elif role == "system":
+            # A mid-conversation instruction (beta mid-conversation-system-2026-04-07, which
+            # Claude Code sends): rendered where it stands (formats.place_instructions).
+            out.append(
+                {"role": "system", "content": _text_of_blocks(content, f"{param}.content", what="system")}
+            )
         else:
             raise RequestError(
-                f"{param}.role: expected 'user' or 'assistant', got {role!r} (system text goes in 'system')",
+                f"{param}.role: expected 'user', 'assistant' or 'system', got {role!r}",
                 param=f"{param}.role",
             )
-    if out[-1]["role"] == "assistant":
-        # Prefill (continuing a partial assistant turn) would need the renderer to
-        # leave the turn open; DeepSeek's chat format always starts a new one.
-        raise UnsupportedFeatureError(
-            f"messages[{len(messages) - 1}]: the last message must be a user message "
-            "(assistant prefill is not supported)",
-            param=f"messages[{len(messages) - 1}].role",
+    if all(m["role"] == "system" for m in out):
+        raise RequestError("messages: needs at least one user message", param="messages")
+    if out[-1]["role"] == "assistant" and out[-1].get("tool_calls"):
+        raise RequestError(
+            f"messages[{len(messages) - 1}]: the last message has tool_use blocks; send their "
+            "tool_result blocks in a user message after it",
+            param=f"messages[{len(messages) - 1}].content",
         )
     return out
 
@@ -284,7 +361,8 @@ def _tool_schema(tool: Mapping[str, Any], param: str) -> dict[str, Any]:
             "name, description and input_schema",
             param=f"{param}.type",
         )
-    return {"parameters": dict(check_object(tool.get("input_schema"), f"{param}.input_schema"))}
+    schema = check_json_schema(tool.get("input_schema"), f"{param}.input_schema", object_root=True)
+    return {"parameters": schema}
 
 
 def _convert_tool_choice(
@@ -332,7 +410,8 @@ def _convert_thinking(raw: Any) -> bool | None:
         )
     budget = thinking.get("budget_tokens")
     if budget is not None:
-        # Validated for the client's sake; DeepSeek's thinking has no token budget to set.
+        # Validated for the client's sake; DeepSeek's thinking has no token budget to set (on V4.1
+        # the adapter turns it into the numeric effort when no output_config.effort is given).
         check_integer(budget, "thinking.budget_tokens", minimum=1)
     elif kind == "enabled":
         raise RequestError(
@@ -341,17 +420,29 @@ def _convert_thinking(raw: Any) -> bool | None:
     return True
 
 
-def _convert_effort(body: Mapping[str, Any]) -> str | None:
+def _convert_effort(body: Mapping[str, Any]) -> str | int | None:
+    """``output_config.effort``: a word, or a budget 1-100 (DeepSeek-V4.1's numeric effort)."""
     config = check_object(body.get("output_config"), "output_config", default=None)
     effort = None if config is None else config.get("effort")
     if effort is None:
         return None
-    if effort not in _EFFORT_WORDS:
+    if isinstance(effort, int) and not isinstance(effort, bool) and 1 <= effort <= 100:
+        return effort
+    if not isinstance(effort, str) or effort not in _EFFORT_WORDS:
         raise RequestError(
-            f"output_config.effort: expected one of {', '.join(_EFFORT_WORDS)}, got {effort!r}",
+            f"output_config.effort: expected one of {', '.join(_EFFORT_WORDS)} or a number 1-100, "
+            f"got {effort!r}",
             param="output_config.effort",
         )
     return str(effort)
+
+
+def _thinking_budget(raw: Any) -> int | None:
+    """``thinking.budget_tokens`` when thinking is on (validated by :func:`_convert_thinking`)."""
+    if not isinstance(raw, Mapping) or raw.get("type") == "disabled":
+        return None
+    budget = raw.get("budget_tokens")
+    return budget if isinstance(budget, int) and not isinstance(budget, bool) else None
 
 
 def _convert_stop(raw: Any) -> list[str]:
@@ -363,7 +454,9 @@ def _convert_stop(raw: Any) -> list[str]:
     ]
 
 
-def convert_messages_request(body: Any, *, require_max_tokens: bool = True) -> ConvertedChat:
+def convert_messages_request(
+    body: Any, *, require_max_tokens: bool = True, read_images: bool = False
+) -> ConvertedChat:
     """Validate an Anthropic Messages request body and translate it.
 
     ``require_max_tokens=False`` is for ``/v1/messages/count_tokens``, whose body
@@ -380,7 +473,9 @@ def convert_messages_request(body: Any, *, require_max_tokens: bool = True) -> C
             raise RequestError("max_tokens: required", param="max_tokens")
         max_tokens = check_integer(body["max_tokens"], "max_tokens", minimum=1)
 
-    messages = _convert_messages(body.get("messages"))
+    # read_images: the model reads images (V4.1): image blocks, also inside tool_result content,
+    # become image parts (images.py resolves them); otherwise they are refused / placeheld.
+    messages = _convert_messages(body.get("messages"), read_images)
     system = _convert_system(body.get("system"))
     if system is not None:
         messages.insert(0, {"role": "system", "content": system})
@@ -389,6 +484,7 @@ def convert_messages_request(body: Any, *, require_max_tokens: bool = True) -> C
     tool_choice, parallel = _convert_tool_choice(body.get("tool_choice"), tools)
     top_k = check_integer(body.get("top_k"), "top_k", minimum=1, default=None)
     stream = check_boolean(body.get("stream", False), "stream")
+    ignore_eos, min_tokens = length_controls(body)
     metadata = check_object(body.get("metadata"), "metadata", default=None)
     user = (
         None if metadata is None else check_string(metadata.get("user_id"), "metadata.user_id", default=None)
@@ -403,6 +499,8 @@ def convert_messages_request(body: Any, *, require_max_tokens: bool = True) -> C
         parallel_tool_calls=parallel,
         thinking=_convert_thinking(body.get("thinking")),
         reasoning_effort=_convert_effort(body),
+        effort_param="output_config.effort",
+        thinking_budget_tokens=_thinking_budget(body.get("thinking")),
         stop=_convert_stop(body.get("stop_sequences")),
         temperature=check_number(
             body.get("temperature"), "temperature", minimum=0.0, maximum=1.0, default=None
@@ -411,4 +509,6 @@ def convert_messages_request(body: Any, *, require_max_tokens: bool = True) -> C
         top_k=top_k,
         stream=stream,
         user=user,
+        ignore_eos=ignore_eos,
+        min_tokens=min_tokens,
     )

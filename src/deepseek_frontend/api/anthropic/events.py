@@ -124,8 +124,10 @@ _ANTHROPIC_ERROR_TYPES = {
 
 
 def anthropic_error_type(err: FrontendError) -> str:
-    """Anthropic's ``error.type`` for a frontend error (by its HTTP status)."""
-    return _ANTHROPIC_ERROR_TYPES.get(err.status_code, "api_error")
+    """Anthropic's ``error.type`` for a frontend error (by its HTTP status; another 4xx -- an engine's
+    422, say -- is the request's fault, so ``invalid_request_error``)."""
+    fallback = "invalid_request_error" if 400 <= err.status_code < 500 else "api_error"
+    return _ANTHROPIC_ERROR_TYPES.get(err.status_code, fallback)
 
 
 def anthropic_error_body(err: FrontendError) -> dict[str, Any]:
@@ -170,6 +172,14 @@ class MessagesStreamEncoder(EventEncoder):
         return f"MessagesStreamEncoder(id={self.message_id!r}, open={self._open!r}, blocks={blocks})"
 
     # -- lifecycle --------------------------------------------------------------------------
+
+    def note_cached_prompt(self, cached_tokens: int) -> None:
+        """Split the prompt count as Anthropic does (``input_tokens`` excludes cache reads), so
+        ``message_start`` says what ``message_delta`` will."""
+        total = self.input_tokens + self.cache_read_input_tokens
+        cached = max(0, min(cached_tokens, total))
+        self.input_tokens = total - cached
+        self.cache_read_input_tokens = cached
 
     def start(self) -> list[SSEEvent]:
         """``message_start`` (empty content, prompt usage) followed by one ``ping``."""

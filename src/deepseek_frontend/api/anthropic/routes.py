@@ -20,6 +20,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from deepseek_frontend.images import family_reads_images, resolve_request_images
+
 from ..adapters import respond_with_events, to_chat_request
 from ..errors import ErrorBodyRenderer
 from ..http import RequestTracker, api_route, get_state, read_json
@@ -36,8 +38,10 @@ async def create_message(request: Request, tracker: RequestTracker) -> Response:
     return await respond_with_events(
         request,
         tracker,
-        convert_messages_request(body),
-        lambda req, prepared: MessagesStreamEncoder(model=req.model, input_tokens=prepared.prompt_tokens),
+        convert_messages_request(body, read_images=family_reads_images(get_state(request).config.family)),
+        lambda req, prepared: MessagesStreamEncoder(
+            model=req.response_model, input_tokens=prepared.prompt_tokens
+        ),
         lambda _encoder, events: accumulate_message(events),
     )
 
@@ -51,11 +55,15 @@ async def count_tokens(request: Request, tracker: RequestTracker) -> Response:
     """
     state = get_state(request)
     body = await read_json(request, state.config.max_body_bytes)
-    converted = convert_messages_request(body, require_max_tokens=False)
+    converted = convert_messages_request(
+        body, require_max_tokens=False, read_images=family_reads_images(state.config.family)
+    )
     req = to_chat_request(converted, state.config, tracker.request_id)
+    # images are resolved (read, limited) as for /v1/messages: their token counts are part of the answer
+    await resolve_request_images(state, req.messages)
     # Render + tokenize only: a prompt over the context window still gets its count, and
     # "any" / named tool_choice (a decoding constraint, not prompt text) needs no engine support.
-    count = state.pipeline.count_prompt_tokens(req)
+    count = await state.pipeline.count_prompt_tokens_async(req)
     return Response(orjson.dumps({"input_tokens": count}), media_type="application/json")
 
 

@@ -30,6 +30,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from deepseek_frontend.errors import RequestError
+from deepseek_frontend.images import family_reads_images, make_image_part, resolve_request_images
 from deepseek_frontend.parsing import ContentDelta, ReasoningDelta, ToolCallArgumentsDelta, ToolCallStart
 from deepseek_frontend.pipeline.chat import (
     MAX_N,
@@ -53,6 +54,7 @@ from ..http import (
     stream_error_body,
     unless_disconnected,
 )
+from ..schemas import check_json_schema
 from ..sse import DONE, data_event
 from ..validation import (
     check_array,
@@ -91,8 +93,14 @@ _SAMPLING_NUMBERS: dict[str, tuple[float, float, float]] = {
 # --------------------------------------------------------------------------- request mapping
 
 
-def _text_content(content: Any, path: str, *, allow_none: bool) -> str:
-    """String content, or text parts concatenated. Images are rejected (text-only model)."""
+def _text_content(content: Any, path: str, *, allow_none: bool, images: bool = False) -> str | list[Any]:
+    """String content, or text parts joined by a blank line (as DeepSeek's reference, vLLM and the
+    Anthropic / Responses adapters join them).
+
+    With ``images`` (the model reads images: V4.1) and ``image_url`` parts the content stays a
+    list: ``{"type": "text"}`` dicts and unresolved image parts (``images.py``) in order, which
+    the images resolver and the V4.1 format read. Without, an image part is a 400 naming it.
+    """
     if content is None:
         if allow_none:
             return ""
@@ -104,26 +112,37 @@ def _text_content(content: Any, path: str, *, allow_none: bool) -> str:
             f"{path}: expected a string or an array of content parts, got {json_type(content)}", param=path
         )
     texts: list[str] = []
+    parts: list[Any] = []
+    has_image = False
     for j, part in enumerate(content):
         ppath = f"{path}[{j}]"
         if isinstance(part, str):
             texts.append(part)
+            parts.append({"type": "text", "text": part})
             continue
         part = check_object(part, ppath)
         ptype = part.get("type")
         if ptype in ("text", "input_text", "output_text"):
             texts.append(check_string(part.get("text"), f"{ppath}.text"))
+            parts.append({"type": "text", "text": texts[-1]})
+        elif ptype == "image_url" and images:
+            image_url = part.get("image_url")
+            url = image_url.get("url") if isinstance(image_url, dict) else image_url
+            url = check_string(url, f"{ppath}.image_url.url", non_empty=True)
+            parts.append(make_image_part(url, ppath))
+            has_image = True
         elif ptype in _IMAGE_PARTS:
-            raise RequestError(
-                f"{ppath}.type: {ptype} parts are not supported: this model reads text only "
-                "(images are not supported)",
-                param=f"{ppath}.type",
+            why = (
+                "only text and image_url parts are read"
+                if images
+                else "this model reads text only (images are not supported; DeepSeek-V4.1 reads them)"
             )
+            raise RequestError(f"{ppath}.type: {ptype} parts are not supported: {why}", param=f"{ppath}.type")
         else:
             raise RequestError(
                 f"{ppath}.type: {ptype!r} is not a supported content part type", param=f"{ppath}.type"
             )
-    return "".join(texts)
+    return parts if has_image else "\n\n".join(texts)
 
 
 def _function(holder: Mapping[str, Any], path: str) -> tuple[Mapping[str, Any], str]:
@@ -160,8 +179,11 @@ def _tool_calls(raw: Any, path: str) -> list[dict[str, Any]]:
     return calls
 
 
-def map_messages(raw: Any) -> list[dict[str, Any]]:
-    """OpenAI ``messages`` -> the formats' message dicts (string content, JSON-string arguments)."""
+def map_messages(raw: Any, *, images: bool = False) -> list[dict[str, Any]]:
+    """OpenAI ``messages`` -> the formats' message dicts (string content, JSON-string arguments).
+
+    ``images``: the model reads images, so ``image_url`` parts are kept (see :func:`_text_content`).
+    """
     out: list[dict[str, Any]] = []
     for i, msg in enumerate(check_array(raw, "messages", non_empty=True)):
         path = f"messages[{i}]"
@@ -184,14 +206,18 @@ def map_messages(raw: Any) -> list[dict[str, Any]]:
         elif role == "tool":
             m = {
                 "role": "tool",
-                "content": _text_content(msg.get("content"), f"{path}.content", allow_none=True),
+                "content": _text_content(
+                    msg.get("content"), f"{path}.content", allow_none=True, images=images
+                ),
                 "tool_call_id": check_string(msg.get("tool_call_id"), f"{path}.tool_call_id", default=None)
                 or "",
             }
         else:
             m = {
                 "role": role,
-                "content": _text_content(msg.get("content"), f"{path}.content", allow_none=False),
+                "content": _text_content(
+                    msg.get("content"), f"{path}.content", allow_none=False, images=images
+                ),
             }
         out.append(m)
     return out
@@ -216,7 +242,10 @@ def map_tools(raw: Any) -> list[dict[str, Any]] | None:
                 f"{path}.function.name: {name!r} is declared twice", param=f"{path}.function.name"
             )
         seen.add(name)
-        check_object(fn.get("parameters"), f"{path}.function.parameters", default=None)
+        if fn.get("parameters") is not None:
+            # validated before anything builds a prompt section or a grammar from it
+            schema = check_json_schema(fn["parameters"], f"{path}.function.parameters", object_root=True)
+            fn = {**fn, "parameters": schema}
         tools.append({"type": "function", "function": fn})
     return tools or None
 
@@ -262,13 +291,15 @@ def resolve_thinking(body: dict[str, Any], default: bool) -> bool:
     return default
 
 
-def resolve_reasoning_effort(raw: Any, profile: str) -> str | None:
-    """Normalize an effort word (or its absence) for the checkpoint's profile.
+def resolve_reasoning_effort(raw: Any, profile: str) -> str | int | None:
+    """Normalize an effort word or budget 1-100 (or its absence) for the checkpoint's profile.
 
     An absent effort still goes through the table: the official profile renders its
     default ("high", as DeepSeek's API does) rather than the encoder's bare default.
+    A number (the request body's ``reasoning_effort: 42``) is DeepSeek-V4.1's budget.
     """
-    raw = check_string(raw, "reasoning_effort", default=None)
+    if not (isinstance(raw, int) and not isinstance(raw, bool)):
+        raw = check_string(raw, "reasoning_effort", default=None)
     from deepseek_frontend.formats import normalize_reasoning_effort
 
     try:
@@ -309,6 +340,8 @@ def map_response_format(raw: Any) -> dict[str, Any] | None:
                 "response_format.json_schema: expected an object with a 'schema' object",
                 param="response_format.json_schema",
             )
+        if "schema" in spec:
+            spec = {**spec, "schema": check_json_schema(spec["schema"], "response_format.json_schema.schema")}
         return {"type": "json_schema", "json_schema": spec}
     raise RequestError(
         f"response_format.type: expected 'text', 'json_object' or 'json_schema', got {kind!r}",
@@ -331,7 +364,23 @@ def map_sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     out["seed"] = check_integer(body.get("seed"), "seed", default=None)
     out["stop"] = map_stop(body.get("stop"))
     out["n"] = check_integer(body.get("n"), "n", minimum=1, maximum=MAX_N, default=None) or 1
+    out.update(map_length_controls(body))
     return out
+
+
+def map_length_controls(body: Mapping[str, Any]) -> dict[str, Any]:
+    """``ignore_eos`` and ``min_tokens`` (vLLM's names, which benchmark clients send), as
+    :class:`ChatRequest` keyword arguments; every API accepts them under these names."""
+    return {
+        "ignore_eos": check_boolean(body.get("ignore_eos"), "ignore_eos", default=False),
+        "min_tokens": check_integer(body.get("min_tokens"), "min_tokens", minimum=0, default=0),
+    }
+
+
+def requested_model(body: Mapping[str, Any]) -> str | None:
+    """The ``model`` string the client sent (echoed in responses), or None when it sent none."""
+    model = body.get("model")
+    return model if isinstance(model, str) and model else None
 
 
 def map_stream(body: Mapping[str, Any]) -> tuple[bool, bool]:
@@ -351,7 +400,7 @@ def to_chat_request(body: dict[str, Any], config: ServerConfig, request_id: str)
     Raises ``RequestError`` (400, ``param`` set) and ``ModelNotFoundError`` (404).
     """
     model = map_model(body, config)
-    messages = map_messages(body.get("messages"))
+    messages = map_messages(body.get("messages"), images=family_reads_images(config.family))
     tools = map_tools(body.get("tools"))
     tool_choice = map_tool_choice(body.get("tool_choice"), tools)
     thinking = resolve_thinking(body, config.default_thinking)
@@ -387,6 +436,7 @@ def to_chat_request(body: dict[str, Any], config: ServerConfig, request_id: str)
         response_format=map_response_format(body.get("response_format")),
         include_usage=include_usage,
         user=check_string(body.get("user"), "user", default=None),
+        requested_model=requested_model(body),
         **sampling,
     )
 
@@ -394,8 +444,15 @@ def to_chat_request(body: dict[str, Any], config: ServerConfig, request_id: str)
 # --------------------------------------------------------------------------- logprobs
 
 
-def logprobs_content(tokenizer: PromptTokenizer, logprobs: Sequence[TokenLogprob]) -> list[dict[str, Any]]:
-    """OpenAI ``logprobs.content`` entries (token text, logprob, UTF-8 bytes, top alternatives)."""
+def logprobs_content(
+    tokenizer: PromptTokenizer, logprobs: Sequence[TokenLogprob], top_logprobs: int | None = None
+) -> list[dict[str, Any]]:
+    """OpenAI ``logprobs.content`` entries (token text, logprob, UTF-8 bytes, top alternatives).
+
+    ``logprobs`` are the answer tokens only (the pipeline leaves out reasoning, markup and
+    EOS); each entry lists at most ``top_logprobs`` alternatives (engines may send more:
+    vLLM always returns at least one).
+    """
 
     def entry(token_id: int, logprob: float) -> dict[str, Any]:
         text = tokenizer.decode([token_id])
@@ -404,7 +461,8 @@ def logprobs_content(tokenizer: PromptTokenizer, logprobs: Sequence[TokenLogprob
     out = []
     for lp in logprobs:
         item = entry(lp.token_id, lp.logprob)
-        item["top_logprobs"] = [entry(t, p) for t, p in lp.top]
+        top = lp.top if top_logprobs is None else lp.top[:top_logprobs]
+        item["top_logprobs"] = [entry(t, p) for t, p in top]
         out.append(item)
     return out
 
@@ -467,14 +525,20 @@ class ChunkWriter:
     ``orjson.dumps`` of the delta.
     """
 
-    __slots__ = ("_head", "_suffix", "_text_prefix", "_tokenizer", "model", "response_id")
+    __slots__ = ("_head", "_suffix", "_text_prefix", "_tokenizer", "_top_logprobs", "model", "response_id")
 
     def __init__(
-        self, response_id: str, created: int, model: str, tokenizer: PromptTokenizer | None = None
+        self,
+        response_id: str,
+        created: int,
+        model: str,
+        tokenizer: PromptTokenizer | None = None,
+        top_logprobs: int | None = None,
     ) -> None:
         self.response_id = response_id
         self.model = model
         self._tokenizer = tokenizer
+        self._top_logprobs = top_logprobs
         self._head = (
             b'data: {"id":'
             + orjson.dumps(response_id)
@@ -532,7 +596,7 @@ class ChunkWriter:
         out: list[bytes] = []
         logprobs = None
         if chunk.logprobs and self._tokenizer is not None:
-            logprobs = {"content": logprobs_content(self._tokenizer, chunk.logprobs)}
+            logprobs = {"content": logprobs_content(self._tokenizer, chunk.logprobs, self._top_logprobs)}
         for delta in events_to_deltas(chunk.events):
             out.append(self.delta(chunk.index, delta, logprobs))
             logprobs = None
@@ -595,7 +659,13 @@ def stream_chat(
 ) -> AsyncIterator[bytes]:
     """The ``chat.completion.chunk`` SSE body: role deltas, one event per engine chunk, finish,
     optional usage, ``[DONE]`` (see :func:`openai_event_stream`)."""
-    writer = ChunkWriter(req.request_id, created, req.model, state.tokenizer if req.logprobs else None)
+    writer = ChunkWriter(
+        req.request_id,
+        created,
+        req.response_model,
+        state.tokenizer if req.logprobs else None,
+        req.top_logprobs,
+    )
     return openai_event_stream(
         state,
         req,
@@ -630,7 +700,7 @@ def build_response(
             ]
         logprobs = None
         if req.logprobs and tokenizer is not None:
-            logprobs = {"content": logprobs_content(tokenizer, acc.logprobs)}
+            logprobs = {"content": logprobs_content(tokenizer, acc.logprobs, req.top_logprobs)}
         choices.append(
             {"index": acc.index, "message": message, "logprobs": logprobs, "finish_reason": acc.finish_reason}
         )
@@ -639,7 +709,7 @@ def build_response(
         "id": req.request_id,
         "object": "chat.completion",
         "created": created,
-        "model": req.model,
+        "model": req.response_model,
         "system_fingerprint": None,
         "choices": choices,
         "usage": usage.to_openai(),
@@ -684,7 +754,8 @@ async def chat_completions(request: Request, tracker: RequestTracker) -> Respons
     state = get_state(request)
     body = await read_json(request, state.config.max_body_bytes)
     req = to_chat_request(body, state.config, tracker.request_id)
-    prepared = state.pipeline.prepare(req)
+    await resolve_request_images(state, req.messages)
+    prepared = await state.pipeline.prepare_async(req)
     return await respond_with_choices(
         request,
         tracker,

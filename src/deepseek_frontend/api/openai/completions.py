@@ -22,7 +22,14 @@ from deepseek_frontend.pipeline.chat import ChatRequest, ChoiceAccumulator, Choi
 
 from ..http import RequestTracker, api_route, get_state, read_json
 from ..validation import check_boolean, check_integer
-from .chat import map_model, map_sampling, map_stream, openai_event_stream, respond_with_choices
+from .chat import (
+    map_model,
+    map_sampling,
+    map_stream,
+    openai_event_stream,
+    requested_model,
+    respond_with_choices,
+)
 
 if TYPE_CHECKING:
     from deepseek_frontend.engines.base import TokenLogprob
@@ -82,6 +89,7 @@ def to_completion_request(body: dict[str, Any], config: ServerConfig, request_id
         include_usage=include_usage,
         # not validated here (chat does): a raw-prompt client's odd user field is no reason to refuse
         user=user if isinstance(user, str) else None,
+        requested_model=requested_model(body),
         **sampling,
     )
 
@@ -113,7 +121,7 @@ class CompletionChunkWriter:
             + b',"object":"text_completion","created":'
             + str(created).encode()
             + b',"model":'
-            + orjson.dumps(req.model)
+            + orjson.dumps(req.response_model)
             + b',"choices":'
         )
         self._logprobs = req.logprobs
@@ -170,7 +178,7 @@ def build_completion(
         "id": req.request_id,
         "object": "text_completion",
         "created": created,
-        "model": req.model,
+        "model": req.response_model,
         "choices": choices,
         "usage": Usage.combine([a.usage for a in accs]).to_openai(),
     }
@@ -185,7 +193,12 @@ async def completions(request: Request, tracker: RequestTracker) -> Response:
     if "prompt" not in body:
         raise RequestError("prompt: required", param="prompt")
     started = time.perf_counter()
-    input_ids = parse_prompt(body["prompt"], state.tokenizer)
+    prompt = body["prompt"]
+    if isinstance(prompt, str) and len(prompt) >= state.pipeline.offload_min_chars:
+        # a long text prompt is tokenized off the event loop, like chat prompts
+        input_ids = await state.pipeline.offload.run(parse_prompt, prompt, state.tokenizer)
+    else:
+        input_ids = parse_prompt(prompt, state.tokenizer)
     state.metrics.tokenization.observe(time.perf_counter() - started)
     prepared = state.pipeline.prepare_raw(req, input_ids)
     return await respond_with_choices(

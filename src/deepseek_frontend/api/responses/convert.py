@@ -19,9 +19,17 @@ messages and the rest maps field by field. Translation rules (pinned by tests in
   (a summary is not what the model wrote).
 * ``function_call_output`` becomes a ``tool`` message; its ``call_id`` must name
   an earlier ``function_call``.
-* ``tools`` (``type: "function"`` only), ``tool_choice``, ``parallel_tool_calls``,
+* ``tools``: function tools; a ``namespace`` tool is flattened into its function tools
+  named ``namespace__name`` (a call comes back as ``name`` with ``namespace`` set, and an
+  input ``function_call`` with a ``namespace`` is flattened the same way); hosted tools
+  (``web_search``, ``file_search``, ``code_interpreter``, computer use, ``mcp``) are dropped
+  with a warning in the response, or refused with ``--hosted-tools reject``.
+* ``tool_choice``, ``parallel_tool_calls``,
   ``reasoning.effort`` (``"none"`` turns thinking off), ``max_output_tokens``,
   ``text.format`` (-> ``response_format``), ``temperature``, ``top_p``.
+* A last ``assistant`` message is continued as a prefix (the output writes on from its
+  last character); a last ``function_call`` without its output is refused.
+* ``ignore_eos`` and ``min_tokens`` (vLLM's names) are passed to the engine.
 * Stateless: ``previous_response_id``, ``conversation``, ``background`` and
   ``store: true`` are rejected with a 400 that says so; ``item_reference`` items
   likewise. Unknown top-level fields are ignored.
@@ -35,8 +43,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from deepseek_frontend.errors import RequestError, UnsupportedFeatureError
+from deepseek_frontend.images import make_image_part
 
-from ..adapters import ChatMessage, ConvertedChat, check_model, function_tools
+from ..adapters import ChatMessage, ConvertedChat, check_model, function_tools, length_controls
+from ..schemas import check_json_schema
 from ..validation import (
     check_array,
     check_boolean,
@@ -81,19 +91,32 @@ def decode_reasoning(blob: str) -> str | None:
         return None
 
 
-def _parts_text(content: Any, param: str, allowed: tuple[str, ...]) -> str:
+def _parts_text(content: Any, param: str, allowed: tuple[str, ...], images: bool = False) -> str | list[Any]:
+    """Text parts joined by a blank line; with ``images`` (the model reads them) and an
+    ``input_image`` part, a list of ``{"type": "text"}`` dicts and image parts instead."""
     if isinstance(content, str):
         return content
     parts = check_array(content, param)
     texts: list[str] = []
+    out: list[Any] = []
     for i, part in enumerate(parts):
         pparam = f"{param}[{i}]"
         part = check_object(part, pparam)
         kind = part.get("type")
         if kind in allowed:
             texts.append(check_string(part.get("text"), f"{pparam}.text"))
+            out.append({"type": "text", "text": texts[-1]})
         elif kind == "refusal":
             texts.append(check_string(part.get("refusal"), f"{pparam}.refusal"))
+            out.append({"type": "text", "text": texts[-1]})
+        elif kind == "input_image" and images:
+            if part.get("image_url") is None and part.get("file_id") is not None:
+                raise UnsupportedFeatureError(
+                    f"{pparam}.file_id: uploaded files need stored state; send image_url (a data: URL)",
+                    param=f"{pparam}.file_id",
+                )
+            url = check_string(part.get("image_url"), f"{pparam}.image_url", non_empty=True)
+            out.append(make_image_part(url, pparam))
         elif kind in ("input_image", "input_file", "input_audio"):
             raise UnsupportedFeatureError(
                 f"{pparam}: content part type {kind!r} is not supported (this model accepts text only)",
@@ -103,6 +126,8 @@ def _parts_text(content: Any, param: str, allowed: tuple[str, ...]) -> str:
             raise RequestError(
                 f"{pparam}.type: unexpected content part type {kind!r}", param=f"{pparam}.type"
             )
+    if len(out) > len(texts):
+        return out
     return "\n\n".join(texts)
 
 
@@ -126,7 +151,9 @@ def _reasoning_text(item: Mapping[str, Any], param: str) -> str:
 class _InputBuilder:
     """Folds Responses input items into chat messages, in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_images: bool = False) -> None:
+        #: the model reads images: input_image parts of user / system / tool output are kept
+        self.read_images = read_images
         self.messages: list[ChatMessage] = []
         self.call_ids: set[str] = set()
         self._pending_reasoning: str | None = None
@@ -156,7 +183,8 @@ class _InputBuilder:
         if "content" not in item:
             raise RequestError(f"{param}.content: required", param=f"{param}.content")
         allowed = ("output_text", "text") if role == "assistant" else ("input_text", "text", "output_text")
-        text = _parts_text(item["content"], f"{param}.content", allowed)
+        images = self.read_images and role != "assistant"
+        text = _parts_text(item["content"], f"{param}.content", allowed, images)
         if role == "assistant":
             message: ChatMessage = {"role": "assistant", "content": text}
             self._attach_reasoning(message)
@@ -170,6 +198,10 @@ class _InputBuilder:
         if call_id in self.call_ids:
             raise RequestError(f"{param}.call_id: duplicate call_id {call_id!r}", param=f"{param}.call_id")
         name = check_string(item.get("name"), f"{param}.name")
+        namespace = check_string(item.get("namespace"), f"{param}.namespace", default=None)
+        if namespace:
+            # a call to a namespace tool comes back as the flat name the model was shown
+            name = namespaced_tool_name(namespace, name)
         arguments = check_string(item.get("arguments"), f"{param}.arguments")
         message = self._assistant_turn()
         message.setdefault("tool_calls", []).append(
@@ -184,7 +216,7 @@ class _InputBuilder:
                 f"{param}.call_id: no earlier function_call has call_id {call_id!r}", param=f"{param}.call_id"
             )
         output = item.get("output")
-        text = _parts_text(output, f"{param}.output", ("input_text", "output_text", "text"))
+        text = _parts_text(output, f"{param}.output", ("input_text", "output_text", "text"), self.read_images)
         self._drop_pending_reasoning()
         self.messages.append({"role": "tool", "tool_call_id": call_id, "content": text})
 
@@ -198,13 +230,13 @@ class _InputBuilder:
         self._pending_reasoning = None
 
 
-def _convert_input(raw: Any) -> list[ChatMessage]:
+def _convert_input(raw: Any, read_images: bool = False) -> list[ChatMessage]:
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
     items = check_array(raw, "input")
     if not items:
         raise RequestError("input: at least one item is required", param="input")
-    builder = _InputBuilder()
+    builder = _InputBuilder(read_images)
     for i, item in enumerate(items):
         param = f"input[{i}]"
         item = check_object(item, param)
@@ -230,12 +262,94 @@ def _convert_input(raw: Any) -> list[ChatMessage]:
     messages = builder.messages
     if not messages:
         raise RequestError("input: no message to answer", param="input")
-    if messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
-        raise UnsupportedFeatureError(
-            "input: the last item must not be an assistant message (continuing a response is not supported)",
+    # A last assistant message is a prefix the model continues (formats.place_instructions); a
+    # last function_call without its output cannot be continued.
+    if messages[-1]["role"] == "assistant" and messages[-1].get("tool_calls"):
+        raise RequestError(
+            f"input[{len(items) - 1}]: the input ends with a function_call; send its "
+            "function_call_output after it",
             param=f"input[{len(items) - 1}]",
         )
     return messages
+
+
+#: Tool types OpenAI runs on its own servers; this server runs none of them.
+HOSTED_TOOL_TYPES = frozenset(
+    {
+        "web_search",
+        "web_search_preview",
+        "web_search_2025_08_26",
+        "web_search_preview_2025_03_11",
+        "file_search",
+        "code_interpreter",
+        "computer",
+        "computer_use",
+        "computer_use_preview",
+        "computer_use_preview_2025_03_11",
+        "mcp",
+        "image_generation",
+        "tool_search",
+    }
+)
+
+#: Joins a namespace and a tool name into the one function name the model sees (DeepSeek's own
+#: converter, deepseek-recipe, uses the same separator).
+NAMESPACE_SEPARATOR = "__"
+
+
+def namespaced_tool_name(namespace: str, name: str) -> str:
+    """The flat function name of tool ``name`` in ``namespace``."""
+    return f"{namespace}{NAMESPACE_SEPARATOR}{name}"
+
+
+def flatten_tools(
+    raw: Any, *, hosted_tools: str = "drop"
+) -> tuple[list[Any] | None, dict[str, tuple[str, str]], list[str]]:
+    """Responses ``tools`` -> ``(function tools, namespace map, warnings)``.
+
+    * A ``namespace`` tool (Codex's named group of function tools) is replaced by its
+      function tools, each renamed ``namespace__name``; the map takes each flat name back
+      to ``(namespace, name)`` so a call is answered under the name the client declared.
+    * Hosted tools (:data:`HOSTED_TOOL_TYPES`) are dropped with one warning each when
+      ``hosted_tools`` is ``"drop"``; with ``"reject"`` the request fails with a 400
+      naming the tool (``--hosted-tools``).
+
+    Other entries are returned as they are (``_tool_schema`` then checks them).
+    """
+    if raw is None or not isinstance(raw, list):
+        return raw, {}, []
+    out: list[Any] = []
+    namespaces: dict[str, tuple[str, str]] = {}
+    warnings: list[str] = []
+    for i, tool in enumerate(raw):
+        param = f"tools[{i}]"
+        kind = tool.get("type") if isinstance(tool, Mapping) else None
+        if kind == "namespace":
+            namespace = check_string(tool.get("name"), f"{param}.name", non_empty=True)
+            for j, member in enumerate(check_array(tool.get("tools"), f"{param}.tools")):
+                mparam = f"{param}.tools[{j}]"
+                member = check_object(member, mparam)
+                if member.get("type", "function") != "function":
+                    raise UnsupportedFeatureError(
+                        f"{mparam}.type: only function tools are supported inside a namespace, "
+                        f"got {member.get('type')!r}",
+                        param=f"{mparam}.type",
+                    )
+                local = check_string(member.get("name"), f"{mparam}.name", non_empty=True)
+                flat = namespaced_tool_name(namespace, local)
+                namespaces[flat] = (namespace, local)
+                out.append({**member, "type": "function", "name": flat})
+        elif isinstance(kind, str) and kind in HOSTED_TOOL_TYPES:
+            if hosted_tools == "reject":
+                raise UnsupportedFeatureError(
+                    f"{param}.type: hosted tool {kind!r} is not supported: this server runs no hosted "
+                    "tools (it was started with --hosted-tools reject)",
+                    param=f"{param}.type",
+                )
+            warnings.append(f"{param}: hosted tool {kind!r} was ignored: this server runs no hosted tools")
+        else:
+            out.append(tool)
+    return out, namespaces, warnings
 
 
 def _tool_schema(tool: Mapping[str, Any], param: str) -> dict[str, Any]:
@@ -245,9 +359,11 @@ def _tool_schema(tool: Mapping[str, Any], param: str) -> dict[str, Any]:
             f"{param}.type: only function tools are supported, got {tool.get('type')!r}",
             param=f"{param}.type",
         )
-    parameters = check_object(tool.get("parameters"), f"{param}.parameters", default=None)
+    parameters = tool.get("parameters")
+    if parameters is not None:
+        parameters = check_json_schema(parameters, f"{param}.parameters", object_root=True)
     fields: dict[str, Any] = {
-        "parameters": {"type": "object", "properties": {}} if parameters is None else dict(parameters)
+        "parameters": {"type": "object", "properties": {}} if parameters is None else parameters
     }
     if tool.get("strict") is not None:
         fields["strict"] = bool(tool["strict"])
@@ -285,9 +401,9 @@ def _convert_text_format(raw: Any) -> dict[str, Any] | None:
     if kind == "json_object":
         return {"type": "json_object"}
     if kind == "json_schema":
-        schema = check_object(fmt.get("schema"), "text.format.schema")
+        schema = check_json_schema(fmt.get("schema"), "text.format.schema")
         spec: dict[str, Any] = {"name": check_string(fmt.get("name", "response"), "text.format.name")}
-        spec["schema"] = dict(schema)
+        spec["schema"] = schema
         if fmt.get("strict") is not None:
             spec["strict"] = bool(fmt["strict"])
         if fmt.get("description") is not None:
@@ -312,9 +428,12 @@ def _reject_stateful(body: Mapping[str, Any]) -> None:
         raise RequestError("background: true is not supported (responses are not stored)", param="background")
 
 
-def convert_responses_request(body: Any) -> ConvertedChat:
+def convert_responses_request(
+    body: Any, *, hosted_tools: str = "drop", read_images: bool = False
+) -> ConvertedChat:
     """Validate an OpenAI Responses request body and translate it.
 
+    ``hosted_tools`` is the server's ``--hosted-tools`` choice (see :func:`flatten_tools`).
     Raises :class:`RequestError` (``param`` set) on an invalid or stateful request
     and :class:`UnsupportedFeatureError` for features this server does not offer.
     """
@@ -323,30 +442,35 @@ def convert_responses_request(body: Any) -> ConvertedChat:
     _reject_stateful(body)
     if "input" not in body:
         raise RequestError("input: required", param="input")
-    messages = _convert_input(body["input"])
+    messages = _convert_input(body["input"], read_images)
     instructions = body.get("instructions")
     if instructions is not None:
         messages.insert(0, {"role": "system", "content": check_string(instructions, "instructions")})
 
-    tools = function_tools(body.get("tools"), _tool_schema)
+    flat_tools, namespaces, warnings = flatten_tools(body.get("tools"), hosted_tools=hosted_tools)
+    tools = function_tools(flat_tools, _tool_schema)
     tool_choice = _convert_tool_choice(body.get("tool_choice"), tools)
     parallel = check_boolean(body.get("parallel_tool_calls"), "parallel_tool_calls", default=None)
+    ignore_eos, min_tokens = length_controls(body)
 
     thinking: bool | None = None
-    effort: str | None = None
+    effort: str | int | None = None
     reasoning = check_object(body.get("reasoning"), "reasoning", default=None)
     if reasoning is not None:
         word = reasoning.get("effort")
         if word is not None:
-            if word not in _EFFORT_WORDS:
+            budget = isinstance(word, int) and not isinstance(word, bool) and 1 <= word <= 100
+            if not budget and (not isinstance(word, str) or word not in _EFFORT_WORDS):
                 raise RequestError(
-                    f"reasoning.effort: expected one of {', '.join(_EFFORT_WORDS)}, got {word!r}",
+                    f"reasoning.effort: expected one of {', '.join(_EFFORT_WORDS)} or a number 1-100, "
+                    f"got {word!r}",
                     param="reasoning.effort",
                 )
             if word == "none":
                 thinking = False
             else:
-                thinking, effort = True, str(word)
+                # a word or a budget 1-100 (DeepSeek-V4.1's numeric effort)
+                thinking, effort = True, word
 
     max_tokens = check_integer(body.get("max_output_tokens"), "max_output_tokens", minimum=1, default=None)
     stream = check_boolean(body.get("stream", False), "stream")
@@ -361,6 +485,7 @@ def convert_responses_request(body: Any) -> ConvertedChat:
         parallel_tool_calls=parallel,
         thinking=thinking,
         reasoning_effort=effort,
+        effort_param="reasoning.effort",
         temperature=check_number(
             body.get("temperature"), "temperature", minimum=0.0, maximum=2.0, default=None
         ),
@@ -368,4 +493,8 @@ def convert_responses_request(body: Any) -> ConvertedChat:
         stream=stream,
         response_format=_convert_text_format(body.get("text")),
         user=user if isinstance(user, str) else None,
+        ignore_eos=ignore_eos,
+        min_tokens=min_tokens,
+        tool_namespaces=namespaces,
+        warnings=warnings,
     )

@@ -24,6 +24,7 @@ from __future__ import annotations
 import secrets
 import string
 import time
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from deepseek_frontend.errors import FrontendError
@@ -69,8 +70,11 @@ class ResponsesStreamEncoder(EventEncoder):
         cached_tokens: int = 0,
         echo: dict[str, Any] | None = None,
         response_id: str | None = None,
+        tool_namespaces: Mapping[str, tuple[str, str]] | None = None,
     ) -> None:
         super().__init__()
+        #: flat tool name -> (namespace, declared name): calls go back under the declared name
+        self._namespaces = tool_namespaces or {}
         self.response_id = response_id or new_response_id()
         self.model = model
         self.input_tokens = input_tokens
@@ -182,6 +186,8 @@ class ResponsesStreamEncoder(EventEncoder):
             "arguments": "",
             "status": "in_progress",
         }
+        if name in self._namespaces:
+            item["namespace"], item["name"] = self._namespaces[name]
         return [self._add_item(item)]
 
     def _section_text(self, kind: Section, text: str) -> list[SSEEvent]:
@@ -256,6 +262,7 @@ class ResponsesStreamEncoder(EventEncoder):
             "usage": usage,
             "user": echo.get("user"),
             "metadata": echo.get("metadata", {}),
+            **({"warnings": echo["warnings"]} if echo.get("warnings") else {}),
         }
 
     def _event(self, kind: str, **fields: Any) -> SSEEvent:

@@ -13,12 +13,15 @@ reasoning items included). Errors use the OpenAI error shape.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+
+from deepseek_frontend.images import family_reads_images
 
 from ..adapters import respond_with_events
 from ..http import RequestTracker, api_route, get_state, read_json
@@ -27,11 +30,16 @@ from .events import ResponsesStreamEncoder
 
 __all__ = ["ROUTES", "create_response", "response_echo"]
 
+log = logging.getLogger("deepseek_frontend.api")
+
 
 def response_echo(body: Mapping[str, Any]) -> dict[str, Any]:
     """The request settings a response object reports back (validated already)."""
     tools = []
     for tool in body.get("tools") or []:
+        if tool.get("type", "function") != "function":
+            tools.append(dict(tool))  # namespace and hosted tools: as the client declared them
+            continue
         tools.append(
             {
                 "type": "function",
@@ -66,13 +74,26 @@ def _response_object(encoder: ResponsesStreamEncoder, _events: object) -> dict[s
 @api_route("/v1/responses", prefix="resp")
 async def create_response(request: Request, tracker: RequestTracker) -> Response:
     """``POST /v1/responses`` (typed SSE events with ``"stream": true``, else the response object)."""
-    body = await read_json(request, get_state(request).config.max_body_bytes)
+    config = get_state(request).config
+    body = await read_json(request, config.max_body_bytes)
+    converted = convert_responses_request(
+        body, hosted_tools=config.hosted_tools, read_images=family_reads_images(config.family)
+    )
+    echo = response_echo(body)
+    if converted.warnings:
+        echo["warnings"] = list(converted.warnings)
+        log.warning(
+            "responses request: %s", "; ".join(converted.warnings), extra={"request_id": tracker.request_id}
+        )
     return await respond_with_events(
         request,
         tracker,
-        convert_responses_request(body),
+        converted,
         lambda req, prepared: ResponsesStreamEncoder(
-            model=req.model, input_tokens=prepared.prompt_tokens, echo=response_echo(body)
+            model=req.response_model,
+            input_tokens=prepared.prompt_tokens,
+            echo=echo,
+            tool_namespaces=converted.tool_namespaces,
         ),
         _response_object,
     )

@@ -17,12 +17,26 @@ from pathlib import Path
 
 import uvicorn
 
+from deepseek_frontend.engines.sim.behavior import PRESETS, SimBehavior
 from deepseek_frontend.engines.sim.engine import SimulatedEngine, load_sim_tokenizer
+from deepseek_frontend.engines.sim.kv import add_kv_arguments, kv_cache_from_args
 from deepseek_frontend.engines.sim.server import FAIL_MODES, SimFaults, build_sim_app
 
 HELP = "run the simulated engine as an HTTP server speaking SGLang's /generate token protocol"
 
 DEFAULT_MODEL_PATH = "deepseek-ai/DeepSeek-V4-Flash"
+
+
+def _chunk_range(text: str) -> tuple[int, int]:
+    """``N`` or ``MIN-MAX`` (1 <= MIN <= MAX) -> (MIN, MAX)."""
+    low, _, high = text.partition("-")
+    try:
+        lo, hi = int(low), int(high or low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected N or MIN-MAX, got {text!r}") from None
+    if not 1 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"need 1 <= MIN <= MAX, got {text!r}")
+    return lo, hi
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,7 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--ttft-ms", type=float, default=0.0, help="delay before the first chunk")
     parser.add_argument("--itl-ms", type=float, default=0.0, help="delay between chunks")
-    parser.add_argument("--tokens-per-chunk", type=int, default=1, help="output ids per streamed chunk")
+    parser.add_argument(
+        "--tokens-per-chunk",
+        type=_chunk_range,
+        default=(1, 1),
+        metavar="N|MIN-MAX",
+        help="output ids per streamed chunk: N, or a range such as 1-4 drawn per chunk (as MTP / EAGLE "
+        "speculative decoding accepts a varying number of tokens per step) (default 1)",
+    )
     parser.add_argument(
         "--fail-after",
         type=int,
@@ -59,16 +80,85 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--seed", type=int, default=0, help="default seed when a request has none")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
+    add_kv_arguments(parser)
+    real = parser.add_argument_group(
+        "real-engine behaviour",
+        "refuse and report what SGLang 0.5.23 launched this way would (flags named as SGLang's; "
+        "each overrides the --behave preset)",
+    )
+    real.add_argument(
+        "--behave",
+        choices=sorted(PRESETS),
+        default="ideal",
+        help="preset: ideal (kind: everything honoured), sglang-recipe (the recipe's worker with "
+        "--skip-tokenizer-init: no grammar backend, EAGLE reserving 4 slots, seeds ignored, slow "
+        "health), sglang-recipe-grammar (the same with its tokenizer loaded: xgrammar) "
+        "(default %(default)s)",
+    )
+    real.add_argument("--grammar-backend", default=None, help="xgrammar, llguidance, outlines or none")
+    real.add_argument(
+        "--skip-tokenizer-init",
+        action="store_const",
+        const=True,
+        default=None,
+        help="no tokenizer, hence no grammar backend (constrained requests get an abort chunk)",
+    )
+    real.add_argument(
+        "--context-length",
+        type=int,
+        default=None,
+        help="refuse (in-stream 400) input + reserved slots + max_new_tokens above this",
+    )
+    real.add_argument("--speculative-algorithm", default=None, help="EAGLE, EAGLE3 or NEXTN reserve slots")
+    real.add_argument("--speculative-num-steps", type=int, default=None)
+    real.add_argument("--speculative-eagle-topk", type=int, default=None)
+    real.add_argument("--speculative-num-draft-tokens", type=int, default=None)
+    real.add_argument(
+        "--enable-deterministic-inference",
+        action="store_const",
+        const=True,
+        default=None,
+        help="honour sampling_seed (without it a preset other than ideal ignores seeds)",
+    )
+    real.add_argument(
+        "--health-delay-ms", type=float, default=None, help="time /health and /health_generate take"
+    )
+
+
+def behavior_from_args(args: argparse.Namespace) -> SimBehavior:
+    """The ``--behave`` preset with every explicitly given real-engine flag applied over it."""
+    delay = getattr(args, "health_delay_ms", None)
+    context = getattr(args, "context_length", None)
+    return PRESETS[getattr(args, "behave", "ideal")].with_overrides(
+        grammar_backend=getattr(args, "grammar_backend", None),
+        skip_tokenizer_init=getattr(args, "skip_tokenizer_init", None),
+        context_length=context,
+        report_context_length=True if context is not None else None,
+        speculative_algorithm=getattr(args, "speculative_algorithm", None),
+        speculative_num_steps=getattr(args, "speculative_num_steps", None),
+        speculative_eagle_topk=getattr(args, "speculative_eagle_topk", None),
+        speculative_num_draft_tokens=getattr(args, "speculative_num_draft_tokens", None),
+        deterministic_inference=getattr(args, "enable_deterministic_inference", None),
+        health_delay_s=delay / 1000.0 if delay is not None else None,
+    )
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    try:
+        kv = kv_cache_from_args(args)
+    except ValueError as exc:
+        print(f"deepseek-frontend sim-engine: {exc}", file=sys.stderr)
+        return 2
     engine = SimulatedEngine(
         load_sim_tokenizer(args.tokenizer or (args.model_path if Path(args.model_path).exists() else None)),
         ttft_ms=args.ttft_ms,
         itl_ms=args.itl_ms,
-        tokens_per_chunk=args.tokens_per_chunk,
+        tokens_per_chunk=args.tokens_per_chunk[0],
+        max_tokens_per_chunk=args.tokens_per_chunk[1],
         seed=args.seed,
         name=f"sim-engine:{args.port}",
+        behavior=behavior_from_args(args),
+        kv=kv,
     )
     faults = SimFaults(args.fail_after, args.fail_mode)
     app = build_sim_app(engine, model_path=args.model_path, cumulative=args.cumulative, faults=faults)
@@ -87,6 +177,8 @@ async def _serve(args: argparse.Namespace) -> int:
     if server.started:
         host = f"[{args.host}]" if family == socket.AF_INET6 else args.host
         print(f"sim-engine listening on http://{host}:{port}", flush=True)
+        if kv is not None and kv.publisher is not None:
+            print(f"sim-engine KV events on {kv.publisher.endpoint}", flush=True)
     await serving
     return 0 if server.started else 1
 

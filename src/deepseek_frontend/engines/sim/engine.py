@@ -23,31 +23,41 @@ event loop (``asyncio.sleep(0)``) so concurrent streams interleave.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+import random
+import zlib
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-# a module reference, not names: parsing.constraints imports engines.base, so either package may load first
-import deepseek_frontend.parsing.constraints as _constraints
 from deepseek_frontend.engines.base import (
     ConstraintKind,
     DecodingConstraint,
     EngineChunk,
     EngineClient,
     GenerateRequest,
+    SamplingParams,
     TokenLogprob,
+    WorkerCapabilities,
 )
+from deepseek_frontend.engines.sim.behavior import PRESETS, SIM_CONSTRAINT_KINDS, SimBehavior
+from deepseek_frontend.engines.sim.kv import SimKvCache
 from deepseek_frontend.engines.sim.model import (
     Piece,
     PromptView,
-    dsml_block,
+    plan_for_grammar,
     plan_output,
-    plan_tool_calls,
     read_prompt,
 )
-from deepseek_frontend.errors import EngineStreamError, EngineUnavailableError, RequestError
+from deepseek_frontend.engines.sim.resume import split_continuation
+from deepseek_frontend.errors import (
+    EngineRejectedRequestError,
+    EngineStreamError,
+    EngineUnavailableError,
+    RequestError,
+)
 
 __all__ = ["PrefixCache", "SimStats", "SimTokenizer", "SimulatedEngine", "load_sim_tokenizer"]
 
@@ -55,6 +65,10 @@ __all__ = ["PrefixCache", "SimStats", "SimTokenizer", "SimulatedEngine", "load_s
 PAGE_SIZE = 16
 #: prompts remembered by the simulated prefix cache (each costs one hash per page)
 PREFIX_CACHE_PAGES = 65_536
+#: the behaviour of an engine given none: refuses nothing, honours seeds
+_IDEAL = PRESETS["ideal"]
+#: the image placeholder id (``<｜deepseek_image｜>``), as SGLang's and vLLM's V4.1 configs name it
+IMAGE_TOKEN_ID = 129264
 #: planned outputs memoised per (prompt, seed, constraint)
 PLAN_CACHE_SIZE = 512
 
@@ -131,6 +145,48 @@ class SimStats:
         }
 
 
+class _StepClock:
+    """One decode-step timer shared by all running streams of an engine.
+
+    A real engine decodes its whole batch in lockstep: every running request gets its next
+    chunk at the same step boundary, one step every ``itl`` seconds. Waiting here instead of
+    ``asyncio.sleep(itl)`` per stream gives that cadence (a late loop does not stretch each
+    stream's interval: the next step is due one period after the previous one, or at once
+    when the loop is more than a period behind) and costs one timer per step, not one per
+    stream and token -- at 256 streams the per-stream timers were a large part of the sim's
+    CPU per token. A clock is bound to the event loop that last used it.
+    """
+
+    __slots__ = ("_due", "_handle", "_loop", "_waiters")
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._waiters: list[asyncio.Future[None]] = []
+        self._due = 0.0
+
+    def next_step(self, period: float) -> asyncio.Future[None]:
+        """A future resolved at the next step boundary (``period`` seconds after the previous one)."""
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop, self._handle, self._waiters, self._due = loop, None, [], 0.0
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(waiter)
+        if self._handle is None:
+            now = loop.time()
+            # idle for a while (no step for two periods): the first step is a full period away
+            self._due = now + period if now - self._due > 2 * period else max(self._due + period, now)
+            self._handle = loop.call_at(self._due, self._step)
+        return waiter
+
+    def _step(self) -> None:
+        self._handle = None
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():  # a cancelled stream's waiter
+                waiter.set_result(None)
+
+
 class SimulatedEngine(EngineClient):
     """A deterministic in-process engine over the real tokenizer (see module docstring).
 
@@ -146,23 +202,39 @@ class SimulatedEngine(EngineClient):
         ttft_ms: float = 0.0,
         itl_ms: float = 0.0,
         tokens_per_chunk: int = 1,
+        max_tokens_per_chunk: int | None = None,
         fail_after: int | None = None,
         seed: int = 0,
         page_size: int = PAGE_SIZE,
         name: str = "sim",
+        behavior: SimBehavior | None = None,
+        kv: SimKvCache | None = None,
     ) -> None:
         if tokens_per_chunk < 1:
             raise ValueError("tokens_per_chunk must be >= 1")
+        if max_tokens_per_chunk is not None and max_tokens_per_chunk < tokens_per_chunk:
+            raise ValueError("max_tokens_per_chunk must be >= tokens_per_chunk")
         self.name = name
         self.tokenizer = tokenizer
         self.ttft_s = ttft_ms / 1000.0
         self.itl_s = itl_ms / 1000.0
         self.tokens_per_chunk = tokens_per_chunk
+        #: with a maximum above ``tokens_per_chunk``, each chunk carries a number of tokens drawn
+        #: from that range (as speculative decoding -- MTP, EAGLE -- accepts a varying number per
+        #: step); the draws are seeded by the request id, so a request replays the same chunking
+        self.max_tokens_per_chunk = max_tokens_per_chunk or tokens_per_chunk
         self.fail_after = fail_after
         self.seed = seed
+        #: what a real engine would refuse (None: the kind default, see engines/sim/behavior.py)
+        self.behavior = behavior
         self.stats = SimStats()
         self.prefix_cache = PrefixCache(page_size)
+        #: the KV cache model (engines/sim/kv.py): cached_tokens, prefill time and KV events come
+        #: from it when set, else from the unbounded-time ``prefix_cache``
+        self.kv = kv
         self._plans: OrderedDict[tuple[object, ...], list[int]] = OrderedDict()
+        #: the decode-step clock every running stream of this engine waits on between chunks
+        self._clock = _StepClock()
         self._running: set[str] = set()
         self._abort_requested: set[str] = set()
         self._failed: set[str] = set()
@@ -174,16 +246,23 @@ class SimulatedEngine(EngineClient):
     # ------------------------------------------------------------------ planning
 
     def plan_ids(
-        self, input_ids: Sequence[int], seed: int, constraint: DecodingConstraint | None
+        self,
+        input_ids: Sequence[int],
+        seed: int,
+        constraint: DecodingConstraint | None,
+        images: tuple[tuple[int, int, str], ...] = (),
     ) -> list[int]:
-        """The full output (ending with EOS) the model writes for this prompt; memoised."""
+        """The full output (ending with EOS) the model writes for this prompt (and the sizes of its
+        images); memoised."""
         # keyed by a 64-bit hash, not the ids: 512 long prompts would otherwise pin ~100 MB
-        key = (len(input_ids), hash(tuple(input_ids)), seed, constraint)
+        key = (len(input_ids), hash(tuple(input_ids)), seed, constraint, images)
         cached = self._plans.get(key)
         if cached is not None:
             self._plans.move_to_end(key)
             return cached
         view = read_prompt(self.tokenizer.decode(list(input_ids), skip_special_tokens=False))
+        if images:
+            view = dataclasses.replace(view, images=images)
         pieces = self._plan_pieces(view, seed, constraint)
         ids: list[int] = []
         for piece in pieces:
@@ -219,30 +298,59 @@ class SimulatedEngine(EngineClient):
         Like constrained decoding, the grammar only filters; the "model" still prefers what it
         would have written, then the first tool the grammar allows.
         """
-        candidates = [plan_output(view, seed=seed)]
-        prefix = []
-        if view.thinking:
-            prefix = [
-                Piece(f"The user wrote something that needs a tool. {_CALL_NOTE}"),
-                Piece("</think>", True),
-            ]
-        for name, _ in view.tools:
-            block = dsml_block(view.block_name, plan_tool_calls(view, [name], seed))
-            candidates.append([*prefix, Piece(block, markup=True)])
-        for pieces in candidates:
-            if _constraints.ebnf_accepts(grammar, "".join(p.text for p in pieces)):
-                return pieces
-        return [Piece(_constraints.ebnf_example(grammar), markup=True)]
+        return plan_for_grammar(view, seed, grammar)
+
+    def _plan_or_resume(
+        self, input_ids: Sequence[int], seed: int, constraint: DecodingConstraint | None
+    ) -> list[int]:
+        """The output still to write: the rest of the engine's own plan when ``input_ids`` continue
+        it (a migrated request, see engines/sim/resume.py), else the plan for ``input_ids``."""
+        if constraint is None:
+            resumed = split_continuation(
+                input_ids, self._assistant_id(), lambda ids: self.plan_ids(ids, seed, None)
+            )
+            if resumed is not None:
+                written, full = resumed
+                return full[written:]
+        return self.plan_ids(input_ids, seed, constraint)
+
+    def _assistant_id(self) -> int | None:
+        cached = self.__dict__.get("_assistant_token", False)
+        if cached is False:
+            ids = self.tokenizer.encode_raw("<｜Assistant｜>")
+            cached = ids[0] if len(ids) == 1 else None
+            self.__dict__["_assistant_token"] = cached
+        return cached  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ EngineClient
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
         sampling = request.sampling
-        seed = sampling.seed if sampling.seed is not None else self.seed
-        planned = self.plan_ids(request.input_ids, seed, sampling.constraint)
-        ids, finish, matched = _cut(planned, sampling.max_new_tokens, sampling.stop_token_ids, self.tokenizer)
-        prompt_tokens = len(request.input_ids)
-        cached = self.prefix_cache.lookup_and_insert(request.input_ids)
+        behavior = self.behavior
+        request_seed = sampling.seed
+        if behavior is not None:
+            refusal = behavior.refusal(len(request.input_ids), sampling)
+            if refusal is not None:
+                # in process, the refusal SGLang streams (abort chunk / error event) is its meaning
+                raise EngineRejectedRequestError(
+                    f"the engine rejected the request: {refusal.message}", status_code=refusal.status_code
+                )
+            request_seed = behavior.effective_seed(request_seed)
+        seed = request_seed if request_seed is not None else self.seed
+        sizes, image_tokens = self._read_images(request)
+        if sizes:
+            planned = self.plan_ids(request.input_ids, seed, sampling.constraint, sizes)
+        else:
+            planned = self._plan_or_resume(request.input_ids, seed, sampling.constraint)
+        min_new = sampling.max_new_tokens if sampling.ignore_eos else sampling.min_new_tokens
+        if min_new:
+            planned = _pad_past_stops(planned, min_new, sampling, self.tokenizer)
+        ids, finish, matched = _cut(
+            planned, sampling.max_new_tokens, sampling.stop_token_ids, self.tokenizer, sampling.ignore_eos
+        )
+        # as SGLang reports it: every image placeholder expanded to the image's tokens
+        prompt_tokens = len(request.input_ids) + image_tokens
+        cached = self.prefix_cache.lookup_and_insert(request.input_ids) if self.kv is None else 0
         rid = request.request_id
         self.stats.started += 1
         self.stats.running += 1
@@ -250,8 +358,12 @@ class SimulatedEngine(EngineClient):
         done = False
         emitted = 0
         try:
-            await asyncio.sleep(self.ttft_s)
+            if self.kv is not None:
+                cached = await self.kv.prefill(request.input_ids, self.ttft_s)
+            else:
+                await asyncio.sleep(self.ttft_s)
             step = self.tokens_per_chunk
+            sizes = random.Random(zlib.crc32(rid.encode())) if self.max_tokens_per_chunk > step else None
             total = len(ids)
             while True:
                 if rid in self._abort_requested:
@@ -266,7 +378,9 @@ class SimulatedEngine(EngineClient):
                         message="aborted by request",
                     )
                     return
-                end = min(emitted + step, total)
+                end = min(
+                    emitted + (sizes.randint(step, self.max_tokens_per_chunk) if sizes else step), total
+                )
                 if self.fail_after is not None and end > self.fail_after:
                     end = self.fail_after
                     if end <= emitted:
@@ -293,10 +407,15 @@ class SimulatedEngine(EngineClient):
                 if last:
                     done = True
                     self.stats.finished += 1
+                    if self.kv is not None:
+                        self.kv.finished([*request.input_ids, *ids])
                 yield chunk
                 if last:
                     return
-                await asyncio.sleep(self.itl_s)
+                if self.itl_s > 0:
+                    await self._clock.next_step(self.itl_s)
+                else:
+                    await asyncio.sleep(0)
         finally:
             self._running.discard(rid)
             self._abort_requested.discard(rid)
@@ -307,12 +426,57 @@ class SimulatedEngine(EngineClient):
                 # closed early (client disconnect, cancellation): the engine drops the request
                 self._count_abort(rid)
 
+    def _read_images(self, request: GenerateRequest) -> tuple[tuple[tuple[int, int, str], ...], int]:
+        """``(sizes and colours, extra prompt tokens)`` of the request's images, checked like SGLang does.
+
+        One image per placeholder id (129264, ``<｜deepseek_image｜>``) of ``input_ids``, in order,
+        each a decodable image (``data:`` URL or base64): anything else is refused like SGLang
+        refuses it (HTTP 400), with a message saying what does not match.
+        """
+        placeholders = sum(1 for t in request.input_ids if t == IMAGE_TOKEN_ID)
+        if not request.images and not placeholders:
+            return (), 0
+        if placeholders != len(request.images):
+            raise EngineRejectedRequestError(
+                f"the engine rejected the request: the prompt has {placeholders} image placeholder "
+                f"tokens but {len(request.images)} images were sent in image_data",
+                status_code=400,
+            )
+        from deepseek_frontend.images import decode_base64, decode_data_url, read_image_header
+
+        sizes: list[tuple[int, int, str]] = []
+        extra = 0
+        for i, item in enumerate(request.images):
+            where = f"image_data[{i}]"
+            try:
+                is_url = item[:5].lower() == "data:"
+                data = decode_data_url(item, where)[1] if is_url else decode_base64(item, where)
+                header = read_image_header(data, where)
+            except RequestError as exc:
+                raise EngineRejectedRequestError(
+                    f"the engine rejected the request: {exc.message}", status_code=400
+                ) from None
+            sizes.append((header.width, header.height, _colour_name(data)))
+            extra += header.tokens - 1
+        return tuple(sizes), extra
+
     def _count_abort(self, rid: str) -> None:
         self.stats.aborted += 1
         self.stats.aborted_ids.append(rid)
 
     def supports_constraint(self, kind: ConstraintKind) -> bool:
-        return kind in ("ebnf", "json_schema")
+        if self.behavior is not None:
+            return kind in self.behavior.constraint_kinds()
+        return kind in SIM_CONSTRAINT_KINDS
+
+    async def discover(self) -> WorkerCapabilities | None:
+        """What this engine serves (:meth:`capabilities`)."""
+        return self.capabilities()
+
+    def capabilities(self) -> WorkerCapabilities:
+        """What the pipeline checks requests against (see ``WorkerPool.capabilities``): the
+        behaviour's, or the kind default's (no context limit, no reservation, seeds honoured)."""
+        return (self.behavior or _IDEAL).capabilities()
 
     def mark_failed(self, request_id: str) -> None:
         """Count a running request as failed, not aborted, when a sim-server fault closes it."""
@@ -328,15 +492,69 @@ class SimulatedEngine(EngineClient):
         return self.fail_after != 0
 
 
-_CALL_NOTE = "I should call a tool."
+#: what the simulated model "keeps writing" once it is not allowed to stop (ignore_eos, min_new_tokens)
+_FILLER_TEXT = " More text."
+
+
+def _colour_name(data: bytes) -> str:
+    """The average colour of an image as a word (red, blue, gray...): what the simulated model "sees".
+
+    Decodes the pixels (the frontend never does; the engine does anyway), so a judgement check can ask a
+    real model and this simulator the same question about a solid-colour image.
+    """
+    import colorsys
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        img.draft("RGB", (64, 64))  # JPEG: decode at a reduced scale
+        r, g, b = (c / 255 for c in img.convert("RGB").resize((1, 1)).getpixel((0, 0)))  # type: ignore[union-attr]
+    hue, lightness, saturation = colorsys.rgb_to_hls(r, g, b)
+    if saturation < 0.2 or lightness < 0.08 or lightness > 0.95:
+        return "black" if lightness < 0.2 else "white" if lightness > 0.85 else "gray"
+    names = ((15, "red"), (45, "orange"), (70, "yellow"), (160, "green"), (195, "cyan"), (255, "blue"))
+    degrees = hue * 360
+    for limit, name in names:
+        if degrees < limit:
+            return name
+    return "purple" if degrees < 330 else "red"
+
+
+def _pad_past_stops(
+    planned: list[int], min_new: int, sampling: SamplingParams, tokenizer: SimTokenizer
+) -> list[int]:
+    """The planned output as an engine that may not stop before ``min_new`` tokens writes it.
+
+    A real engine masks EOS and the stop ids until ``min_new_tokens`` (``ignore_eos``: EOS for
+    the whole request), so the model writes on: here those ids are left out of the first
+    ``min_new`` tokens and filler text follows the answer up to ``min_new`` (capped at
+    ``max_new_tokens``). Stops after that point still end the request as usual.
+    """
+    stops = set(sampling.stop_token_ids)
+    stops.add(tokenizer.eos_token_id)
+    out = [t for i, t in enumerate(planned) if i >= min_new or t not in stops]
+    target = min(min_new, sampling.max_new_tokens)
+    if len(out) < target:
+        filler = tokenizer.encode_text(_FILLER_TEXT)
+        while len(out) < target:
+            out.extend(filler)
+        if not sampling.ignore_eos:
+            out.append(tokenizer.eos_token_id)  # after the minimum the model may stop again
+    return out
 
 
 def _cut(
-    planned: list[int], max_new: int, stop_ids: Sequence[int], tokenizer: SimTokenizer
+    planned: list[int],
+    max_new: int,
+    stop_ids: Sequence[int],
+    tokenizer: SimTokenizer,
+    ignore_eos: bool = False,
 ) -> tuple[list[int], str, int | None]:
-    """Apply stop ids (EOS included) and ``max_new_tokens`` to the planned output."""
+    """Apply stop ids (EOS included unless ``ignore_eos``) and ``max_new_tokens`` to the planned output."""
     stops = set(stop_ids)
-    stops.add(tokenizer.eos_token_id)
+    if not ignore_eos:
+        stops.add(tokenizer.eos_token_id)
     limit = min(len(planned), max(max_new, 0))
     for i in range(limit):
         if planned[i] in stops:

@@ -9,6 +9,9 @@ Rules (documented in the README; tests rely on them):
 
 * **Mode.** The prompt ends with ``<think>`` -> thinking mode: a one-sentence reasoning, then
   ``</think>``. Ends with ``</think>`` (or anything else) -> the answer starts at once.
+* **Context blocks.** ``<system-reminder>`` and ``<environment_context>`` blocks in the last
+  user turn (Claude Code's and Codex's context, mid-conversation system messages) are not the
+  user's words: every rule below reads past them.
 * **Tools.** Declared tools are the JSON lines ``{"name": ...}`` of the system prompt
   (V4 "### Available Tool Schemas", V3.2 ``<functions>``). A tool is *asked for* when the
   last user turn names it (``get_weather`` or ``get weather``), contains one of its name
@@ -35,7 +38,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Piece", "PromptView", "dsml_block", "example_value", "plan_output", "read_prompt"]
+__all__ = [
+    "Piece",
+    "PromptView",
+    "dsml_block",
+    "example_value",
+    "plan_for_grammar",
+    "plan_output",
+    "read_prompt",
+    "tool_arguments",
+]
 
 _USER = "<｜User｜>"
 _ASSISTANT = "<｜Assistant｜>"
@@ -95,8 +107,20 @@ class PromptView:
     last_user: str = ""
     thinking: bool = False
     tool_result: str | None = None
-    #: "tool_calls" (V4) or "function_calls" (V3.2), taken from the prompt's own tool section
+    #: "tool_calls" (V4), "function_calls" (V3.2) or " calls" (V4.1, spaced DSML),
+    #: taken from the prompt's own tool section
     block_name: str = "tool_calls"
+    #: the JSON schema of the prompt's "Response Format" section (``{}``: any JSON), or None
+    response_schema: dict[str, Any] | None = None
+    #: the prompt ends inside an opened calls block (DeepSeek's grammar-less tool_choice fallback)
+    open_block: bool = False
+    #: ``(width, height, colour name)`` of the prompt's images, in placeholder order (the image input)
+    images: tuple[tuple[int, int, str], ...] = ()
+
+
+#: context blocks agents put into user turns: Claude Code's (and our mid-conversation system
+#: messages') <system-reminder>, Codex's <environment_context>
+_REMINDER = re.compile(r"<(system-reminder|environment_context)>.*?</\1>\s*", re.S)
 
 
 def read_prompt(text: str) -> PromptView:
@@ -115,13 +139,44 @@ def read_prompt(text: str) -> PromptView:
             params = obj.get("parameters")
             tools.append((obj["name"], params if isinstance(params, dict) else {}))
     tail = text[last + len(_USER) :] if last >= 0 else ""
-    user = tail.split(_ASSISTANT, 1)[0]
+    # Context blocks inside the turn (Claude Code's reminders, Codex's environment context,
+    # mid-conversation system messages as formats/request.py renders them) are not the user's words.
+    user = _REMINDER.sub("", tail.split(_ASSISTANT, 1)[0])
     result = None
     if "<tool_result>" in tail or "<function_results>" in tail:
         # parallel calls come back as several results: quote them all, in order
         result = "; ".join(r.strip() for r in _RESULT.findall(tail))
     block = "function_calls" if f"<{_DSML}function_calls>" in head else "tool_calls"
-    return PromptView(tools, user, text.endswith("<think>"), result, block)
+    if f"<{_DSML} calls>" in head:
+        block = " calls"  # DeepSeek-V4.1
+    open_block = text.endswith((f"<{_DSML}tool_calls>\n", f"<{_DSML}function_calls>\n", f"<{_DSML} calls>\n"))
+    return PromptView(
+        tools, user, text.endswith("<think>"), result, block, _response_schema(head), open_block
+    )
+
+
+_FORMAT_INTRO = "You MUST strictly adhere to the following schema to reply:\n"
+
+
+def _response_schema(head: str) -> dict[str, Any] | None:
+    """The JSON schema of the prompt's response-format section, or None when there is none."""
+    at = head.rfind(_FORMAT_INTRO)
+    if at < 0:
+        return None
+    try:
+        fmt, _ = json.JSONDecoder().raw_decode(head, at + len(_FORMAT_INTRO))
+    except ValueError:
+        return None
+    if not isinstance(fmt, dict):
+        return None
+    # the frontend renders the schema itself; a whole OpenAI response_format object is read too
+    spec = fmt.get("json_schema")
+    if fmt.get("type") == "json_schema" and isinstance(spec, dict):
+        schema = spec.get("schema")
+        return schema if isinstance(schema, dict) else {}
+    if fmt == {"type": "json_object"}:
+        return {"type": "object"}
+    return fmt
 
 
 def _clean(text: str) -> str:
@@ -174,6 +229,9 @@ def example_value(
 ) -> Any:
     """A value valid against ``schema`` (the JSON Schema subset tools use), deterministic in ``hints``."""
     hints = hints or _Hints("Paris", "example", 0)
+    if not isinstance(schema, Mapping):
+        # boolean schemas: `true` accepts anything (`false` nothing; callers skip those)
+        return hints.topic
     if depth == 0 and hints.root is None:
         hints = _Hints(hints.place, hints.topic, hints.seed, schema)
     ref = schema.get("$ref")
@@ -223,15 +281,20 @@ def example_value(
             count = min(count, int(schema["maxItems"]))
         return [example_value(items, hints, name, depth + 1) for _ in range(count)]
     if typ == "object":
-        props = schema.get("properties") or {}
-        required = set(schema.get("required") or [])
+        props = schema.get("properties")
+        props = props if isinstance(props, Mapping) else {}
+        required_list = schema.get("required")
+        required_list = (
+            [r for r in required_list if isinstance(r, str)] if isinstance(required_list, list) else []
+        )
+        required = set(required_list)
         out: dict[str, Any] = {}
         for key, sub in props.items():
             # deep or wide objects keep to required fields so outputs stay short
             if (depth < 3 and len(props) <= 8) or key in required:
                 out[key] = example_value(sub if isinstance(sub, Mapping) else {}, hints, key, depth + 1)
         extra = schema.get("additionalProperties")
-        for key in schema.get("required") or ():
+        for key in required_list:
             if key not in out:
                 # required but not listed under properties: valued by additionalProperties
                 out[key] = example_value(extra if isinstance(extra, Mapping) else {}, hints, key, depth + 1)
@@ -303,21 +366,39 @@ def _example_number(schema: Mapping[str, Any], *, integer: bool) -> int | float:
 def dsml_block(block_name: str, calls: list[tuple[str, dict[str, Any], dict[str, Any]]]) -> str:
     """The canonical DSML block for ``(name, arguments, parameters_schema)`` calls.
 
-    String-typed parameters are written raw with ``string="true"``; everything else as
-    ``json.dumps`` text with ``string="false"`` (the reference encoder's separators).
+    String values are written raw with ``string="true"``; everything else as ``json.dumps``
+    text with ``string="false"`` (the reference encoder's rule and separators).
     """
+    # V4.1's element names carry a leading space (`<｜DSML｜ invoke`), like its block name
+    space = " " if block_name.startswith(" ") else ""
+    invoke, parameter = f"{space}invoke", f"{space}parameter"
     lines = [f"\n\n<{_DSML}{block_name}>"]
-    for name, args, schema in calls:
-        props = schema.get("properties") or {}
-        lines.append(f'<{_DSML}invoke name="{name}">')
+    for name, args, _schema in calls:
+        lines.append(f'<{_DSML}{invoke} name="{name}">')
         for key, value in args.items():
-            is_str = isinstance(props.get(key), Mapping) and props[key].get("type") == "string"
-            text = str(value) if is_str else json.dumps(value, ensure_ascii=False)
+            # like DeepSeek's encoder: decided by the value (a string is raw), not by the schema
+            is_str = isinstance(value, str)
+            text = value if is_str else json.dumps(value, ensure_ascii=False)
             flag = "true" if is_str else "false"
-            lines.append(f'<{_DSML}parameter name="{key}" string="{flag}">{text}</{_DSML}parameter>')
-        lines.append(f"</{_DSML}invoke>")
+            lines.append(f'<{_DSML}{parameter} name="{key}" string="{flag}">{text}</{_DSML}{parameter}>')
+        lines.append(f"</{_DSML}{invoke}>")
     lines.append(f"</{_DSML}{block_name}>")
     return "\n".join(lines)
+
+
+def tool_arguments(schema: Any, hints: _Hints | None = None) -> dict[str, Any]:
+    """Arguments for a tool with parameters ``schema``: always a JSON object.
+
+    Tool arguments are an object whatever the schema says at the root: OpenAI function tools
+    may omit ``parameters`` and Anthropic tools may send ``input_schema: {}``, both meaning
+    "an object, no declared properties" (an untyped ``{}`` would otherwise give a string).
+    """
+    if not isinstance(schema, Mapping):
+        return {}
+    if "type" not in schema:
+        schema = {**schema, "type": "object"}
+    value = example_value(schema, hints)
+    return value if isinstance(value, dict) else {}
 
 
 def plan_tool_calls(view: PromptView, names: list[str], seed: int) -> list[tuple[str, dict[str, Any], dict]]:
@@ -330,15 +411,19 @@ def plan_tool_calls(view: PromptView, names: list[str], seed: int) -> list[tuple
     if parallel and len(names) == 1 and len(places) >= 2:
         for place in places:
             hints = _Hints(place, place, seed)
-            calls.append((names[0], example_value(schemas[names[0]], hints), schemas[names[0]]))
+            calls.append((names[0], tool_arguments(schemas[names[0]], hints), schemas[names[0]]))
         return calls
     for name in names if parallel else names[:1]:
         hints = _Hints(places[0] if places else "Paris", topic, seed)
-        calls.append((name, example_value(schemas[name], hints), schemas[name]))
+        calls.append((name, tool_arguments(schemas[name], hints), schemas[name]))
     return calls
 
 
 def _text_answer(view: PromptView, seed: int) -> str:
+    if view.images:
+        # what a vision model would be asked first: what it sees; sizes and colours show the images arrived
+        seen = "; ".join(f"image {i}: {w}x{h}, {colour}" for i, (w, h, colour) in enumerate(view.images, 1))
+        return f"I see {len(view.images)} image{'s' if len(view.images) > 1 else ''} ({seen})."
     if view.tool_result is not None:
         return f"Based on the tool result: {_first_words(view.tool_result, 20)}."
     exact = _EXACT.search(view.last_user)
@@ -365,6 +450,12 @@ def plan_output(
     view: PromptView, *, seed: int = 0, json_schema: Mapping[str, Any] | None = None
 ) -> list[Piece]:
     """The unconstrained completion for ``view`` (or a JSON document when ``json_schema`` is given)."""
+    if view.open_block and view.tools and json_schema is None:
+        # the prompt opened the calls block: the model can only continue it with calls
+        names = _tools_asked_for(view) or [view.tools[0][0]]
+        block = dsml_block(view.block_name, plan_tool_calls(view, names, seed))
+        opening = f"<{_DSML}{view.block_name}>\n"
+        return [Piece(block[block.index(opening) + len(opening) :], markup=True)]
     tool_names = [] if json_schema is not None else _tools_asked_for(view)
     pieces: list[Piece] = []
     if view.thinking:
@@ -383,3 +474,30 @@ def plan_output(
     else:
         pieces.append(Piece(_text_answer(view, seed)))
     return pieces
+
+
+def plan_for_grammar(view: PromptView, seed: int, grammar: str) -> list[Piece]:
+    """An output ``grammar`` accepts, as a constrained model would write it.
+
+    The grammar only filters: the "model" still prefers what it would have written (a JSON
+    answer to the prompt's response format, the tool calls it was asked for), then a call to
+    each declared tool in turn, and only then the grammar's own shortest sentence. Under a
+    grammar the calls block starts right at the answer (no blank line before it).
+    """
+    from deepseek_frontend.parsing.constraints import ebnf_accepts, ebnf_example
+
+    prefix: list[Piece] = []
+    if view.thinking:
+        prefix = [Piece(reasoning_text(view, [n for n, _ in view.tools][:1])), Piece(_THINK_END, markup=True)]
+    candidates: list[list[Piece]] = []
+    if view.response_schema is not None:
+        candidates.append(plan_output(view, seed=seed, json_schema=view.response_schema))
+    natural = plan_output(view, seed=seed)
+    candidates.append([Piece(p.text.lstrip("\n"), p.markup) if p.markup else p for p in natural])
+    for name, _ in view.tools:
+        block = dsml_block(view.block_name, plan_tool_calls(view, [name], seed)).lstrip("\n")
+        candidates.append([*prefix, Piece(block, markup=True)])
+    for pieces in candidates:
+        if ebnf_accepts(grammar, "".join(p.text for p in pieces)):
+            return pieces
+    return [Piece(ebnf_example(grammar), markup=True)]

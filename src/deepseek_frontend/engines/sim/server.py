@@ -12,6 +12,16 @@ a :class:`SimulatedEngine`, so the frontend's real SGLang client runs over real 
   rids -- an abort is an ``/abort_request`` or a client that went away mid-stream) and
   ``POST /sim/fault`` ``{"fail_after": N|null, "fail_mode": ...}`` to change faults live.
 
+Behaviour (:class:`~deepseek_frontend.engines.sim.behavior.SimBehavior`, default: the engine's own,
+else ``ideal``): what SGLang would refuse is refused the way SGLang does -- a grammar without a grammar
+backend as one abort chunk with ``status_code`` 400, an over-long request (context length with the
+speculative reservation) as HTTP 200 plus one in-stream error event ``{"error": {"message", "type",
+"code": 400, "retryable": false}}``, both followed by ``data: [DONE]``; without streaming, HTTP 400.
+A ``sampling_params`` field SGLang does not know is an HTTP 400 ``{"error": "unknown field ..."}``
+(its contract check). ``sampling_seed`` is dropped unless the behaviour is deterministic; the health
+endpoints wait ``health_delay_s``; ``GET /server_info`` (and ``/get_server_info``) report the
+behaviour in SGLang's field names.
+
 Faults (``fail_after`` output tokens, ``fail_mode``): ``error-event`` sends
 ``data: {"error": ...}`` and ends the stream; ``disconnect`` drops the connection without
 finishing the body; ``http-500`` answers HTTP 500 when the failure comes before the first
@@ -20,6 +30,8 @@ token (and disconnects otherwise, since the status line is already sent).
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Literal
@@ -36,6 +48,7 @@ from deepseek_frontend.engines.base import (
     GenerateRequest,
     SamplingParams,
 )
+from deepseek_frontend.engines.sim.behavior import PRESETS, SimBehavior, SimRefusal
 from deepseek_frontend.engines.sim.engine import SimulatedEngine
 from deepseek_frontend.errors import EngineError, EngineUnavailableError, RequestError
 
@@ -86,8 +99,110 @@ async def _batched(events: AsyncGenerator[bytes, None], size: int) -> AsyncItera
         await events.aclose()
 
 
+class _SseResponse(Response):
+    """``text/event-stream`` written straight onto the server's ``send``, for ``/generate``.
+
+    Starlette's ``StreamingResponse`` runs an anyio task group per request and its middleware
+    wraps ``send`` in three Python layers per body part; at 256 streams x 1 token per chunk those
+    layers cost more than the simulated engine. Here one watcher task per request waits for the
+    client's disconnect and cancels the writer (as Starlette does), and the body iterator is
+    always closed (its ``finally`` closes the engine stream, counting an abort).
+    """
+
+    media_type = "text/event-stream"
+
+    def __init__(self, body: AsyncGenerator[bytes, None]) -> None:
+        # not Response.__init__: it would send "content-length: 0" for the missing body
+        self.status_code = 200
+        self.background = None
+        self.raw_headers = [(b"content-type", b"text/event-stream; charset=utf-8")]
+        self.body_iterator = body
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        writer = asyncio.current_task()
+        gone = False
+
+        async def watch() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            if writer is not None:
+                writer.cancel()
+
+        watcher = asyncio.ensure_future(watch())
+        body = self.body_iterator
+        try:
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            )
+            async for part in body:
+                await send({"type": "http.response.body", "body": part, "more_body": True})
+            # the server answers http.disconnect once the response is complete: stop watching first
+            watcher.cancel()
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not gone or writer is None:
+                raise
+            writer.uncancel()  # the client went away: a normal end for a stream, not an error
+        finally:
+            watcher.cancel()
+            await body.aclose()
+
+
 def _bad_request(message: str) -> JSONResponse:
     return JSONResponse({"error": {"message": message}}, status_code=400)
+
+
+#: ``sampling_params`` fields SGLang 0.5.23 accepts; it answers 400 to any other (its API contract
+#: rejects unknown keys there, while unknown top-level keys are ignored)
+SGLANG_SAMPLING_FIELDS = frozenset(
+    {
+        "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k",
+        "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_new_tokens", "n",
+        "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos", "skip_special_tokens",
+        "spaces_between_special_tokens", "no_stop_trim", "stream_interval", "logit_bias",
+        "sampling_seed", "custom_params", "beam_width", "watermark", "choice",
+    }
+)  # fmt: skip
+
+
+def _unknown_sampling_field(body: dict[str, Any]) -> str | None:
+    """SGLang's contract error for an unknown ``sampling_params`` key, or None."""
+    params = body.get("sampling_params")
+    if not isinstance(params, dict):
+        return None
+    for key in params:
+        if key not in SGLANG_SAMPLING_FIELDS:
+            return f"unknown field `{key}`"
+    return None
+
+
+def _refusal_events(rid: str, refusal: SimRefusal, prompt_tokens: int) -> list[bytes]:
+    """The SSE events SGLang streams for a request it refuses (then ``[DONE]``)."""
+    if refusal.kind == "abort":
+        meta = {
+            "id": rid,
+            "finish_reason": {
+                "type": "abort",
+                "message": refusal.message,
+                "status_code": refusal.status_code,
+                "err_type": "BadRequestError",
+            },
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": 0,
+            "cached_tokens": 0,
+        }
+        event = orjson.dumps({"output_ids": [], "meta_info": meta})
+    else:
+        error = {
+            "message": refusal.message,
+            "type": "invalid_request_error",
+            "code": refusal.status_code,
+            "retryable": False,
+        }
+        event = orjson.dumps({"error": error})
+    return [b"data: " + event + b"\n\n", b"data: [DONE]\n\n"]
 
 
 def _sampling_from(body: dict[str, Any]) -> SamplingParams:
@@ -102,6 +217,10 @@ def _sampling_from(body: dict[str, Any]) -> SamplingParams:
         raise RequestError("only one of json_schema, regex, ebnf, structural_tag may be set")
     constraint = DecodingConstraint(constraints[0], params[constraints[0]]) if constraints else None  # type: ignore[arg-type]
     seed = params.get("sampling_seed")
+    min_new = int(params.get("min_new_tokens", 0) or 0)
+    if not 0 <= min_new <= int(params.get("max_new_tokens", 128)):
+        # SGLang's SamplingParams.verify rejects the same range
+        raise RequestError("min_new_tokens must be in [0, max_new_tokens]")
     return SamplingParams(
         max_new_tokens=int(params.get("max_new_tokens", 128)),
         temperature=float(params.get("temperature", 1.0)),
@@ -110,6 +229,8 @@ def _sampling_from(body: dict[str, Any]) -> SamplingParams:
         constraint=constraint,
         logprobs=bool(body.get("return_logprob", False)),
         top_logprobs=int(body.get("top_logprobs_num", 0) or 0),
+        ignore_eos=bool(params.get("ignore_eos", False)),
+        min_new_tokens=min_new,
     )
 
 
@@ -121,6 +242,25 @@ def _finish_json(chunk: EngineChunk) -> dict[str, Any] | None:
     if chunk.finish_reason == "abort":
         return {"type": "abort", "message": chunk.message}
     return {"type": "stop", "matched": chunk.matched_stop}
+
+
+def _chunk_event(rid_json: bytes, chunk: EngineChunk, output_ids: list[int]) -> bytes:
+    """``data: {chunk}\\n\\n`` of a mid-stream chunk without logprobs, from pre-encoded pieces.
+
+    The same bytes :func:`_chunk_json` writes (field order included) without building and
+    dumping a meta dict per token.
+    """
+    return b"".join(
+        (
+            b'data: {"output_ids":',
+            orjson.dumps(output_ids),
+            b',"meta_info":{"id":',
+            rid_json,
+            b',"finish_reason":null,"prompt_tokens":',
+            b'%d,"completion_tokens":%d,"cached_tokens":%d}}\n\n'
+            % (chunk.prompt_tokens, chunk.completion_tokens, chunk.cached_tokens),
+        )
+    )
 
 
 def _chunk_json(
@@ -138,15 +278,41 @@ def _chunk_json(
     return orjson.dumps({"output_ids": output_ids, "meta_info": meta})
 
 
+class _SimApp(Starlette):
+    """Starlette, with ``POST /generate`` dispatched ahead of the middleware stack.
+
+    The per-token path of a load test should pay for the engine and the socket only: the
+    handler's response (:class:`_SseResponse` for streams) is called with the server's own
+    ``send``. Every other route goes through Starlette as usual.
+    """
+
+    def __init__(self, generate: Any, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._generate = generate
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"] == "/generate" and scope["method"] == "POST":
+            scope["app"] = self
+            response = await self._generate(Request(scope, receive))
+            await response(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 def build_sim_app(
     engine: SimulatedEngine,
     *,
     model_path: str = "deepseek-ai/DeepSeek-V4-Flash",
     cumulative: bool = False,
     faults: SimFaults | None = None,
+    behavior: SimBehavior | None = None,
 ) -> Starlette:
-    """The Starlette app serving ``engine`` over SGLang's protocol (see module docstring)."""
+    """The Starlette app serving ``engine`` over SGLang's protocol (see module docstring).
+
+    ``behavior``: what the worker refuses and reports (default: ``engine.behavior``, else ``ideal``).
+    """
     faults = faults or SimFaults()
+    behavior = behavior or getattr(engine, "behavior", None) or PRESETS["ideal"]
 
     async def generate(request: Request) -> Response:
         try:
@@ -158,12 +324,31 @@ def build_sim_app(
         ids = body.get("input_ids")
         if not isinstance(ids, list) or not ids or not all(isinstance(t, int) for t in ids):
             return _bad_request("input_ids must be a non-empty list of token ids (the sim serves token mode)")
+        contract_error = _unknown_sampling_field(body)
+        if contract_error is not None:
+            return JSONResponse({"error": contract_error}, status_code=400)
         try:
             sampling = _sampling_from(body)
         except (RequestError, ValueError, TypeError) as exc:
             return _bad_request(str(exc))
         rid = str(body.get("rid") or uuid.uuid4().hex)
-        gen_request = GenerateRequest(rid, ids, sampling)
+        refusal = behavior.refusal(len(ids), sampling)
+        if refusal is not None:
+            if not body.get("stream", False):
+                return JSONResponse({"error": {"message": refusal.message}}, status_code=refusal.status_code)
+            events = _refusal_events(rid, refusal, len(ids))
+            return StreamingResponse(iter(events), media_type="text/event-stream")
+        if sampling.seed is not None and not behavior.deterministic_inference:
+            # SGLang's sampler reads sampling_seed only with --enable-deterministic-inference
+            sampling = dataclasses.replace(sampling, seed=None)
+        images = body.get("image_data")
+        if isinstance(images, str):
+            images = [images]  # SGLang takes one image as a bare string too
+        if images is not None and (
+            not isinstance(images, list) or not all(isinstance(i, str) and i for i in images)
+        ):
+            return _bad_request("image_data must be a list of data: URLs or base64 strings")
+        gen_request = GenerateRequest(rid, ids, sampling, images=tuple(images or ()))
         # the engine's own fault setting is off; faults are applied here, per mode
         fail_after, fail_mode = faults.fail_after, faults.fail_mode
         stream = engine.generate(gen_request)
@@ -181,8 +366,9 @@ def build_sim_app(
             return await _non_streaming(rid, first, stream, fail_after)
         events = _sse(rid, first, stream, fail_after, fail_mode, sampling.logprobs)
         # with no inter-token delay there is no timing to preserve: write several events at once
-        batch = ZERO_DELAY_BATCH if engine.itl_s == 0 else 1
-        return StreamingResponse(_batched(events, batch), media_type="text/event-stream")
+        if engine.itl_s == 0:
+            return _SseResponse(_batched(events, ZERO_DELAY_BATCH))
+        return _SseResponse(events)
 
     async def _non_streaming(
         rid: str, first: EngineChunk | None, stream: AsyncIterator[EngineChunk], fail_after: int | None
@@ -210,10 +396,23 @@ def build_sim_app(
     ) -> AsyncGenerator[bytes, None]:
         all_ids: list[int] = []
         all_lps: list[list[Any]] = []
+        rid_json = orjson.dumps(rid)
         try:
             chunk = first
             while chunk is not None:
                 ids = chunk.token_ids
+                if (
+                    chunk.finish_reason is None
+                    and fail_after is None
+                    and not logprobs
+                    and not cumulative
+                    and chunk.logprobs is None
+                ):
+                    # the per-token fast path: no fault, no logprobs, incremental chunks
+                    all_ids.extend(ids)
+                    yield _chunk_event(rid_json, chunk, ids)
+                    chunk = await anext(stream, None)
+                    continue
                 failing = fail_after is not None and len(all_ids) + len(ids) > fail_after
                 if failing:
                     ids = ids[: max(fail_after - len(all_ids), 0)]  # type: ignore[operator]
@@ -262,9 +461,13 @@ def build_sim_app(
         return Response(status_code=200)
 
     async def health(_: Request) -> Response:
+        if behavior.health_delay_s:
+            await asyncio.sleep(behavior.health_delay_s)  # SGLang's /health generates one token too
         return Response(status_code=200)
 
     async def health_generate(_: Request) -> Response:
+        if behavior.health_delay_s:
+            await asyncio.sleep(behavior.health_delay_s)
         healthy = faults.fail_after != 0
         return Response(status_code=200 if healthy else 503)
 
@@ -272,20 +475,18 @@ def build_sim_app(
         return JSONResponse({"model_path": model_path, "tokenizer_path": model_path, "is_generation": True})
 
     async def server_info(_: Request) -> Response:
-        return JSONResponse(
-            {
-                "model_path": model_path,
-                "skip_tokenizer_init": True,
-                "incremental_streaming_output": not cumulative,
-                "simulated": True,
-            }
-        )
+        info = behavior.server_info(model_path=model_path, cumulative=cumulative)
+        info["internal_states"] = [{"num_reqs": engine.stats.running}]
+        if getattr(engine, "kv", None) is not None:
+            info.update(engine.kv.server_info())  # page_size, kv_events_config (engines/sim/kv.py)
+        return JSONResponse(info)
 
     async def load(_: Request) -> Response:
         return JSONResponse({"num_reqs": engine.stats.running, "num_waiting_reqs": 0})
 
     async def stats(_: Request) -> Response:
-        return JSONResponse(engine.stats.as_dict())
+        kv = getattr(engine, "kv", None)
+        return JSONResponse({**engine.stats.as_dict(), **(kv.stats() if kv is not None else {})})
 
     async def set_fault(request: Request) -> Response:
         try:
@@ -307,12 +508,15 @@ def build_sim_app(
         Route("/health", health, methods=["GET"]),
         Route("/health_generate", health_generate, methods=["GET"]),
         Route("/get_model_info", model_info, methods=["GET"]),
+        Route("/model_info", model_info, methods=["GET"]),
         Route("/get_server_info", server_info, methods=["GET"]),
+        Route("/server_info", server_info, methods=["GET"]),
         Route("/get_load", load, methods=["GET"]),
         Route("/sim/stats", stats, methods=["GET"]),
         Route("/sim/fault", set_fault, methods=["POST"]),
     ]
-    app = Starlette(routes=routes)
+    app = _SimApp(generate, routes=routes)
     app.state.engine = engine
     app.state.faults = faults
+    app.state.behavior = behavior
     return app

@@ -1,0 +1,173 @@
+"""The HTTP/1.1 connection protocol of ``serve``: uvicorn's httptools protocol plus three limits.
+
+uvicorn answers some requests before the application ever sees them, and has no deadline for a
+client that opens a connection and sends its request line and headers a byte at a time
+(slowloris). This subclass of its ``HttpToolsProtocol`` adds:
+
+* **a header deadline** -- a connection must deliver a complete request head within
+  ``header_timeout_s`` of being opened (or of its previous response ending); otherwise it gets a
+  ``408`` and is closed. Idle keep-alive connections are still closed by uvicorn's own
+  ``timeout_keep_alive``.
+* **a connection limit** -- past ``max_connections`` open connections, a new one gets a ``503`` at
+  once and is closed, so file descriptors stay within the process limit. (uvicorn's own
+  ``limit_concurrency`` counts only connections that completed a request head -- a slowloris
+  connection never does -- and answers in plain text.)
+* **JSON for parser-level errors** -- a request the HTTP parser rejects (a NUL byte in a header, a
+  malformed request line) gets a ``400`` whose body is the API's JSON error shape (chosen by the
+  path received so far) instead of uvicorn's plain text.
+
+The body deadline is the application's (:func:`deepseek_frontend.api.http.read_json`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from deepseek_frontend.errors import FrontendError, OverloadedError, RequestError, RequestTimeoutError
+
+log = logging.getLogger("deepseek_frontend.api")
+
+#: seconds a client may take to send a request line and headers
+HEADER_TIMEOUT_S = 10.0
+#: open client connections at most (each is a file descriptor)
+MAX_CONNECTIONS = 8192
+
+#: ``(path received so far, error) -> JSON body`` in the API's error shape for that path
+ErrorBody = Callable[[str, FrontendError], bytes]
+
+
+class TooManyConnectionsError(OverloadedError):
+    """The server holds as many open connections as it takes (503: the server, not this client)."""
+
+    status_code = 503
+    error_type = "service_unavailable"
+
+
+_REASONS = {400: b"Bad Request", 408: b"Request Timeout", 503: b"Service Unavailable"}
+
+
+def _raw_response(status: int, body: bytes, extra: tuple[tuple[bytes, bytes], ...] = ()) -> bytes:
+    head = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Error"))]
+    for name, value in (
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+        *extra,
+    ):
+        head.append(name + b": " + value + b"\r\n")
+    head.append(b"\r\n")
+    return b"".join(head) + body
+
+
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
+    """``HttpToolsProtocol`` with a header deadline, a connection limit and JSON parser errors.
+
+    The limits are class attributes; :func:`guarded_protocol` makes a configured subclass.
+    """
+
+    header_timeout_s: float | None = HEADER_TIMEOUT_S
+    max_connections: int | None = MAX_CONNECTIONS
+    error_body: ErrorBody | None = None
+    #: counters shared by all connections of this class (read by the app's metrics)
+    stats: ClassVar[dict[str, int]] = {"header_timeouts": 0, "refused_connections": 0, "parser_errors": 0}
+
+    _header_timer: asyncio.TimerHandle | None = None
+
+    # -- helpers -------------------------------------------------------------------
+
+    def _body_for(self, err: FrontendError) -> bytes:
+        path = ""
+        url = getattr(self, "url", b"") or b""
+        if isinstance(url, bytes):
+            path = url.split(b"?", 1)[0][:256].decode("latin-1")
+        if self.error_body is not None:
+            return self.error_body(path, err)
+        import orjson
+
+        return orjson.dumps({"error": {"message": err.message, "type": err.error_type, "code": err.code}})
+
+    def _refuse(self, status: int, err: FrontendError, extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        transport.write(_raw_response(status, self._body_for(err), extra))
+        transport.close()
+
+    def _arm_header_timer(self) -> None:
+        self._cancel_header_timer()
+        if self.header_timeout_s:
+            self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_timeout)
+
+    def _cancel_header_timer(self) -> None:
+        timer = self._header_timer
+        if timer is not None:
+            timer.cancel()
+            self._header_timer = None
+
+    def _header_timeout(self) -> None:
+        self._header_timer = None
+        type(self).stats["header_timeouts"] += 1
+        log.info("closing a connection that sent no complete request head in %g s", self.header_timeout_s)
+        self._refuse(
+            408,
+            RequestTimeoutError(
+                f"the request line and headers did not arrive within {self.header_timeout_s:g} s"
+            ),
+        )
+
+    # -- protocol hooks --------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        limit = self.max_connections
+        if limit is not None and len(self.connections) > limit:
+            type(self).stats["refused_connections"] += 1
+            self._refuse(
+                503,
+                TooManyConnectionsError(
+                    f"the server has {limit} open connections, the most it takes; retry later"
+                ),
+                ((b"retry-after", b"1"),),
+            )
+            return
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_header_timer()
+        super().connection_lost(exc)
+
+    def on_headers_complete(self) -> None:
+        self._cancel_header_timer()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            # the next request on this connection gets the same deadline for its head
+            self._arm_header_timer()
+
+    def send_400_response(self, msg: str) -> None:
+        type(self).stats["parser_errors"] += 1
+        self._cancel_header_timer()
+        self._refuse(400, RequestError(f"malformed HTTP request: {msg}"))
+
+
+def guarded_protocol(
+    *,
+    header_timeout_s: float | None = HEADER_TIMEOUT_S,
+    max_connections: int | None = MAX_CONNECTIONS,
+    error_body: ErrorBody | None = None,
+) -> type[GuardedHttpToolsProtocol]:
+    """A :class:`GuardedHttpToolsProtocol` subclass with these limits (for ``uvicorn.Config(http=...)``)."""
+    attrs: dict[str, Any] = {
+        "header_timeout_s": header_timeout_s or None,
+        "max_connections": max_connections or None,
+        "error_body": staticmethod(error_body) if error_body is not None else None,
+        "stats": {"header_timeouts": 0, "refused_connections": 0, "parser_errors": 0},
+    }
+    return type("ConfiguredHttpToolsProtocol", (GuardedHttpToolsProtocol,), attrs)

@@ -1,0 +1,184 @@
+"""A small pool of daemon threads for CPU-heavy request work (rendering and tokenizing long prompts).
+
+The event loop must never stall on one request: a 20 MB prompt takes seconds to tokenize. HF
+``tokenizers`` releases the GIL while it encodes, and pure-Python rendering gives the GIL back every
+few milliseconds, so running that work here keeps the loop answering everyone else.
+
+Why not ``loop.run_in_executor`` with a ``ThreadPoolExecutor``: its threads are joined when the
+interpreter exits, so a server asked to stop would wait for a half-done tokenization of a prompt
+whose client is long gone. These threads are daemons, and a job whose caller went away (its future
+cancelled) before a thread picked it up is skipped.
+
+Concurrency is bounded by the thread count; jobs beyond it wait in FIFO order (their number is
+bounded by admission control).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+#: threads doing heavy request work at once (tokenization of one prompt is single-threaded)
+OFFLOAD_THREADS = 2
+
+_Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+
+
+def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    if future.done():  # the caller went away meanwhile
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+class OffloadPool:
+    """``await pool.run(fn, *args)`` runs ``fn(*args)`` on one of ``threads`` daemon threads.
+
+    Threads start on first use. ``pending`` counts jobs queued or running (a gauge for metrics).
+    """
+
+    def __init__(self, threads: int = OFFLOAD_THREADS, name: str = "deepseek-offload") -> None:
+        if threads < 1:
+            raise ValueError(f"threads must be at least 1, got {threads}")
+        self.threads = threads
+        self.name = name
+        self.pending = 0
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._started: list[threading.Thread] = []
+        self._lock = threading.Lock()
+
+    def _ensure_threads(self) -> None:
+        if len(self._started) >= self.threads:
+            return
+        with self._lock:
+            while len(self._started) < self.threads:
+                thread = threading.Thread(
+                    target=self._work, name=f"{self.name}-{len(self._started)}", daemon=True
+                )
+                thread.start()
+                self._started.append(thread)
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            loop, future, fn, args = job
+            if future.cancelled():
+                loop.call_soon_threadsafe(self._done)
+                continue
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = fn(*args)
+            except BaseException as exc:  # handed to the awaiting coroutine, not lost
+                error = exc
+            try:
+                loop.call_soon_threadsafe(_settle, future, result, error)
+                loop.call_soon_threadsafe(self._done)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                pass
+            del job, future, result, error
+
+    def _done(self) -> None:
+        self.pending -= 1
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` on a pool thread; its exception is raised here. Cancelling the await
+        skips the job if it has not started (a started one runs to its end, its result dropped)."""
+        self._ensure_threads()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+        self.pending += 1
+        self._queue.put((loop, future, fn, args))
+        return await future
+
+    def close(self) -> None:
+        """Ask idle threads to exit (busy ones finish their job first; they are daemons anyway)."""
+        for _ in self._started:
+            self._queue.put(None)
+        self._started = []
+
+
+class LoopTurns:
+    """Hands out turns for short CPU work done on the event loop itself, ``slots`` at a time, FIFO.
+
+    A burst of requests arrives as thousands of tasks ready at once; the event loop runs every
+    callback ready at the start of an iteration before it looks at the network again, so if each of
+    them rendered and tokenized its prompt in its first step, one iteration would take seconds and
+    ``/live`` would wait that long. Taking a turn first makes that work queue instead: a released
+    turn goes to the next waiter through the loop's ready queue, so each iteration starts at most
+    ``slots`` pieces of such work, and I/O (and every other request) is served in between.
+
+    Uncontended, ``async with turns:`` never suspends: a lone request pays a counter update.
+    """
+
+    __slots__ = ("_waiters", "busy", "slots")
+
+    def __init__(self, slots: int = 1) -> None:
+        if slots < 1:
+            raise ValueError(f"slots must be at least 1, got {slots}")
+        self.slots = slots
+        self.busy = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    async def __aenter__(self) -> None:
+        if self.busy < self.slots and not self._waiters:
+            self.busy += 1
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():
+                self._release()  # the turn was handed to us as we were cancelled: pass it on
+            else:
+                waiter.cancel()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._release()
+
+    async def take(self) -> Callable[[], None]:
+        """Wait for a turn and return its (idempotent) release; for a turn that spans several calls."""
+        await self.__aenter__()
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                self._release()
+
+        return release
+
+    def _release(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)  # the turn moves on; ``busy`` is unchanged
+                return
+        self.busy -= 1
+
+
+#: the release of the loop turn the current request holds (set by the API layer for the stretch
+#: from reading the body to sending the prompt to the engine)
+CURRENT_TURN: ContextVar[Callable[[], None] | None] = ContextVar("deepseek_frontend_turn", default=None)
+
+
+def release_current_turn() -> None:
+    """Give up the current request's loop turn, if it holds one (before it waits on anything slow)."""
+    release = CURRENT_TURN.get()
+    if release is not None:
+        release()

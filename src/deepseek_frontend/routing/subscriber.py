@@ -1,0 +1,289 @@
+"""Subscribing to a worker's KV events over ZMQ (I/O), feeding a :class:`KvIndex`.
+
+One :class:`KvEventSubscriber` per source (worker URL + data-parallel rank): a SUB socket on
+the publisher's endpoint and, when the worker has one, a DEALER socket on its replay endpoint.
+
+Ordering and recovery:
+
+* At start the subscriber asks the replay socket for everything from sequence 0, so a router
+  that starts after the workers still learns what they cache (up to the publisher's buffer).
+* A live batch whose sequence is the next expected one is applied. One ahead of a gap asks
+  for a replay of the missing range; if the replay cannot fill it (no replay socket, a
+  timeout, or the publisher's buffer no longer reaches back that far) the source's blocks are
+  dropped -- an index that misses removals would send requests to caches that are gone --
+  and the subscriber continues from the live batch.
+* A batch numbered below what was already applied, outside a replay's overlap, means the
+  publisher restarted (its counter starts again at 0): a restarted worker has an empty cache,
+  so the source's blocks are dropped before the batch is applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+import zmq
+import zmq.asyncio
+
+from deepseek_frontend.routing.events import (
+    END_SEQUENCE,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    KvEventDecodeError,
+    decode_batch,
+    decode_sequence,
+    encode_sequence,
+)
+from deepseek_frontend.routing.index import KvIndex, SourceKey
+
+__all__ = ["KvEventSource", "KvEventSubscriber", "SubscriberStats", "sources_from_config"]
+
+logger = logging.getLogger(__name__)
+
+#: seconds a replay may take before the gap is treated as unrecoverable
+REPLAY_TIMEOUT_S = 2.0
+_WILDCARD_HOSTS = ("*", "0.0.0.0", "::", "[::]")
+
+
+@dataclass(frozen=True, slots=True)
+class KvEventSource:
+    """Where one data-parallel rank of a worker publishes its KV events."""
+
+    worker: str
+    dp_rank: int
+    endpoint: str
+    replay_endpoint: str | None = None
+    topic: str = ""
+
+    @property
+    def key(self) -> SourceKey:
+        return (self.worker, self.dp_rank)
+
+
+def _offset(endpoint: str, rank: int, host: str) -> str:
+    """The rank's endpoint: the port offset by ``rank`` (both engines' convention), a wildcard
+    bind address replaced by the worker's host so a remote router can connect."""
+    if not endpoint.startswith("tcp://"):
+        return endpoint if rank == 0 else f"{endpoint}_dp{rank}"
+    address, _, port = endpoint[len("tcp://") :].rpartition(":")
+    if address in _WILDCARD_HOSTS:
+        address = f"[{host}]" if ":" in host else host
+    return f"tcp://{address}:{int(port) + rank}"
+
+
+def sources_from_config(
+    worker_url: str, config: str | Mapping[str, object], dp_size: int = 1
+) -> list[KvEventSource]:
+    """The sources of a worker started with ``--kv-events-config CONFIG`` (SGLang's JSON form).
+
+    ``config`` is the JSON string (as ``/server_info`` reports it) or its parsed form. Returns
+    ``[]`` when the publisher is not ``zmq``. Raises ``ValueError`` for a malformed config.
+    """
+    data = json.loads(config) if isinstance(config, str) else dict(config)
+    if not isinstance(data, dict):
+        raise ValueError("kv_events_config must be a JSON object")
+    if data.get("publisher", "null") != "zmq":
+        return []
+    endpoint = str(data.get("endpoint") or "tcp://*:5557")
+    replay = data.get("replay_endpoint")
+    topic = str(data.get("topic") or "")
+    host = urlsplit(worker_url).hostname or "127.0.0.1"
+    return [
+        KvEventSource(
+            worker_url,
+            rank,
+            _offset(endpoint, rank, host),
+            _offset(str(replay), rank, host) if replay else None,
+            topic,
+        )
+        for rank in range(max(1, dp_size))
+    ]
+
+
+@dataclass(slots=True)
+class SubscriberStats:
+    batches: int = 0
+    events: int = 0
+    gaps: int = 0
+    replays: int = 0
+    replay_failures: int = 0
+    restarts: int = 0
+    clears: int = 0
+    decode_errors: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class KvEventSubscriber:
+    """Apply one source's event stream to ``index`` (see module docstring).
+
+    ``on_clear(source_key, reason)`` is called whenever the source's blocks are dropped.
+    """
+
+    def __init__(
+        self,
+        index: KvIndex,
+        source: KvEventSource,
+        *,
+        context: zmq.asyncio.Context | None = None,
+        replay_timeout_s: float = REPLAY_TIMEOUT_S,
+    ) -> None:
+        self.index = index
+        self.source = source
+        self.stats = SubscriberStats()
+        self.replay_timeout_s = replay_timeout_s
+        self._ctx = context or zmq.asyncio.Context.instance()
+        self._next_seq: int | None = None
+        #: live batches below this were also delivered by the last replay (duplicates, not a
+        #: restart); cleared once a live batch at or past it arrives
+        self._replayed_to: int | None = None
+        self._task: asyncio.Task[None] | None = None
+        #: set once the SUB socket is connected and the initial replay is done (tests wait on it)
+        self.ready = asyncio.Event()
+
+    @property
+    def next_sequence(self) -> int | None:
+        return self._next_seq
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"kv-events {self.source.endpoint}")
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    # ------------------------------------------------------------------ loop
+
+    async def _run(self) -> None:
+        sub = self._ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
+        sub.connect(self.source.endpoint)
+        try:
+            if self.source.replay_endpoint:
+                await self._replay(0)
+            self.ready.set()
+            while True:
+                frames = await sub.recv_multipart()
+                if len(frames) != 3:
+                    self.stats.decode_errors += 1
+                    continue
+                try:
+                    seq = decode_sequence(frames[1])
+                    batch = decode_batch(frames[2])
+                except KvEventDecodeError as exc:
+                    self.stats.decode_errors += 1
+                    logger.warning("bad KV event from %s: %s", self.source.endpoint, exc)
+                    continue
+                await self.handle(seq, batch)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("KV event subscriber for %s stopped", self.source.endpoint)
+            self._clear("subscriber failed")
+        finally:
+            sub.close(linger=0)
+
+    async def handle(self, seq: int, batch: EventBatch) -> None:
+        """Order one live batch (gap / duplicate / restart handling) and apply it."""
+        expected = self._next_seq
+        if self._replayed_to is not None and seq >= self._replayed_to:
+            self._replayed_to = None  # caught up with live traffic
+        if expected is not None and seq < expected:
+            if self._replayed_to is not None:
+                return  # queued while a replay delivered it
+            self.stats.restarts += 1
+            logger.warning(
+                "KV events of %s restarted at sequence %d (expected %d): dropping its blocks",
+                self.source.endpoint,
+                seq,
+                expected,
+            )
+            self._clear("publisher restarted")
+            expected = None
+        elif expected is not None and seq > expected:
+            self.stats.gaps += 1
+            filled = self.source.replay_endpoint is not None and await self._replay(expected)
+            if self._next_seq is not None and seq < self._next_seq:
+                return  # the replay delivered this batch already
+            if not filled or self._next_seq != seq:
+                logger.warning(
+                    "KV events of %s lost sequences %d..%d: dropping its blocks",
+                    self.source.endpoint,
+                    expected,
+                    seq - 1,
+                )
+                self._clear("sequence gap")
+        self._apply(batch)
+        self._next_seq = seq + 1
+
+    async def _replay(self, start: int) -> bool:
+        """Ask the replay socket for every batch from ``start``; True when it filled the range."""
+        assert self.source.replay_endpoint is not None
+        self.stats.replays += 1
+        dealer = self._ctx.socket(zmq.DEALER)
+        dealer.setsockopt(zmq.LINGER, 0)
+        dealer.connect(self.source.replay_endpoint)
+        filled = True
+        first = True
+        try:
+            await dealer.send_multipart([b"", encode_sequence(start)])
+            while True:
+                frames = await asyncio.wait_for(dealer.recv_multipart(), self.replay_timeout_s)
+                if frames and frames[0] == b"":
+                    frames = frames[1:]
+                if len(frames) != 3:
+                    continue
+                seq = decode_sequence(frames[1])
+                if seq == END_SEQUENCE:
+                    break
+                if first and seq > start and self._next_seq is not None:
+                    filled = False  # the buffer no longer reaches back to `start`
+                first = False
+                if self._next_seq is not None and seq < self._next_seq:
+                    continue
+                if self._next_seq is not None and seq > self._next_seq:
+                    filled = False
+                try:
+                    self._apply(decode_batch(frames[2]))
+                except KvEventDecodeError:
+                    self.stats.decode_errors += 1
+                    filled = False
+                self._next_seq = seq + 1
+            self._replayed_to = self._next_seq
+        except (TimeoutError, zmq.ZMQError) as exc:
+            self.stats.replay_failures += 1
+            logger.warning("KV event replay from %s failed: %r", self.source.replay_endpoint, exc)
+            filled = False
+        finally:
+            dealer.close(linger=0)
+        return filled
+
+    def _apply(self, batch: EventBatch) -> None:
+        key = self.source.key
+        self.stats.batches += 1
+        for event in batch.events:
+            self.stats.events += 1
+            if isinstance(event, BlockStored):
+                self.index.stored(
+                    key, event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
+                )
+            elif isinstance(event, BlockRemoved):
+                self.index.removed(key, event.block_hashes)
+            elif isinstance(event, AllBlocksCleared):
+                self._clear("AllBlocksCleared")
+
+    def _clear(self, reason: str) -> None:
+        self.stats.clears += 1
+        self.stats.extra[reason] = self.stats.extra.get(reason, 0) + 1
+        self.index.clear(self.source.key)

