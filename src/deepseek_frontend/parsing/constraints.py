@@ -189,7 +189,7 @@ _MAX_ENUMERATED_INTS = 64
 
 def _digit_rules(longest: int) -> list[str]:
     """``digits-N ::= ( [0-9] digits-(N-1) )?``: up to N digits, one flat rule per count (no nesting)."""
-    rules = ['digits-1 ::= [0-9]?']
+    rules = ["digits-1 ::= [0-9]?"]
     rules += [f"digits-{n} ::= ( [0-9] digits-{n - 1} )?" for n in range(2, longest + 1)]
     return rules
 
