@@ -68,8 +68,10 @@ __all__ = [
 
 # --------------------------------------------------------------------------- token count (pure)
 
-#: ViT patch 14 px, 3x3 patches pooled into one token: one token per 42 px cell.
-IMAGE_CELL_PX = 14 * 3
+#: ViT patch side in pixels; 3 x 3 patches are pooled into one token, so one token per 42 px cell.
+IMAGE_PATCH_PX = 14
+IMAGE_DOWNSAMPLE = 3
+IMAGE_CELL_PX = IMAGE_PATCH_PX * IMAGE_DOWNSAMPLE
 #: Images with fewer pixels than a 544 x 544 square are upscaled (aspect kept) to at least that area.
 IMAGE_MIN_SIDE_PX = 544
 #: Largest token count of one image (rows * (columns + 1) + 2): larger images are shrunk to fit.
@@ -80,44 +82,56 @@ def _tokens(columns: int, rows: int) -> int:
     return rows * (columns + 1) + 2
 
 
+def _cells(padded_px: int) -> int:
+    """Cells of a side padded to whole patches: its patches pooled by 3, the last group partial."""
+    return -(-(padded_px // IMAGE_PATCH_PX) // IMAGE_DOWNSAMPLE)
+
+
 def image_grid(width: int, height: int) -> tuple[int, int]:
     """``(columns, rows)`` of 42 px cells the checkpoint's preprocessing gives a ``width x height`` image.
 
-    The rule (DeepSeek-V4.1-Flash, as ``deepseek-recipe`` counts it):
+    The rule of DeepSeek-V4.1-Flash's image preprocessing (the checkpoint's vision settings:
+    patch 14, downsample 3, at most 1024 tokens, at least 544 x 544 pixels), as SGLang 0.5.23
+    applies it before it expands each placeholder:
 
-    * an image whose area is below 544 x 544 px is scaled up, aspect kept, to the area of
-      544 x 544 (whole pixels, rounded down);
-    * each side then takes ``ceil(side / 42)`` cells;
-    * a grid over :data:`IMAGE_MAX_TOKENS` tokens is shrunk: the short side's cell count steps
-      down until the grid, the long side scaled with the aspect and rounded, fits.
+    * an image whose area is below 544 x 544 px is scaled up, aspect kept, to that area
+      (each side truncated to whole pixels);
+    * each side is padded to whole 14 px patches and takes ``ceil(patches / 3)`` cells;
+    * a grid over :data:`IMAGE_MAX_TOKENS` tokens is shrunk: the largest aspect-keeping grid
+      whose token count fits gives a scale factor, the scaled sides are cut to whole patches,
+      and very tall or very wide images collapse to one column or row.
 
-    The first two steps match ``deepseek-recipe``; the shrink step matches it on the published
-    sizes (1920x1080 -> 968) and the common photo sizes, and on three quarters of random sizes
-    over the budget (1% off on average there; its exact fitting loop is not published: see
-    ``docs/serving.md``). Strips longer than 10:1 that are upscaled can differ by a row.
-    Raises ``ValueError`` for a non-positive size.
+    The count equals ``deepseek-recipe``'s on the published sizes and on 99% of random sizes;
+    the two differ only on extreme strips (see ``docs/serving.md``). Raises ``ValueError`` for a
+    non-positive size.
     """
     if width <= 0 or height <= 0:
         raise ValueError(f"image size must be positive, got {width}x{height}")
     w, h = width, height
     min_area = IMAGE_MIN_SIDE_PX * IMAGE_MIN_SIDE_PX
     if w * h < min_area:
-        scale = math.sqrt(min_area / (width * height))
-        w, h = max(1, math.floor(width * scale)), max(1, math.floor(height * scale))
-    columns, rows = -(-w // IMAGE_CELL_PX), -(-h // IMAGE_CELL_PX)
+        scale = math.sqrt(min_area / (w * h))
+        w, h = int(w * scale), int(h * scale)
+    patch = IMAGE_PATCH_PX
+    padded_w, padded_h = -(-w // patch) * patch, -(-h // patch) * patch
+    columns, rows = _cells(padded_w), _cells(padded_h)
     if _tokens(columns, rows) <= IMAGE_MAX_TOKENS:
         return columns, rows
-    if height <= width:
-        for short in range(rows, 0, -1):
-            long = max(1, math.floor(short * width / height + 0.5))
-            if _tokens(long, short) <= IMAGE_MAX_TOKENS:
-                return long, short
+    # The largest real-valued grid of this aspect within budget: rows * (columns + 1) + 2 = max
+    # with rows = columns * h / w gives columns from a quadratic.
+    aspect = h / w
+    max_columns = math.sqrt((IMAGE_MAX_TOKENS - 2) / aspect + 0.25) - 0.5
+    max_rows = max_columns * aspect
+    cell = IMAGE_CELL_PX
+    if max_columns < 1.0:  # very tall: one column
+        padded_h, padded_w = (IMAGE_MAX_TOKENS - 2) // 2 * cell, cell
+    elif max_rows < 1.0:  # very wide: one row
+        padded_h, padded_w = cell, (IMAGE_MAX_TOKENS - 3) * cell
     else:
-        for short in range(columns, 0, -1):
-            long = max(1, math.floor(short * height / width + 0.5))
-            if _tokens(short, long) <= IMAGE_MAX_TOKENS:
-                return short, long
-    return 1, 1  # unreachable for positive sizes: a 1x1 grid is 4 tokens
+        beta = min(math.floor(max_columns) * cell / w, math.floor(max_rows) * cell / h)
+        padded_h = math.floor(h * beta / patch) * patch
+        padded_w = math.floor(w * beta / patch) * patch
+    return _cells(padded_w), _cells(padded_h)
 
 
 def image_token_count(width: int, height: int) -> int:

@@ -65,33 +65,32 @@ def test_token_counts_match_deepseek_recipe(width: int, height: int) -> None:
     assert image_token_count(width, height) == recipe_tokens(width, height)
 
 
-def test_every_image_that_fits_the_budget_counts_exactly_as_deepseek_recipe() -> None:
+def test_random_sizes_count_exactly_as_deepseek_recipe_except_extreme_strips() -> None:
+    """Upscaled, fitting and shrunk sizes alike; only strips past 20:1 may differ (docs/serving.md)."""
     rng = random.Random(12)
     checked = 0
-    for _ in range(3000):
-        width, height = rng.randint(1, 2500), rng.randint(1, 2500)
-        if max(width, height) > 10 * min(width, height):
-            continue  # strips over 10:1 can differ by a row (documented in docs/serving.md)
-        columns, rows = -(-width // 42), -(-height // 42)
-        if width * height >= 544 * 544 and rows * (columns + 1) + 2 > IMAGE_MAX_TOKENS:
-            continue  # shrunk: see the next test
+    for _ in range(4000):
+        width, height = rng.randint(1, 8000), rng.randint(1, 8000)
+        ours = image_token_count(width, height)
+        assert 4 <= ours <= IMAGE_MAX_TOKENS
+        if max(width, height) > 20 * min(width, height):
+            continue
         checked += 1
-        assert image_token_count(width, height) == recipe_tokens(width, height), (width, height)
-    assert checked > 1000
+        assert ours == recipe_tokens(width, height), (width, height)
+    assert checked > 3000
 
 
-def test_shrunk_images_stay_in_budget_and_near_deepseek_recipe() -> None:
-    """The shrink step's exact fitting loop is not published: documented bound, never over budget."""
+def test_extreme_strips_stay_in_budget_and_near_deepseek_recipe() -> None:
     rng = random.Random(34)
     errors = []
-    for _ in range(1500):
-        width, height = rng.randint(1200, 6000), rng.randint(1200, 6000)
+    for _ in range(1000):
+        short, long = rng.randint(1, 300), rng.randint(3000, 8000)
+        width, height = (short, long) if rng.random() < 0.5 else (long, short)
         ours, theirs = image_token_count(width, height), recipe_tokens(width, height)
         assert ours <= IMAGE_MAX_TOKENS
         errors.append(abs(ours - theirs) / theirs)
-    assert max(errors) <= 0.25
-    assert sum(errors) / len(errors) <= 0.02
-    assert sum(1 for e in errors if e == 0) / len(errors) >= 0.6
+    assert sum(1 for e in errors if e == 0) / len(errors) >= 0.9
+    assert max(errors) <= 0.1
 
 
 def test_grid_keeps_the_aspect() -> None:

@@ -400,6 +400,10 @@ def run(args: argparse.Namespace) -> int:
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    processes = getattr(args, "frontend_processes", 1)
+    if processes > 1 and hasattr(socket, "SO_REUSEPORT"):
+        # --workers N: each process will listen on this port with its own accept queue (processes.py)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((config.host, config.port))
     except OSError as exc:
@@ -413,13 +417,12 @@ def run(args: argparse.Namespace) -> int:
     sock.set_inheritable(True)
     port = sock.getsockname()[1]
 
-    processes = getattr(args, "frontend_processes", 1)
     slot = None
     if processes > 1:
         from deepseek_frontend.api.processes import fork_processes
 
         # fork before the app exists: no threads yet, and each process loads its own tokenizer
-        forked = fork_processes(processes, sock)
+        forked = fork_processes(processes, sock, backlog)
         if isinstance(forked, int):
             return forked  # the supervisor, after every process exited
         slot = forked
@@ -464,7 +467,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         # applies loop="auto" (uvloop when installed); a forked process also serves its private socket
         private = [slot.private_socket] if slot is not None and slot.private_socket is not None else []
-        server.run(sockets=[sock, *private])
+        listening = slot.listening if slot is not None and slot.listening is not None else sock
+        server.run(sockets=[listening, *private])
     except KeyboardInterrupt:
         pass
     finally:

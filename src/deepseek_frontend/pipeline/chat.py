@@ -391,7 +391,7 @@ class ChatPipeline:
             render_req, opening = preopened
             segments = [*self.renderer.render(render_req, images), *opening]
         # a prompt over the context is refused below: it must not fill the caches on its way
-        input_ids = self.tokenizer.encode_segments(segments, cache_limit=self.config.context_length)
+        input_ids = self.tokenizer.encode_segments(segments, cache_limit=self.context_length())
         if self.metrics is not None:
             self.metrics.tokenization.observe(time.perf_counter() - started)
 
@@ -460,7 +460,7 @@ class ChatPipeline:
             return
         chars = request_chars(req, kept_only=True)
         at_least = -(-chars // per_token)
-        context = self.config.context_length
+        context = self.context_length()
         if req.max_tokens is not None and at_least + req.max_tokens > context:
             # the same field the exact check would blame (prepare's _max_new_tokens)
             raise ContextLengthError(
@@ -520,6 +520,13 @@ class ChatPipeline:
         caps = fn()
         return caps if isinstance(caps, WorkerCapabilities) else None
 
+    def context_length(self, caps: WorkerCapabilities | None = None) -> int:
+        """The context a request must fit: the frontend's ``context_length``, or the workers' when smaller."""
+        caps = caps if caps is not None else self.capabilities()
+        if caps is not None and caps.context_length:
+            return min(self.config.context_length, caps.context_length)
+        return self.config.context_length
+
     def _max_new_tokens(self, prompt_tokens: int, requested: int | None, *, param: str) -> int:
         """The engine's ``max_new_tokens`` for a prompt of ``prompt_tokens``; raises ContextLengthError.
 
@@ -532,9 +539,7 @@ class ChatPipeline:
         capped by ``default_max_tokens``, so a request without ``max_tokens`` never fails for length.
         """
         caps = self.capabilities()
-        context = self.config.context_length
-        if caps is not None and caps.context_length:
-            context = min(context, caps.context_length)
+        context = self.context_length(caps)
         reserved = caps.reserved_output_tokens if caps is not None else 0
         room = context - prompt_tokens - reserved
         if requested is not None:
