@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,3 +97,26 @@ def offline_env(home: Path) -> dict[str, str]:
         # the CLIs' launchers find node through PATH; keep its folder even if PATH was trimmed
         env["PATH"] = f"{Path(node).parent}:{env['PATH']}"
     return env
+
+
+def run_cli(
+    name: str, argv: list[str], cwd: Path, env: dict[str, str], proxy: LoggingProxy, timeout_s: float
+) -> tuple[subprocess.CompletedProcess[str], str]:
+    """Run the CLI ``name`` (``argv``) to the end (no stdin, output captured) and return it with
+    the failure context every assertion shows: exit code, the tails of stdout and stderr, and the
+    proxy's requests."""
+    proc = subprocess.run(
+        argv,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+    context = (
+        f"{name} exited {proc.returncode}\nstdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-3000:]}\n"
+        f"requests:\n{proxy.report()}"
+    )
+    return proc, context

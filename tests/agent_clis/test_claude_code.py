@@ -12,13 +12,12 @@ TaskList -> its ``tool_result`` comes back in the next request -> a text answer 
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
 from tests.support.logging_proxy import LoggingProxy
 
-from .conftest import API_KEY, cli_path, offline_env
+from .conftest import API_KEY, cli_path, offline_env, run_cli
 
 pytestmark = pytest.mark.agent_cli
 
@@ -49,19 +48,13 @@ def test_claude_code_print_mode_completes_a_tool_loop(proxy: LoggingProxy, sandb
             "IS_SANDBOX": "1",
         }
     )
-    proc = subprocess.run(
+    proc, context = run_cli(
+        "claude",
         [claude, "-p", "TaskList", "--output-format", "stream-json", "--verbose"],
-        cwd=sandbox["work"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
-    context = (
-        f"claude exited {proc.returncode}\nstdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-3000:]}\n"
-        f"requests:\n{proxy.report()}"
+        sandbox["work"],
+        env,
+        proxy,
+        TIMEOUT_S,
     )
     assert proc.returncode == 0, context
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

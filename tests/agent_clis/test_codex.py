@@ -13,13 +13,12 @@ it; it must exit 0.
 from __future__ import annotations
 
 import json
-import subprocess
 
 import pytest
 
 from tests.support.logging_proxy import LoggingProxy
 
-from .conftest import API_KEY, SERVED_MODEL, cli_path, offline_env
+from .conftest import API_KEY, SERVED_MODEL, cli_path, offline_env, run_cli
 
 pytestmark = pytest.mark.agent_cli
 
@@ -60,7 +59,8 @@ def test_codex_exec_completes_a_tool_loop(proxy: LoggingProxy, sandbox: dict) ->
     write_config(codex_home, proxy.url)
     env = offline_env(sandbox["home"])
     env.update({"CODEX_HOME": str(codex_home), "DSFE_API_KEY": API_KEY, "RUST_LOG": "error"})
-    proc = subprocess.run(
+    proc, context = run_cli(
+        "codex",
         [
             codex,
             "exec",
@@ -70,17 +70,10 @@ def test_codex_exec_completes_a_tool_loop(proxy: LoggingProxy, sandbox: dict) ->
             "--dangerously-bypass-approvals-and-sandbox",
             "echo exec_command",
         ],
-        cwd=sandbox["work"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
-    )
-    context = (
-        f"codex exited {proc.returncode}\nstdout:\n{proc.stdout[-6000:]}\nstderr:\n{proc.stderr[-3000:]}\n"
-        f"requests:\n{proxy.report()}"
+        sandbox["work"],
+        env,
+        proxy,
+        TIMEOUT_S,
     )
     assert proc.returncode == 0, context
     events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]

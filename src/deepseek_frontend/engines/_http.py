@@ -23,6 +23,7 @@ sampling settings both request bodies spell alike.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, ClassVar, NoReturn
@@ -271,6 +272,8 @@ class HTTPEngineClient(EngineClient):
         self.control_timeout_s = control_timeout_s
         self._own_http = http is None
         self._http = http or new_http_client()
+        #: abort calls started in the background; :meth:`aclose` waits for them
+        self._pending_aborts: set[asyncio.Task[None]] = set()
 
     async def check_health(self) -> bool:
         try:
@@ -279,6 +282,39 @@ class HTTPEngineClient(EngineClient):
             return False
         return response.status_code == 200
 
+    async def _send_abort(self, engine_id: str) -> None:
+        """Ask the worker to stop the request it runs as ``engine_id``; best effort, never raises
+        ``httpx.HTTPError``. Each client implements it with its engine's abort call."""
+        raise NotImplementedError
+
+    def _abort_in_background(self, engine_id: str) -> asyncio.Task[None]:
+        """Start :meth:`_send_abort`; :meth:`aclose` waits for the ones still running."""
+        task = asyncio.ensure_future(self._send_abort(engine_id))
+        self._pending_aborts.add(task)
+        task.add_done_callback(self._pending_aborts.discard)
+        return task
+
+    async def _abort_shielded(self, engine_id: str) -> None:
+        """Send the abort even when the caller is being cancelled (the caller's cancellation
+        proceeds, the abort goes on in the background); the abort's own errors are swallowed."""
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self._abort_in_background(engine_id))
+
+    async def _abort_unfinished(self, engine_id: str, *, consumer_left: bool) -> None:
+        """Abort a request whose stream ended before it finished.
+
+        ``consumer_left``: the client went away, so the worker is stopped before this returns
+        (:meth:`_abort_shielded`); otherwise the stream failed and the worker may be gone, so the
+        abort runs in the background and the error is not held back.
+        """
+        if consumer_left:
+            await self._abort_shielded(engine_id)
+        else:
+            self._abort_in_background(engine_id)
+
     async def aclose(self) -> None:
+        """Wait for the aborts still running, then close the HTTP client if this client created it."""
+        if self._pending_aborts:
+            await asyncio.gather(*self._pending_aborts, return_exceptions=True)
         if self._own_http:
             await self._http.aclose()

@@ -64,6 +64,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from deepseek_frontend._tasks import cancel_and_wait
 from deepseek_frontend.engines._http import new_http_client
 from deepseek_frontend.engines.base import (
     ConstraintKind,
@@ -819,11 +820,7 @@ class WorkerPool:
     async def aclose(self) -> None:
         """Stop background tasks and close every client (and the shared HTTP client, if owned)."""
         self._tasks.extend(self._discoveries)
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(*self._tasks)
         self._tasks.clear()
         if self.router is not None:
             await self.router.aclose()

@@ -293,7 +293,6 @@ class SGLangClient(HTTPEngineClient):
         self.capabilities: WorkerCapabilities | None = None
         #: the server-info path this worker answers ("/get_server_info" on SGLangs before /server_info)
         self._info_path = "/server_info"
-        self._pending_aborts: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         return f"SGLangClient({self.base_url!r})"
@@ -392,30 +391,11 @@ class SGLangClient(HTTPEngineClient):
             raise
         finally:
             if running and not finished:
-                if consumer_left:
-                    # the client went away: make sure the worker stops before we return
-                    await self._abort_shielded(rid)
-                else:
-                    # the stream failed: the worker may be gone, so do not hold the error back
-                    self._abort_in_background(rid)
+                await self._abort_unfinished(rid, consumer_left=consumer_left)
 
-    def _abort_in_background(self, rid: str) -> asyncio.Task[None]:
-        """Start ``/abort_request``; :meth:`aclose` waits for the ones still running."""
-        task = asyncio.ensure_future(self.abort(rid))
-        self._pending_aborts.add(task)
-        task.add_done_callback(self._pending_aborts.discard)
-        return task
-
-    async def _abort_shielded(self, rid: str) -> None:
-        """Send ``/abort_request`` even when the caller is being cancelled."""
-        task = self._abort_in_background(rid)
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            # the abort goes on in the background; the caller's cancellation proceeds
-            raise
-        except Exception:
-            pass
+    async def _send_abort(self, engine_id: str) -> None:
+        """``/abort_request`` (:meth:`abort`): SGLang runs the request under its own id."""
+        await self.abort(engine_id)
 
     async def abort(self, request_id: str) -> None:
         """Best effort: errors are swallowed (the worker also aborts on disconnect)."""
@@ -480,8 +460,3 @@ class SGLangClient(HTTPEngineClient):
             raise EngineUnavailableError(f"{self.name}: get_model_info failed: {exc!r}") from exc
         data = orjson.loads(response.content)
         return data if isinstance(data, dict) else {}
-
-    async def aclose(self) -> None:
-        if self._pending_aborts:
-            await asyncio.gather(*self._pending_aborts, return_exceptions=True)
-        await super().aclose()

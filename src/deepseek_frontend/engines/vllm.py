@@ -126,7 +126,6 @@ class VLLMClient(HTTPEngineClient):
         self._token_api_forced = token_api is not None
         self.max_logprobs = max_logprobs
         self.capabilities: WorkerCapabilities | None = None
-        self._pending_aborts: set[asyncio.Task[None]] = set()
 
     def __repr__(self) -> str:
         return f"VLLMClient({self.base_url!r}, model={self.model!r})"
@@ -266,12 +265,7 @@ class VLLMClient(HTTPEngineClient):
             "stream_options": {"include_usage": True},
             "request_id": request.request_id,
         }
-        if s.seed is not None:
-            body["seed"] = s.seed
-        if s.ignore_eos:
-            body["ignore_eos"] = True
-        if s.min_new_tokens:
-            body["min_tokens"] = s.min_new_tokens
+        _add_length_and_seed(body, s)
         if s.logprobs:
             # vLLM answers with these k plus the sampled token; _alternatives keeps the k best
             body["logprobs"] = s.top_logprobs
@@ -291,12 +285,7 @@ class VLLMClient(HTTPEngineClient):
             # the frontend detokenizes; vLLM need not (a --tokens-only worker never does)
             "detokenize": False,
         }
-        if s.seed is not None:
-            params["seed"] = s.seed
-        if s.ignore_eos:
-            params["ignore_eos"] = True
-        if s.min_new_tokens:
-            params["min_tokens"] = s.min_new_tokens
+        _add_length_and_seed(params, s)
         if s.logprobs:
             # one more than asked: the endpoint keeps its first k entries with the sampled token
             # among them, so k + 1 always holds the k best (see the module docstring)
@@ -397,25 +386,10 @@ class VLLMClient(HTTPEngineClient):
         finally:
             # /v1/completions has no abort endpoint: closing its stream is the abort
             if running and not finished and not completions:
-                if consumer_left:
-                    await self._abort_shielded(engine_id)
-                else:
-                    # the stream failed: the worker may be gone, so the error must not wait for it
-                    self._abort_in_background(engine_id)
+                await self._abort_unfinished(engine_id, consumer_left=consumer_left)
 
-    def _abort_in_background(self, engine_id: str) -> asyncio.Task[None]:
-        """Start the abort call; :meth:`aclose` waits for the ones still running."""
-        task = asyncio.ensure_future(self._abort_engine_id(engine_id))
-        self._pending_aborts.add(task)
-        task.add_done_callback(self._pending_aborts.discard)
-        return task
-
-    async def _abort_shielded(self, engine_id: str) -> None:
-        """Send the abort even when the caller is being cancelled (the caller's cancellation proceeds)."""
-        with contextlib.suppress(Exception):
-            await asyncio.shield(self._abort_in_background(engine_id))
-
-    async def _abort_engine_id(self, engine_id: str) -> None:
+    async def _send_abort(self, engine_id: str) -> None:
+        """``/inference/v1/abort_requests`` for the id vLLM runs the request under."""
         with contextlib.suppress(httpx.HTTPError):
             await self._http.post(
                 self.base_url + GENERATE_ABORT_PATH,
@@ -428,15 +402,21 @@ class VLLMClient(HTTPEngineClient):
         """Best effort: ``/inference/v1/abort_requests`` when the worker has the token-in API, else a
         no-op (``/v1/completions`` aborts when its stream closes, which the generator's ``finally`` does)."""
         if self.token_api:
-            await self._abort_engine_id(_GENERATE_ID_PREFIX + request_id)
-
-    async def aclose(self) -> None:
-        if self._pending_aborts:
-            await asyncio.gather(*self._pending_aborts, return_exceptions=True)
-        await super().aclose()
+            await self._send_abort(_GENERATE_ID_PREFIX + request_id)
 
 
 # ---------------------------------------------------------------------- wire helpers
+
+
+def _add_length_and_seed(params: dict[str, Any], s: SamplingParams) -> None:
+    """Add ``seed``, ``ignore_eos`` and ``min_tokens`` to a request's sampling fields, each only
+    when set (both vLLM endpoints take them under these names)."""
+    if s.seed is not None:
+        params["seed"] = s.seed
+    if s.ignore_eos:
+        params["ignore_eos"] = True
+    if s.min_new_tokens:
+        params["min_tokens"] = s.min_new_tokens
 
 
 def _max_model_len(models: dict[str, Any], model: str) -> int | None:

@@ -26,10 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, NoReturn, TypeVar
 
 from deepseek_frontend.formats._common import (
     NO_CALLS,
+    Message,
     PromptBuilder,
     ToolCall,
     build_segments,
@@ -64,15 +65,24 @@ _BEYOND_MAXIMUM = (
     "certain that no assumption remains unchecked and no error remains undiscovered.\n\n"
 )
 
-_TOOLS_TEMPLATE = (
-    """## Tools
+
+def tools_template(block: str = "tool_calls", invoke: str = "invoke", parameter: str = "parameter") -> str:
+    """The tools appendix of a V4-style family (``str.format`` syntax, see :attr:`Spellings.tools_template`).
+
+    ``block``, ``invoke`` and ``parameter`` are the family's DSML element names (V4.1
+    spells them `` calls``, `` invoke``, `` parameter``); the prose is otherwise the same.
+    """
+    return (
+        """## Tools
 
 You have access to a set of tools to help answer the user's question. \
-You can invoke tools by writing a "<{dsml}tool_calls>" block like the following:
+You can invoke tools by writing a "<{dsml}"""
+        + block
+        + """>" block like the following:
 
 """
-    + dsml_example("tool_calls", "TOOL_NAME")
-    + """
+        + dsml_example(block, "TOOL_NAME", invoke, parameter)
+        + """
 String parameters should be specified as is and set `string="true"`. \
 For all other types (numbers, booleans, arrays, objects), \
 pass the value in JSON format and set `string="false"`.
@@ -88,7 +98,10 @@ Otherwise, output directly after {think_end} with tool calls or final response.
 
 You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.
 """
-)
+    )
+
+
+_TOOLS_TEMPLATE = tools_template()
 
 
 @dataclass(frozen=True)
@@ -255,8 +268,21 @@ _KEPT_ROLES = frozenset({"user", "system", "tool", "latest_reminder", "direct_se
 
 def _drop_thinking(msgs: list[_Msg]) -> list[_Msg]:
     """Earlier turns lose their reasoning; developer/unknown messages before the last user go."""
-    last_user = last_user_index(msgs)
-    out: list[_Msg] = []
+    return drop_earlier_thinking(msgs, last_user_index(msgs))
+
+
+_M = TypeVar("_M", bound=Any)
+"""A family's message tuple (V4's or V4.1's ``_Msg``)."""
+
+
+def drop_earlier_thinking(msgs: list[_M], last_user: int) -> list[_M]:
+    """``msgs`` without what thinking mode hides before ``last_user`` (the family's last user turn).
+
+    Messages from ``last_user`` on, and those of a kept role, stay; earlier assistant
+    messages lose their reasoning; developer and unknown-role messages before it go.
+    Works for any message tuple with ``role`` and ``keep_reasoning`` fields (V4, V4.1).
+    """
+    out: list[_M] = []
     for i, m in enumerate(msgs):
         if i >= last_user or _is_kept(m.role):
             out.append(m)
@@ -316,23 +342,7 @@ class V4ChatFormat(ChatFormat):
                 f"must be one of {sorted(self.spellings.effort_prompts)}, got {reasoning_effort_profile!r}",
             )
         thinking = thinking_mode == "thinking"
-
-        ctx, ctx_tools = _fold(context, "context") if context else ([], False)
-        new, new_tools = _fold(messages, "messages")
-        full = ctx + new
-        _sort_tool_results(full)
-
-        # Tools anywhere switch dropping off, so tool-related reasoning stays visible.
-        drop = drop_thinking and not (ctx_tools or new_tools)
-        if thinking and drop:
-            full = _drop_thinking(full)
-            # Reference quirk (quirk:context-count, also pinned by untagged cases): the
-            # context's survivors are counted on the context alone. When the full
-            # conversation drops a context developer message that the context alone
-            # keeps, the first new messages are skipped. Reproduced for parity.
-            start = len(_drop_thinking(ctx))
-        else:
-            start = len(ctx)
+        full, start, drop = self._conversation(messages, context, thinking, drop_thinking)
 
         if start < len(full):
             # Checked only when something is rendered: the reference checks both
@@ -345,11 +355,39 @@ class V4ChatFormat(ChatFormat):
                     f"{reasoning_effort!r} is not accepted by the {reasoning_effort_profile!r} profile "
                     f"(allowed: {allowed})",
                 )
-        bos = add_default_bos_token and not ctx
+        bos = add_default_bos_token and not context  # no context: no folded context messages
         effort_text = prompts.get(reasoning_effort, "") if thinking else ""
         return build_segments(lambda out: self._render(out, full, start, bos, effort_text, thinking, drop))
 
     encode_messages = joined(render_prompt_segments)
+
+    # The family's message pipeline (a V4-style family replaces these with its own).
+    _fold = staticmethod(_fold)
+    _sort_tool_results = staticmethod(_sort_tool_results)
+    _drop_thinking = staticmethod(_drop_thinking)
+
+    def _conversation(
+        self, messages: Any, context: Any, thinking: bool, drop_thinking: bool
+    ) -> tuple[list[Any], int, bool]:
+        """``(full, start, drop)``: context and messages typed, folded and ordered (with
+        earlier thinking dropped when ``drop`` is on), the index of the first message to
+        render, and whether thinking is dropped (``drop_thinking`` and no tools anywhere).
+        """
+        ctx, ctx_tools = self._fold(context, "context") if context else ([], False)
+        new, new_tools = self._fold(messages, "messages")
+        full = ctx + new
+        self._sort_tool_results(full)
+
+        # Tools anywhere switch dropping off, so tool-related reasoning stays visible.
+        drop = drop_thinking and not (ctx_tools or new_tools)
+        if thinking and drop:
+            full = self._drop_thinking(full)
+            # Reference quirk (quirk:context-count, also pinned by untagged cases): the
+            # context's survivors are counted on the context alone. When the full
+            # conversation drops a context developer message that the context alone
+            # keeps, the first new messages are skipped. Reproduced for parity.
+            return full, len(self._drop_thinking(ctx)), drop
+        return full, len(ctx), drop
 
     # --- rendering ---------------------------------------------------------------------------
 
@@ -428,11 +466,7 @@ class V4ChatFormat(ChatFormat):
                 out.special(self._reminder)
                 add(checked_text(raw.get("content"), f"{m.path}.content"))
             else:
-                fail(
-                    f"{m.path}.role",
-                    f"unknown role {role!r} (expected system, developer, user, "
-                    "tool, assistant or latest_reminder)",
-                )
+                fail_unknown_role(m)
 
             # What follows the message: nothing when the next message opens itself;
             # otherwise a task token, or the assistant turn opener after user input.
@@ -483,6 +517,14 @@ class V4ChatFormat(ChatFormat):
                 value = _tool_result_text(m, block)
             texts.append(sp.tool_result_open + value + sp.tool_result_close)
         out.parts.append("\n\n".join(texts))
+
+
+def fail_unknown_role(m: Message) -> NoReturn:
+    """Refuse a message whose role the V4-style renderers do not know (V4 and V4.1 alike)."""
+    fail(
+        f"{m.path}.role",
+        f"unknown role {m.role!r} (expected system, developer, user, tool, assistant or latest_reminder)",
+    )
 
 
 def _block_text(m: _Msg, block: _Block) -> str:

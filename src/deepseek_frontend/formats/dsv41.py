@@ -59,35 +59,17 @@ from deepseek_frontend.formats._common import (
     read_tool_schemas,
     type_name,
 )
-from deepseek_frontend.formats._dsml import dsml_example, render_tool_calls
-from deepseek_frontend.formats.dsv4 import V4ChatFormat, V4Spellings, _is_kept
+from deepseek_frontend.formats._dsml import render_tool_calls
+from deepseek_frontend.formats.dsv4 import (
+    V4ChatFormat,
+    V4Spellings,
+    drop_earlier_thinking,
+    fail_unknown_role,
+    tools_template,
+)
 from deepseek_frontend.formats.segments import PromptSegment, join_segments
 
-_TOOLS_TEMPLATE = (
-    """## Tools
-
-You have access to a set of tools to help answer the user's question. \
-You can invoke tools by writing a "<{dsml} calls>" block like the following:
-
-"""
-    + dsml_example(" calls", "TOOL_NAME", " invoke", " parameter")
-    + """
-String parameters should be specified as is and set `string="true"`. \
-For all other types (numbers, booleans, arrays, objects), \
-pass the value in JSON format and set `string="false"`.
-
-If thinking_mode is enabled (triggered by {think_start}), you MUST output your complete reasoning \
-inside {think_start}...{think_end} BEFORE any tool calls or final response.
-
-Otherwise, output directly after {think_end} with tool calls or final response.
-
-### Available Tool Schemas
-
-{schemas}
-
-You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.
-"""
-)
+_TOOLS_TEMPLATE = tools_template(" calls", " invoke", " parameter")
 
 EFFORT_TABLES: Mapping[str, Mapping[str, int]] = {
     # The release encoder (2026-09-10): REASONING_EFFORT_MAPPINGS low/high/max.
@@ -415,14 +397,7 @@ def _last_user(msgs: list[_Msg]) -> int:
 
 def _drop_thinking(msgs: list[_Msg]) -> list[_Msg]:
     """Earlier turns lose their reasoning; developer/unknown messages before the last user go."""
-    last_user = _last_user(msgs)
-    out: list[_Msg] = []
-    for i, m in enumerate(msgs):
-        if i >= last_user or _is_kept(m.role):
-            out.append(m)
-        elif m.role == "assistant":
-            out.append(m._replace(keep_reasoning=False))
-    return out
+    return drop_earlier_thinking(msgs, _last_user(msgs))
 
 
 def _v41_arguments(call: ToolCall) -> dict[str, Any]:
@@ -451,6 +426,11 @@ class V41ChatFormat(V4ChatFormat):
     """The V4.1 renderer and parser for one spellings table."""
 
     spellings: V41Spellings
+
+    # V4.1's message pipeline, run by :meth:`V4ChatFormat._conversation`.
+    _fold = staticmethod(_fold)
+    _sort_tool_results = staticmethod(_sort_tool_results)
+    _drop_thinking = staticmethod(_drop_thinking)
 
     def __init__(self, spellings: V41Spellings, family: str = "deepseek_v41") -> None:
         super().__init__(spellings, family)
@@ -499,23 +479,14 @@ class V41ChatFormat(V4ChatFormat):
         message and field for every input the reference rejects.
         """
         thinking = thinking_mode == "thinking"
-        ctx, ctx_tools = _fold(context, "context") if context else ([], False)
-        new, new_tools = _fold(messages, "messages")
-        full = ctx + new
-        _sort_tool_results(full)
-        drop = drop_thinking and not (ctx_tools or new_tools)
-        if thinking and drop:
-            full = _drop_thinking(full)
-            start = len(_drop_thinking(ctx))
-        else:
-            start = len(ctx)
+        full, start, drop = self._conversation(messages, context, thinking, drop_thinking)
         budget = 0
         if start < len(full):
             # Validated per rendered message by the reference: nothing rendered, nothing checked.
             check_thinking_mode(thinking_mode)
             budget = self.effort_budget(reasoning_effort, reasoning_effort_profile)
         effort_text = self.spellings.effort_template.format(budget=budget) if thinking and budget else ""
-        bos = add_default_bos_token and not ctx
+        bos = add_default_bos_token and not context  # no context: no folded context messages
         records: list[Any] = []
 
         def render(out: PromptBuilder) -> None:
@@ -637,11 +608,7 @@ class V41ChatFormat(V4ChatFormat):
                     fail(f"{m.path}.content", "must be a string or a non-empty list of content parts")
                 self._write(out, _text_value(content, f"{m.path}.content", absent_ok=False), records)
             else:
-                fail(
-                    f"{m.path}.role",
-                    f"unknown role {role!r} (expected system, developer, user, tool, assistant or "
-                    "latest_reminder)",
-                )
+                fail_unknown_role(m)
             if index + 1 < n and full[index + 1].role not in ("assistant", "latest_reminder"):
                 continue
             if m.task is not None:

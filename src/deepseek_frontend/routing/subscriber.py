@@ -20,7 +20,6 @@ Ordering and recovery:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import Mapping
@@ -30,6 +29,7 @@ from urllib.parse import urlsplit
 import zmq
 import zmq.asyncio
 
+from deepseek_frontend._tasks import cancel_and_wait
 from deepseek_frontend.routing.events import (
     END_SEQUENCE,
     AllBlocksCleared,
@@ -157,9 +157,7 @@ class KvEventSubscriber:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
 
     # ------------------------------------------------------------------ loop

@@ -45,7 +45,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
@@ -128,7 +128,60 @@ def _id_array(ids: Sequence[int]) -> array:
     return array("i", ids)
 
 
-class RunCache:
+_K = TypeVar("_K")
+_E = TypeVar("_E")
+
+
+class _TimedCache(Generic[_K, _E]):
+    """What the tokenizer's caches share: an LRU ``OrderedDict`` (oldest use first) bounded in
+    bytes, with idle expiry, a lock and hit/miss counters. Thread-safe.
+
+    A subclass says what an entry is and how eviction reads its cost and last use
+    (:meth:`_evict`, called with the lock held).
+    """
+
+    def __init__(self, max_bytes: int, idle_s: float) -> None:
+        self.max_bytes = max_bytes
+        self.idle_s = idle_s
+        self._entries: OrderedDict[_K, _E] = OrderedDict()
+        self.bytes = 0
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def _insert(self, key: _K, entry: _E, cost: int, old_cost: int | None, now: float) -> None:
+        """Store ``entry`` (``cost`` bytes) as the most recent one and evict (lock held);
+        ``old_cost`` is the cost of the entry it replaces, already popped, if any."""
+        if old_cost is not None:
+            self.bytes -= old_cost
+        self._entries[key] = entry
+        self.bytes += cost
+        self._evict(now)
+
+    def _evict(self, now: float) -> None:
+        raise NotImplementedError
+
+    def expire_idle(self) -> None:
+        """Drop the entries unused for ``idle_s`` seconds (and any over the bounds)."""
+        with self._lock:
+            self._evict(time.monotonic())
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self.bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(entries={len(self._entries)}, bytes={self.bytes}, "
+            f"hits={self.hits}, misses={self.misses})"
+        )
+
+
+class RunCache(_TimedCache[str, tuple[array, int, float]]):
     """Bounded LRU of ``run text -> token ids``, sized in bytes and expiring idle entries. Thread-safe.
 
     An entry costs the run's string, its ids at 4 bytes each, and a fixed overhead; the
@@ -138,14 +191,8 @@ class RunCache:
     """
 
     def __init__(self, max_bytes: int = RUN_CACHE_BYTES, idle_s: float = CACHE_IDLE_SECONDS) -> None:
-        self.max_bytes = max_bytes
-        self.idle_s = idle_s
-        #: text -> (ids, cost in bytes, last use on the monotonic clock); oldest use first
-        self._entries: OrderedDict[str, tuple[array, int, float]] = OrderedDict()
-        self.bytes = 0
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
+        #: entries: text -> (ids, cost in bytes, last use on the monotonic clock)
+        super().__init__(max_bytes, idle_s)
 
     def get(self, text: str) -> array | None:
         now = time.monotonic()
@@ -166,11 +213,7 @@ class RunCache:
         now = time.monotonic()
         with self._lock:
             old = self._entries.pop(text, None)
-            if old is not None:
-                self.bytes -= old[1]
-            self._entries[text] = (_id_array(ids), cost, now)
-            self.bytes += cost
-            self._evict(now)
+            self._insert(text, (_id_array(ids), cost, now), cost, None if old is None else old[1], now)
 
     def _evict(self, now: float) -> None:
         """Drop idle entries, then least recently used ones down to the budget (lock held)."""
@@ -183,26 +226,8 @@ class RunCache:
             del entries[text]
             self.bytes -= cost
 
-    def expire_idle(self) -> None:
-        with self._lock:
-            self._evict(time.monotonic())
 
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self.bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __repr__(self) -> str:
-        return (
-            f"RunCache(entries={len(self._entries)}, bytes={self.bytes}, "
-            f"hits={self.hits}, misses={self.misses})"
-        )
-
-
-class PrefixCache:
+class PrefixCache(_TimedCache[tuple[PromptSegment, ...], "_PrefixEntry"]):
     """Recent prompts' segments and ids, found by the head of their conversation.
 
     An agent resends its whole conversation every turn. The entry for a prompt
@@ -226,14 +251,8 @@ class PrefixCache:
         max_bytes: int = PREFIX_CACHE_BYTES,
         idle_s: float = CACHE_IDLE_SECONDS,
     ) -> None:
+        super().__init__(max_bytes, idle_s)
         self.max_entries = max_entries
-        self.max_bytes = max_bytes
-        self.idle_s = idle_s
-        self._entries: OrderedDict[tuple[PromptSegment, ...], _PrefixEntry] = OrderedDict()
-        self.bytes = 0
-        self._lock = threading.Lock()
-        self.hits = 0
-        self.misses = 0
         #: ids served from the cache in all (a hit's reused prefix)
         self.reused_ids = 0
 
@@ -285,11 +304,7 @@ class PrefixCache:
         entry = _PrefixEntry(segments, _id_array(ids), special_pos, special_end, cost, now)
         with self._lock:
             old = self._entries.pop(key, None)
-            if old is not None:
-                self.bytes -= old.cost
-            self._entries[key] = entry
-            self.bytes += cost
-            self._evict(now)
+            self._insert(key, entry, cost, None if old is None else old.cost, now)
 
     def _evict(self, now: float) -> None:
         """Drop idle entries, then least recently used ones down to both bounds (lock held)."""
@@ -301,24 +316,6 @@ class PrefixCache:
                 break
             del entries[key]
             self.bytes -= oldest.cost
-
-    def expire_idle(self) -> None:
-        with self._lock:
-            self._evict(time.monotonic())
-
-    def clear(self) -> None:
-        with self._lock:
-            self._entries.clear()
-            self.bytes = 0
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def __repr__(self) -> str:
-        return (
-            f"PrefixCache(entries={len(self._entries)}, bytes={self.bytes}, "
-            f"hits={self.hits}, misses={self.misses})"
-        )
 
 
 class _PrefixEntry:

@@ -45,6 +45,7 @@ from deepseek_frontend.pipeline.chat import (
     merge_choices,
 )
 
+from ..adapters import length_controls
 from ..http import (
     EventStreamResponse,
     RequestTracker,
@@ -364,17 +365,8 @@ def map_sampling(body: Mapping[str, Any]) -> dict[str, Any]:
     out["seed"] = check_integer(body.get("seed"), "seed", default=None)
     out["stop"] = map_stop(body.get("stop"))
     out["n"] = check_integer(body.get("n"), "n", minimum=1, maximum=MAX_N, default=None) or 1
-    out.update(map_length_controls(body))
+    out["ignore_eos"], out["min_tokens"] = length_controls(body)
     return out
-
-
-def map_length_controls(body: Mapping[str, Any]) -> dict[str, Any]:
-    """``ignore_eos`` and ``min_tokens`` (vLLM's names, which benchmark clients send), as
-    :class:`ChatRequest` keyword arguments; every API accepts them under these names."""
-    return {
-        "ignore_eos": check_boolean(body.get("ignore_eos"), "ignore_eos", default=False),
-        "min_tokens": check_integer(body.get("min_tokens"), "min_tokens", minimum=0, default=0),
-    }
 
 
 def requested_model(body: Mapping[str, Any]) -> str | None:

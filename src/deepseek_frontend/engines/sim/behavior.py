@@ -162,34 +162,26 @@ class SimBehavior:
         )
 
 
+_SGLANG_RECIPE_GRAMMAR = SimBehavior(
+    grammar_backend="xgrammar",
+    context_length=1_048_576,
+    report_context_length=False,
+    speculative_algorithm="EAGLE",
+    speculative_num_steps=3,
+    speculative_eagle_topk=1,
+    speculative_num_draft_tokens=4,
+    deterministic_inference=False,
+    health_delay_s=1.0,
+)
+"""The recipe's SGLang worker as it launches now: tokenizer loaded, so xgrammar compiles grammars;
+EAGLE 3/1/4 (4 reserved output slots), no --enable-deterministic-inference, /health generating."""
+
 #: named behaviours (``sim-engine --behave NAME``, ``serve --sim-behave NAME``)
 PRESETS: dict[str, SimBehavior] = {
     # the kind default: every planned grammar enforced, seeds honoured, no limits, instant health
     "ideal": SimBehavior(),
-    # the recipe's original SGLang worker: --skip-tokenizer-init (no grammar backend), EAGLE 3/1/4
-    # (4 reserved output slots), no --enable-deterministic-inference, /health generating
-    "sglang-recipe": SimBehavior(
-        grammar_backend="xgrammar",
-        skip_tokenizer_init=True,
-        context_length=1_048_576,
-        report_context_length=False,
-        speculative_algorithm="EAGLE",
-        speculative_num_steps=3,
-        speculative_eagle_topk=1,
-        speculative_num_draft_tokens=4,
-        deterministic_inference=False,
-        health_delay_s=1.0,
-    ),
-    # the recipe's worker as it launches now: tokenizer loaded, so xgrammar compiles grammars
-    "sglang-recipe-grammar": SimBehavior(
-        grammar_backend="xgrammar",
-        context_length=1_048_576,
-        report_context_length=False,
-        speculative_algorithm="EAGLE",
-        speculative_num_steps=3,
-        speculative_eagle_topk=1,
-        speculative_num_draft_tokens=4,
-        deterministic_inference=False,
-        health_delay_s=1.0,
-    ),
+    # the recipe's original SGLang worker: the same but --skip-tokenizer-init (no grammar backend)
+    "sglang-recipe": replace(_SGLANG_RECIPE_GRAMMAR, skip_tokenizer_init=True),
+    # the recipe's worker as it launches now
+    "sglang-recipe-grammar": _SGLANG_RECIPE_GRAMMAR,
 }

@@ -37,6 +37,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from deepseek_frontend._tasks import cancel_and_wait
 from deepseek_frontend.routing.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -153,9 +154,7 @@ class KvEventPublisher:
 
     async def aclose(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait(self._task)
             self._task = None
         self._pub.close(linger=0)
         if self._replay is not None:
