@@ -21,26 +21,5 @@ package :mod:`deepseek_frontend.pipeline`.
 
 from deepseek_frontend.api.app import create_app
 from deepseek_frontend.api.config import ServerConfig
-from deepseek_frontend.pipeline import (
-    ChatPipeline,
-    ChatRequest,
-    ChoiceAccumulator,
-    ChoiceStream,
-    PipelineChunk,
-    PreparedRequest,
-    StreamEnd,
-    Usage,
-)
 
-__all__ = [
-    "ChatPipeline",
-    "ChatRequest",
-    "ChoiceAccumulator",
-    "ChoiceStream",
-    "PipelineChunk",
-    "PreparedRequest",
-    "ServerConfig",
-    "StreamEnd",
-    "Usage",
-    "create_app",
-]
+__all__ = ["ServerConfig", "create_app"]
