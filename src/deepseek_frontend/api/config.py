@@ -18,6 +18,7 @@ from typing import Literal
 
 from deepseek_frontend.errors import ModelNotFoundError, UnsupportedModelError
 from deepseek_frontend.images import ImageOptions
+from deepseek_frontend.pipeline.chat import OFFLOAD_MIN_CHARS, OFFLOAD_THREADS
 from deepseek_frontend.routing.options import router_config_from_args
 from deepseek_frontend.routing.router import RouterConfig
 from deepseek_frontend.tokenization import CACHE_IDLE_SECONDS, PREFIX_CACHE_BYTES, RUN_CACHE_BYTES
@@ -78,8 +79,8 @@ class ServingLimits:
     #: open client connections at most (file descriptors)
     max_connections: int = 8192
     #: threads rendering and tokenizing long prompts, and the size (characters) that sends one there
-    offload_threads: int = 2
-    offload_min_chars: int = 16_384
+    offload_threads: int = OFFLOAD_THREADS
+    offload_min_chars: int = OFFLOAD_MIN_CHARS
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServingLimits:

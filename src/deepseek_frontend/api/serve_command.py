@@ -18,7 +18,11 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from deepseek_frontend.api.config import ServingLimits
 from deepseek_frontend.tokenization import CACHE_IDLE_SECONDS, PREFIX_CACHE_BYTES, RUN_CACHE_BYTES
+
+#: the limits flags' defaults: ServingLimits is their one definition
+LIMIT_DEFAULTS = ServingLimits()
 
 HELP = "run the OpenAI-compatible HTTP server over SGLang / vLLM workers (or the built-in simulated engine)"
 
@@ -190,81 +194,83 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     limits.add_argument(
         "--max-concurrent-requests",
         type=int,
-        default=1024,
-        help="requests served at once; more wait in a short queue (default: 1024)",
+        default=LIMIT_DEFAULTS.max_concurrent_requests,
+        help="requests served at once; more wait in a short queue (default: %(default)g)",
     )
     limits.add_argument(
         "--max-queued-requests",
         type=int,
-        default=256,
-        help="requests that may wait for a slot; beyond it a 429 with Retry-After at once (default: 256)",
+        default=LIMIT_DEFAULTS.max_queued_requests,
+        help="requests that may wait for a slot; beyond it a 429 with Retry-After at once "
+        "(default: %(default)g)",
     )
     limits.add_argument(
         "--queue-timeout",
         type=float,
-        default=10.0,
-        help="seconds a request may wait for a slot (a request or worker slot) before its 429 (default: 10)",
+        default=LIMIT_DEFAULTS.queue_timeout,
+        help="seconds a request may wait for a slot (a request or worker slot) before its 429 "
+        "(default: %(default)g)",
     )
     limits.add_argument(
         "--max-requests-per-worker",
         type=int,
-        default=1024,
+        default=LIMIT_DEFAULTS.max_requests_per_worker,
         help="engine requests one worker runs at once; the engine client's connection pool is sized to "
-        "match (default: 1024)",
+        "match (default: %(default)g)",
     )
     limits.add_argument(
         "--first-token-timeout",
         type=float,
-        default=600.0,
+        default=LIMIT_DEFAULTS.first_token_timeout,
         help="seconds a worker may take to the first token (a 1M-token prefill takes minutes); then the "
-        "request is aborted and the client gets a 504 (default: 600)",
+        "request is aborted and the client gets a 504 (default: %(default)g)",
     )
     limits.add_argument(
         "--idle-timeout",
         type=float,
-        default=60.0,
+        default=LIMIT_DEFAULTS.idle_timeout,
         help="seconds a started stream may go without output from its worker; then it is aborted and "
-        "ends with an error event (default: 60)",
+        "ends with an error event (default: %(default)g)",
     )
     limits.add_argument(
         "--request-timeout",
         type=float,
-        default=3600.0,
-        help="seconds one engine request may take in all (default: 3600)",
+        default=LIMIT_DEFAULTS.request_timeout,
+        help="seconds one engine request may take in all (default: %(default)g)",
     )
     limits.add_argument(
         "--header-timeout",
         type=float,
-        default=10.0,
+        default=LIMIT_DEFAULTS.header_timeout,
         help="seconds a client may take to send its request line and headers; then 408 and the "
-        "connection is closed (default: 10)",
+        "connection is closed (default: %(default)g)",
     )
     limits.add_argument(
         "--body-timeout",
         type=float,
-        default=60.0,
+        default=LIMIT_DEFAULTS.body_timeout,
         help="seconds a client may take to send its request body; then 408 and the connection is "
-        "closed (default: 60)",
+        "closed (default: %(default)g)",
     )
     limits.add_argument(
         "--max-connections",
         type=int,
-        default=8192,
-        help="open client connections at most; a new one beyond it gets a 503 at once (default: 8192, "
+        default=LIMIT_DEFAULTS.max_connections,
+        help="open client connections at most; a new one beyond it gets a 503 at once (default: %(default)g, "
         "capped by the open-files limit)",
     )
     limits.add_argument(
         "--offload-threads",
         type=int,
-        default=2,
-        help="threads that render and tokenize long prompts off the event loop (default: 2)",
+        default=LIMIT_DEFAULTS.offload_threads,
+        help="threads that render and tokenize long prompts off the event loop (default: %(default)g)",
     )
     limits.add_argument(
         "--offload-min-chars",
         type=int,
-        default=16_384,
+        default=LIMIT_DEFAULTS.offload_min_chars,
         help="requests with at least this many characters of text are prepared on those threads "
-        "(default: 16384)",
+        "(default: %(default)g)",
     )
 
     images = parser.add_argument_group("images (DeepSeek-V4.1; docs/serving.md, 'Images')")
