@@ -57,6 +57,12 @@ async def connected(index: KvIndex, publisher: KvEventPublisher, **kw: float) ->
         index, KvEventSource(SRC[0], 0, publisher.endpoint, publisher.replay_endpoint), **kw
     )
     sub.start()
+    await joined(sub, publisher)
+    return sub
+
+
+async def joined(sub: KvEventSubscriber, publisher: KvEventPublisher) -> None:
+    """Wait until ``sub`` receives live batches, probing with no-op batches (see :func:`connected`)."""
     await asyncio.wait_for(sub.ready.wait(), 10)
     for _ in range(200):
         if sub.stats.batches:
@@ -64,7 +70,6 @@ async def connected(index: KvIndex, publisher: KvEventPublisher, **kw: float) ->
         publisher.publish([BlockRemoved((-1,))])
         await asyncio.sleep(0.05)
     assert sub.stats.batches, "the subscriber never received a batch"
-    return sub
 
 
 async def rebind(endpoint: str, replay: str | None) -> KvEventPublisher:
@@ -212,8 +217,7 @@ def test_all_blocks_cleared_and_a_worker_leaving_drop_its_blocks() -> None:
             )
         )
         router.worker_added(SRC[0])
-        sub = router.subscribers()[SRC[0]][0]
-        await asyncio.wait_for(sub.ready.wait(), 10)
+        await joined(router.subscribers()[SRC[0]][0], pub)
         try:
             prompt = ids(PAGE * 4, 1)
             cache.insert(prompt)
