@@ -447,15 +447,16 @@ def test_faults_can_be_switched_while_the_server_runs(tokenizer: Any) -> None:
         async with serve_app(sim_app(tokenizer)) as url, httpx.AsyncClient() as http:
             client = SGLangClient(url)
             ids = prompt_ids("write 30 words")
-            await collect(client, request_for(ids))
+            await collect(client, request_for(ids, rid="before"))
             set_fault = await http.post(
                 url + "/sim/fault", json={"fail_after": 3, "fail_mode": "error-event"}
             )
             assert set_fault.json() == {"fail_after": 3, "fail_mode": "error-event"}
             with pytest.raises(EngineStreamError, match="simulated failure after 3 tokens"):
-                await collect(client, request_for(ids))
+                await collect(client, request_for(ids, rid="failing"))
             await http.post(url + "/sim/fault", json={"fail_after": None})
-            out, _ = await collect(client, request_for(ids))
+            # its own id: the failed request's abort is still on its way and names "failing"
+            out, _ = await collect(client, request_for(ids, rid="after"))
             assert len(out) > 30
             stats = (await http.get(url + "/sim/stats")).json()
             assert (stats["finished"], stats["failed"], stats["aborted"]) == (2, 1, 0)

@@ -12,7 +12,6 @@ import random
 import time
 from collections.abc import AsyncIterator
 
-import httpx
 import pytest
 
 from deepseek_frontend.api.admission import Admission
@@ -66,18 +65,13 @@ def test_a_queued_request_is_refused_when_its_wait_times_out() -> None:
 # --------------------------------------------------------------------------- SSE lines
 
 
-class _Body(httpx.AsyncByteStream):
-    def __init__(self, parts: list[bytes]) -> None:
-        self.parts = parts
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        for part in self.parts:
-            yield part
+async def _body(parts: list[bytes]) -> AsyncIterator[bytes]:
+    for part in parts:
+        yield part
 
 
 async def _lines(parts: list[bytes], limit: int | None = None) -> list[bytes]:
-    response = httpx.Response(200, stream=_Body(parts))
-    return [data async for data in iter_sse_data(response, limit)]
+    return [data async for data in iter_sse_data(_body(parts), limit)]
 
 
 def test_sse_lines_split_across_reads_are_joined() -> None:

@@ -18,7 +18,7 @@ from typing import Literal
 
 from deepseek_frontend.errors import ModelNotFoundError, UnsupportedModelError
 from deepseek_frontend.images import ImageOptions
-from deepseek_frontend.pipeline.chat import OFFLOAD_MIN_CHARS, OFFLOAD_THREADS
+from deepseek_frontend.pipeline.chat import OFFLOAD_MIN_CHARS, OFFLOAD_PREPARE_CHARS, OFFLOAD_THREADS
 from deepseek_frontend.routing.options import router_config_from_args
 from deepseek_frontend.routing.router import RouterConfig
 from deepseek_frontend.tokenization import CACHE_IDLE_SECONDS, PREFIX_CACHE_BYTES, RUN_CACHE_BYTES
@@ -78,9 +78,11 @@ class ServingLimits:
     body_timeout: float = 60.0
     #: open client connections at most (file descriptors)
     max_connections: int = 8192
-    #: threads rendering and tokenizing long prompts, and the size (characters) that sends one there
+    #: threads tokenizing long prompts; uncached characters that send a prompt's tokenizing there;
+    #: characters that send a whole request's preparation (rendering included) there
     offload_threads: int = OFFLOAD_THREADS
     offload_min_chars: int = OFFLOAD_MIN_CHARS
+    offload_prepare_chars: int = OFFLOAD_PREPARE_CHARS
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServingLimits:

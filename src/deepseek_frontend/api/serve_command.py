@@ -263,14 +263,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--offload-threads",
         type=int,
         default=LIMIT_DEFAULTS.offload_threads,
-        help="threads that render and tokenize long prompts off the event loop (default: %(default)g)",
+        help="threads that render and tokenize long prompts off the event loop, at a lower CPU "
+        "priority than the event loop (default: %(default)g)",
     )
     limits.add_argument(
         "--offload-min-chars",
         type=int,
         default=LIMIT_DEFAULTS.offload_min_chars,
-        help="requests with at least this many characters of text are prepared on those threads "
-        "(default: %(default)g)",
+        help="a prompt with at least this many characters of text the prompt caches do not hold is "
+        "tokenized on those threads (default: %(default)g)",
+    )
+    limits.add_argument(
+        "--offload-prepare-chars",
+        type=int,
+        default=LIMIT_DEFAULTS.offload_prepare_chars,
+        help="a request with at least this many characters of text is rendered on those threads "
+        "too (default: %(default)g)",
     )
 
     images = parser.add_argument_group("images (DeepSeek-V4.1; docs/serving.md, 'Images')")

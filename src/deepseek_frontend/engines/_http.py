@@ -1,4 +1,11 @@
-"""What the HTTP engine clients (SGLang, vLLM) share: the connection pool, SSE reading, failure mapping.
+"""What the HTTP engine clients (SGLang, vLLM) share: the connection pools, SSE reading, failure mapping.
+
+Two HTTP libraries, each where it fits: the generate streams -- one per request, hundreds open at
+once -- go through an ``aiohttp`` session (:class:`StreamSession`), whose connection pool hands out a
+keep-alive connection in constant time; control calls (health probes, aborts, server info) use
+``httpx``. httpx's pool scans every pooled connection, and probes each idle one's socket with a
+system call, on every request it starts: with 256 streams to a worker that scan was half of the
+event loop's time in a burst (measured with py-spy, ``benchmarks/bench_serving.py --burst``).
 
 Both clients POST a JSON body and read an SSE stream of JSON chunks. The failure mapping is the same for
 both (see :mod:`deepseek_frontend.errors`), so it lives here once:
@@ -25,9 +32,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from typing import Any, ClassVar, NoReturn
 
+import aiohttp
 import httpx
 import orjson
 
@@ -48,8 +56,12 @@ CONTROL_TIMEOUT_S = 5.0
 _SSE_HEADERS = {"content-type": "application/json", "accept": "text/event-stream"}
 
 
-class SSELineTooLongError(httpx.RemoteProtocolError):
+class SSELineTooLongError(aiohttp.ClientPayloadError):
     """A worker sent an SSE line longer than the limit (a broken or hostile worker)."""
+
+
+#: what the HTTP libraries raise for a worker that cannot be reached or a stream that broke
+HTTP_ERRORS: tuple[type[Exception], ...] = (httpx.HTTPError, aiohttp.ClientError)
 
 
 def new_http_client(max_connections: int = MAX_CONNECTIONS) -> httpx.AsyncClient:
@@ -62,6 +74,39 @@ def new_http_client(max_connections: int = MAX_CONNECTIONS) -> httpx.AsyncClient
         timeout=httpx.Timeout(CONNECT_TIMEOUT_S, read=None),
         trust_env=False,
     )
+
+
+class StreamSession:
+    """The connection pool of the generate streams: one ``aiohttp.ClientSession`` (see the module
+    docstring for why not httpx), at most ``max_connections`` connections.
+
+    The session is made on first use, inside the running event loop (aiohttp binds a session to its
+    loop); used from another loop later (tests run one per test) it is replaced. No read timeout: a
+    stream may pause for a long prefill, and the pool's watchdog owns the deadlines.
+    """
+
+    def __init__(self, max_connections: int = MAX_CONNECTIONS) -> None:
+        self.max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._loop is not loop or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0),
+                timeout=aiohttp.ClientTimeout(total=None, connect=CONNECT_TIMEOUT_S, sock_read=None),
+                trust_env=False,
+                auto_decompress=False,
+            )
+            self._loop = loop
+        return self._session
+
+    async def aclose(self) -> None:
+        """Close the session (and its connections) if it belongs to the running loop."""
+        session, self._session = self._session, None
+        if session is not None and not session.closed and self._loop is asyncio.get_running_loop():
+            await session.close()
 
 
 #: HTTP statuses in the 4xx range that speak about the worker, not the request: retry elsewhere
@@ -119,21 +164,24 @@ def error_message(body: bytes, fallback: str) -> str:
     return fallback
 
 
-async def iter_sse_data(response: httpx.Response, max_line_bytes: int | None = None) -> AsyncIterator[bytes]:
-    """The ``data:`` payloads of an SSE body, as bytes (no text decoding: orjson reads bytes).
+async def iter_sse_data(
+    body: AsyncIterable[bytes], max_line_bytes: int | None = None
+) -> AsyncIterator[bytes]:
+    """The ``data:`` payloads of an SSE body (its bytes as they arrive), as bytes (no text decoding:
+    orjson reads bytes).
 
     Only ``data`` fields matter for these engines; comments and other fields are skipped.
     Lines end with ``\\n`` (``\\r\\n`` tolerated). A trailing line without a newline is kept.
 
     Work and memory are linear in the body: the unfinished tail of a line is kept as a list of
     pieces and joined once, when its newline arrives. A line longer than ``max_line_bytes``
-    (default :data:`MAX_SSE_LINE_BYTES`) raises :class:`SSELineTooLongError` -- an
-    ``httpx.HTTPError``, so the clients treat it as the broken stream it is.
+    (default :data:`MAX_SSE_LINE_BYTES`) raises :class:`SSELineTooLongError` -- one of
+    :data:`HTTP_ERRORS`, so the clients treat it as the broken stream it is.
     """
     limit = MAX_SSE_LINE_BYTES if max_line_bytes is None else max_line_bytes
     pending: list[bytes] = []
     pending_size = 0
-    async for raw in response.aiter_bytes():
+    async for raw in body:
         start = 0
         while True:
             end = raw.find(b"\n", start)
@@ -224,54 +272,66 @@ class StreamProgress:
 
 @contextlib.asynccontextmanager
 async def open_event_stream(
-    http: httpx.AsyncClient, name: str, url: str, body: bytes
-) -> AsyncIterator[httpx.Response]:
-    """POST the JSON ``body`` to ``url`` and hold its SSE response open (status 200 checked).
+    streams: StreamSession, name: str, url: str, body: bytes
+) -> AsyncIterator[AsyncIterator[bytes]]:
+    """POST the JSON ``body`` to ``url`` and hold its SSE response open (status 200 checked); the
+    block gets the response body's bytes as they arrive.
 
     Raises, before the body is entered: :class:`EngineUnavailableError` when the worker cannot be reached
     or answers 5xx / 408 / 429 (or any other non-200), :class:`EngineRejectedRequestError` with the
-    worker's status and message for any other 4xx. Leaving the block closes the HTTP
-    stream -- which engines treat as an abort of an unfinished request.
+    worker's status and message for any other 4xx. Leaving the block before the body's end closes
+    the connection -- which engines treat as an abort of an unfinished request; a body read to its
+    end leaves the connection in the pool.
     """
     try:
-        stream_cm = http.stream("POST", url, content=body, headers=_SSE_HEADERS)
-        response = await stream_cm.__aenter__()
-    except httpx.HTTPError as exc:
+        response = await streams.session().post(url, data=body, headers=_SSE_HEADERS)
+    except aiohttp.ClientError as exc:
         raise EngineUnavailableError(f"{name}: cannot reach worker: {exc!r}") from exc
     try:
-        if response.status_code != 200:
+        if response.status != 200:
             try:
-                text = await response.aread()
-            except httpx.HTTPError as exc:
+                text = await response.read()
+            except aiohttp.ClientError as exc:
                 raise EngineUnavailableError(f"{name}: stream broke: {exc!r}") from exc
-            message = error_message(text, f"HTTP {response.status_code}")
-            if is_client_status(response.status_code):  # the engine's own validation
+            message = error_message(text, f"HTTP {response.status}")
+            if is_client_status(response.status):  # the engine's own validation
                 raise EngineRejectedRequestError(
-                    f"the engine rejected the request: {message}", status_code=response.status_code
+                    f"the engine rejected the request: {message}", status_code=response.status
                 )
-            raise EngineUnavailableError(f"{name}: HTTP {response.status_code}: {message}")
-        yield response
+            raise EngineUnavailableError(f"{name}: HTTP {response.status}: {message}")
+        yield response.content.iter_any()
     finally:
-        await stream_cm.__aexit__(None, None, None)
+        if not response.content.at_eof():
+            response.close()  # unread body: drop the connection (the worker aborts the request)
+        response.release()
 
 
 class HTTPEngineClient(EngineClient):
     """A client of one worker at ``base_url`` over HTTP (the SGLang and vLLM clients).
 
-    ``http`` may be shared between clients (the pool does); a client only closes an
-    ``httpx.AsyncClient`` it created itself. :meth:`check_health` is ``GET`` :attr:`health_path`
-    answering 200 within ``control_timeout_s`` seconds.
+    ``http`` (control calls) and ``streams`` (generate streams) may be shared between clients (the
+    pool does); a client only closes the ones it created itself. :meth:`check_health` is ``GET``
+    :attr:`health_path` answering 200 within ``control_timeout_s`` seconds.
     """
 
     #: the path whose 200 answer means the worker can generate
     health_path: ClassVar[str]
 
-    def __init__(self, base_url: str, *, http: httpx.AsyncClient | None, control_timeout_s: float) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        http: httpx.AsyncClient | None,
+        streams: StreamSession | None,
+        control_timeout_s: float,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.name = self.base_url
         self.control_timeout_s = control_timeout_s
         self._own_http = http is None
         self._http = http or new_http_client()
+        self._own_streams = streams is None
+        self._streams = streams or StreamSession()
         #: abort calls started in the background; :meth:`aclose` waits for them
         self._pending_aborts: set[asyncio.Task[None]] = set()
 
@@ -318,3 +378,5 @@ class HTTPEngineClient(EngineClient):
             await asyncio.gather(*self._pending_aborts, return_exceptions=True)
         if self._own_http:
             await self._http.aclose()
+        if self._own_streams:
+            await self._streams.aclose()

@@ -65,7 +65,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from deepseek_frontend._tasks import cancel_and_wait
-from deepseek_frontend.engines._http import new_http_client
+from deepseek_frontend.engines._http import StreamSession, new_http_client
 from deepseek_frontend.engines.base import (
     ConstraintKind,
     EngineChunk,
@@ -326,6 +326,7 @@ class WorkerPool:
         self._tasks: list[asyncio.Task[None]] = []
         self._dns_sources: list[_DnsSource] = []
         self._owned_http: httpx.AsyncClient | None = None
+        self._owned_streams: StreamSession | None = None
         self._caps_key: tuple[tuple[int, bool], ...] | None = None
         self._caps: WorkerCapabilities | None = None
         self._caps_refs: list[WorkerCapabilities | None] = []
@@ -827,6 +828,8 @@ class WorkerPool:
         await asyncio.gather(*(w.client.aclose() for w in self._workers), return_exceptions=True)
         if self._owned_http is not None:
             await self._owned_http.aclose()
+        if self._owned_streams is not None:
+            await self._owned_streams.aclose()
 
 
 @dataclass(slots=True)
@@ -872,17 +875,20 @@ def from_urls(
     # connections keep probes and aborts from queueing behind streams (a probe stuck there would
     # eject a healthy worker).
     shared = http or new_http_client(limits.max_in_flight + CONTROL_CONNECTIONS)
+    streams = StreamSession(limits.max_in_flight + CONTROL_CONNECTIONS)
     probe_timeout_s = float(pool_options.get("health_timeout_s", HEALTH_TIMEOUT_S))  # type: ignore[arg-type]
 
     def factory(url: str) -> EngineClient:
         if engine == "sglang":
-            return SGLangClient(url, http=shared, cumulative=cumulative, probe_timeout_s=probe_timeout_s)
+            return SGLangClient(
+                url, http=shared, streams=streams, cumulative=cumulative, probe_timeout_s=probe_timeout_s
+            )
         if engine == "vllm":
             from deepseek_frontend.engines.vllm import VLLMClient
 
             if not model:
                 raise ValueError("vLLM workers need the served model name (model=...)")
-            return VLLMClient(url, model=model, http=shared, grammar=vllm_grammar)
+            return VLLMClient(url, model=model, http=shared, streams=streams, grammar=vllm_grammar)
         raise ValueError(f"unknown engine {engine!r} (expected 'sglang' or 'vllm')")
 
     pool = WorkerPool([factory(u) for u in urls if not u.startswith("dns+")], **pool_options)  # type: ignore[arg-type]
@@ -891,4 +897,5 @@ def from_urls(
             pool.add_dns_source(url, factory)
     if http is None:
         pool._owned_http = shared
+    pool._owned_streams = streams
     return pool

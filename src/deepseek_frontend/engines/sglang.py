@@ -50,8 +50,10 @@ import orjson
 
 from deepseek_frontend.engines._http import (
     CONTROL_TIMEOUT_S,
+    HTTP_ERRORS,
     HTTPEngineClient,
     StreamProgress,
+    StreamSession,
     is_client_status,
     iter_sse_data,
     new_http_client,
@@ -256,10 +258,10 @@ def _logprobs(meta: dict[str, Any], count: int) -> list[TokenLogprob] | None:
 async def _drain(events: AsyncIterator[bytes]) -> None:
     """Read what follows the finish chunk (``[DONE]``) so the connection can be reused.
 
-    Closing a response with unread body makes httpx drop the keep-alive connection, and a
-    frontend streaming hundreds of requests would then open one TCP connection per request.
+    Closing a response with unread body drops the keep-alive connection, and a frontend
+    streaming hundreds of requests would then open one TCP connection per request.
     """
-    with contextlib.suppress(httpx.HTTPError):
+    with contextlib.suppress(*HTTP_ERRORS):
         # To the end of the body, not just to [DONE]: the chunked-encoding terminator follows it,
         # and a response closed before that is not reusable either. (The pool bounds this wait.)
         async for _ in events:
@@ -283,11 +285,12 @@ class SGLangClient(HTTPEngineClient):
         base_url: str,
         *,
         http: httpx.AsyncClient | None = None,
+        streams: StreamSession | None = None,
         cumulative: bool | None = None,
         control_timeout_s: float = CONTROL_TIMEOUT_S,
         probe_timeout_s: float = PROBE_TIMEOUT_S,
     ) -> None:
-        super().__init__(base_url, http=http, control_timeout_s=control_timeout_s)
+        super().__init__(base_url, http=http, streams=streams, control_timeout_s=control_timeout_s)
         self.cumulative = cumulative
         self.probe_timeout_s = probe_timeout_s
         self.capabilities: WorkerCapabilities | None = None
@@ -335,11 +338,11 @@ class SGLangClient(HTTPEngineClient):
         consumer_left = False
         try:
             async with open_event_stream(
-                self._http, self.name, self.base_url + "/generate", body
-            ) as response:
+                self._streams, self.name, self.base_url + "/generate", body
+            ) as response_body:
                 running = True
                 try:
-                    events = iter_sse_data(response)
+                    events = iter_sse_data(response_body)
                     async for data in events:
                         if data == b"[DONE]":
                             break
@@ -384,7 +387,7 @@ class SGLangClient(HTTPEngineClient):
                             await _drain(events)
                             return
                     raise progress.broken("stream ended without a finish reason")
-                except httpx.HTTPError as exc:
+                except HTTP_ERRORS as exc:
                     raise progress.broken(f"stream broke: {exc!r}") from exc
         except (GeneratorExit, asyncio.CancelledError):
             consumer_left = True

@@ -55,8 +55,10 @@ import orjson
 
 from deepseek_frontend.engines._http import (
     CONTROL_TIMEOUT_S,
+    HTTP_ERRORS,
     HTTPEngineClient,
     StreamProgress,
+    StreamSession,
     iter_sse_data,
     open_event_stream,
     sampling_fields,
@@ -113,12 +115,13 @@ class VLLMClient(HTTPEngineClient):
         *,
         model: str,
         http: httpx.AsyncClient | None = None,
+        streams: StreamSession | None = None,
         grammar: bool | None = None,
         token_api: bool | None = None,
         max_logprobs: int = VLLM_MAX_LOGPROBS,
         control_timeout_s: float = CONTROL_TIMEOUT_S,
     ) -> None:
-        super().__init__(base_url, http=http, control_timeout_s=control_timeout_s)
+        super().__init__(base_url, http=http, streams=streams, control_timeout_s=control_timeout_s)
         self.model = model
         self.grammar = grammar
         self.token_api = token_api
@@ -332,10 +335,11 @@ class VLLMClient(HTTPEngineClient):
         running = finished = consumer_left = False
         try:
             # leaving the block closes the stream, which vLLM also treats as an abort
-            async with open_event_stream(self._http, self.name, self.base_url + path, body) as response:
+            url = self.base_url + path
+            async with open_event_stream(self._streams, self.name, url, body) as response_body:
                 running = True
                 try:
-                    async for data in iter_sse_data(response):
+                    async for data in iter_sse_data(response_body):
                         if data == b"[DONE]":
                             break
                         if not data:
@@ -378,7 +382,7 @@ class VLLMClient(HTTPEngineClient):
                     if held is None:
                         raise progress.broken("stream ended without a finish reason")
                     yield held
-                except httpx.HTTPError as exc:
+                except HTTP_ERRORS as exc:
                     raise progress.broken(f"stream broke: {exc!r}") from exc
         except (GeneratorExit, asyncio.CancelledError):
             consumer_left = True

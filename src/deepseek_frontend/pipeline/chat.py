@@ -73,7 +73,7 @@ if TYPE_CHECKING:
     from deepseek_frontend.api.config import ServerConfig
     from deepseek_frontend.api.metrics import FrontendMetrics
     from deepseek_frontend.formats.segments import PromptSegment
-    from deepseek_frontend.tokenization import PromptTokenizer
+    from deepseek_frontend.tokenization import PendingEncoding, PromptTokenizer
 
 log = logging.getLogger("deepseek_frontend.api")
 
@@ -346,12 +346,14 @@ class ChatPipeline:
         self._special_token_ids: frozenset[int] | None = None
         #: whether the "workers ignore seeds" warning was logged (once per pipeline)
         self._seed_warned = False
-        #: requests with at least this many characters of text are prepared off the event loop
         limits = getattr(config, "limits", None)
+        #: prompts with at least this many characters of uncached text are tokenized off the event loop
         self.offload_min_chars: int = getattr(limits, "offload_min_chars", OFFLOAD_MIN_CHARS)
+        #: requests with at least this many characters of text are also rendered off the event loop
+        self.offload_prepare_chars: int = getattr(limits, "offload_prepare_chars", OFFLOAD_PREPARE_CHARS)
         self.offload = OffloadPool(getattr(limits, "offload_threads", OFFLOAD_THREADS))
         #: turns for the short prompts prepared on the event loop (bursts queue instead of stalling it)
-        self.turns = LoopTurns()
+        self.turns = LoopTurns(LOOP_TURN_SLOTS)
         #: most characters one token can stand for: a lower bound of tokens is chars / this
         self.max_token_chars: int | None = _max_token_chars(tokenizer)
 
@@ -378,22 +380,45 @@ class ChatPipeline:
         ``ContextLengthError``, ``RequestError`` (bad tool_choice / response_format)
         and ``UnsupportedFeatureError`` (a constraint the engine cannot enforce).
         """
+        draft = self._draft(req)
+        draft.encode()
+        return self._complete(draft)
+
+    def count_prompt_tokens(self, req: ChatRequest) -> int:
+        """Tokens of the prompt ``prepare`` would send (image placeholders expanded), without
+        context-length or engine checks."""
+        draft = self._draft(req, for_count=True)
+        draft.encode()
+        return len(self.tokenizer.finish_encoding(draft.encoding)) + _image_handoff(draft.images)[1]
+
+    def _draft(self, req: ChatRequest, *, for_count: bool = False) -> _Draft:
+        """Render ``req`` and resolve what the prompt caches know of its ids (no tokenizing)."""
         from deepseek_frontend.formats import continues_assistant
 
         started = time.perf_counter()
         tools = prompt_tools(req)
-        continues = continues_assistant(list(req.messages))
-        preopened = self._preopened_block(req, tools)
+        preopened = None if for_count else self._preopened_block(req, tools)
         images: list[Any] = []
         if preopened is None:
             segments = self.renderer.render(req, images)
         else:
             render_req, opening = preopened
             segments = [*self.renderer.render(render_req, images), *opening]
-        # a prompt over the context is refused below: it must not fill the caches on its way
-        input_ids = self.tokenizer.encode_segments(segments, cache_limit=self.context_length())
+        # a prompt over the context is refused later: it must not fill the caches on its way
+        encoding = self.tokenizer.start_encoding(
+            segments, cache_limit=None if for_count else self.context_length()
+        )
+        draft = _Draft(req, tools, continues_assistant(list(req.messages)), preopened, images, encoding)
+        draft.seconds = time.perf_counter() - started
+        return draft
+
+    def _complete(self, draft: _Draft) -> PreparedRequest:
+        """The :class:`PreparedRequest` of an encoded draft: ids, length checks, sampling."""
+        req, tools, preopened, images = draft.request, draft.tools, draft.preopened, draft.images
+        started = time.perf_counter()
+        input_ids = self.tokenizer.finish_encoding(draft.encoding)
         if self.metrics is not None:
-            self.metrics.tokenization.observe(time.perf_counter() - started)
+            self.metrics.tokenization.observe(draft.seconds + time.perf_counter() - started)
 
         handoff, extra = _image_handoff(images)
         if handoff:
@@ -406,46 +431,59 @@ class ChatPipeline:
             input_ids=input_ids,
             sampling=sampling,
             tools=tools,
-            continues_assistant=continues,
+            continues_assistant=draft.continues,
             opened_block="".join(seg[0] for seg in preopened[1]).lstrip("\n") if preopened else "",
             images=handoff,
             image_extra_tokens=extra,
         )
 
-    def count_prompt_tokens(self, req: ChatRequest) -> int:
-        """Tokens of the prompt ``prepare`` would send (image placeholders expanded), without
-        context-length or engine checks."""
-        images: list[Any] = []
-        ids = self.tokenizer.encode_segments(self.renderer.render(req, images))
-        return len(ids) + _image_handoff(images)[1]
-
     # -- isolation: long prompts off the event loop ---------------------------------
 
     async def prepare_async(self, req: ChatRequest) -> PreparedRequest:
-        """:meth:`prepare`, run on the offload threads when ``req`` is long.
+        """:meth:`prepare`, with its costly parts off the event loop.
 
         A request whose text alone proves it longer than the context is refused first, before
-        any rendering or tokenization (:meth:`check_length_lower_bound`). Short requests are
-        prepared inline: a thread hop would cost them more than their tokenization.
+        any rendering or tokenization (:meth:`check_length_lower_bound`). A request of
+        ``offload_prepare_chars`` or more is prepared wholly on the offload threads. Any other is
+        rendered and looked up in the prompt caches on the loop, in its turn (for a follow-up of
+        a cached conversation that is all the work there is, so it never waits behind the cold
+        prompts of others); only when ``offload_min_chars`` or more of its text are not cached
+        does the tokenizing of that text go to the threads.
         """
         self.check_length_lower_bound(req)
-        if request_chars(req) >= self.offload_min_chars:
-            release_current_turn()  # the loop is free for others while a thread does the work
-            return await self.offload.run(self.prepare, req)
-        if CURRENT_TURN.get() is not None:
-            return self.prepare(req)  # the API layer already holds a turn for this request
-        async with self.turns:
-            return self.prepare(req)
+        draft = await self._draft_async(req, for_count=False)
+        if isinstance(draft, PreparedRequest):
+            return draft
+        return self._complete(draft)
 
     async def count_prompt_tokens_async(self, req: ChatRequest) -> int:
-        """:meth:`count_prompt_tokens`, on the offload threads when ``req`` is long."""
-        if request_chars(req) >= self.offload_min_chars:
-            release_current_turn()
-            return await self.offload.run(self.count_prompt_tokens, req)
-        if CURRENT_TURN.get() is not None:
-            return self.count_prompt_tokens(req)
-        async with self.turns:
-            return self.count_prompt_tokens(req)
+        """:meth:`count_prompt_tokens`, its costly parts off the event loop (as :meth:`prepare_async`)."""
+        draft = await self._draft_async(req, for_count=True)
+        if isinstance(draft, int):
+            return draft
+        return len(self.tokenizer.finish_encoding(draft.encoding)) + _image_handoff(draft.images)[1]
+
+    async def _draft_async(self, req: ChatRequest, *, for_count: bool) -> _Draft | PreparedRequest | int:
+        """An encoded draft of ``req``, or, for a request too long to render on the loop, the whole
+        result of :meth:`prepare` / :meth:`count_prompt_tokens` computed on a thread."""
+        if request_chars(req) >= self.offload_prepare_chars:
+            release_current_turn()  # the loop is free for others while a thread does the work
+            return await self.offload.run(self.count_prompt_tokens if for_count else self.prepare, req)
+        token = None
+        if CURRENT_TURN.get() is None:  # callers outside the API layer: take a turn here
+            token = CURRENT_TURN.set(await self.turns.take())
+        try:
+            draft = self._draft(req, for_count=for_count)
+            if draft.encoding.uncached_chars >= self.offload_min_chars:
+                release_current_turn()
+                await self.offload.run(draft.encode)
+            else:
+                draft.encode()
+            return draft
+        finally:
+            if token is not None:
+                release_current_turn()
+                CURRENT_TURN.reset(token)
 
     def check_length_lower_bound(self, req: ChatRequest) -> None:
         """Raise ``ContextLengthError`` when ``req`` is provably too long, without tokenizing it.
@@ -1081,9 +1119,49 @@ class ChoiceStream:
             self._usage.reasoning_tokens += n_tokens
 
 
-#: requests with at least this many characters are rendered and tokenized on the offload threads
-#: (cold tokenization runs at roughly 1-3 MB/s: 16 K characters cost milliseconds)
-OFFLOAD_MIN_CHARS = 16_384
+#: requests preparing on the event loop at once (see ``LoopTurns``): each step is short (long
+#: prompts go to the offload threads), so a loop iteration runs at most a few milliseconds of
+#: them, while a burst advances this many requests per iteration instead of one (measured: one
+#: at a time, a cached-prefix request in a burst of 256 waited 20-40 ms for its turns)
+LOOP_TURN_SLOTS = 8
+#: prompts with at least this many characters of text the prompt caches do not hold are tokenized
+#: on the offload threads (cold tokenization runs at roughly 1-3 MB/s: 2 K characters cost about
+#: 1 ms, which a thread hop is worth)
+OFFLOAD_MIN_CHARS = 2048
+#: requests with at least this many characters of text are rendered and looked up in the caches
+#: on the offload threads as well (a warm 256 K-character prompt costs about 2 ms on the loop)
+OFFLOAD_PREPARE_CHARS = 262_144
+
+
+class _Draft:
+    """A request rendered, its cached ids resolved, the rest of its tokenizing maybe still to do
+    (:meth:`ChatPipeline._draft`); ``encode`` may run on an offload thread."""
+
+    __slots__ = ("continues", "encoding", "images", "preopened", "request", "seconds", "tools")
+
+    def __init__(
+        self,
+        request: ChatRequest,
+        tools: list[dict[str, Any]] | None,
+        continues: bool,
+        preopened: Any,
+        images: list[Any],
+        encoding: PendingEncoding,
+    ) -> None:
+        self.request = request
+        self.tools = tools
+        self.continues = continues
+        self.preopened = preopened
+        self.images = images
+        self.encoding = encoding
+        #: seconds spent rendering, looking up and tokenizing (not waiting for a thread)
+        self.seconds = 0.0
+
+    def encode(self) -> None:
+        started = time.perf_counter()
+        self.encoding.encode()
+        self.seconds += time.perf_counter() - started
+
 
 #: message roles whose text every chat format renders in full (history reasoning may be dropped,
 #: so assistant messages do not count toward the lower bound)

@@ -16,7 +16,9 @@ bounded by admission control).
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -27,8 +29,29 @@ T = TypeVar("T")
 
 #: threads doing heavy request work at once (tokenization of one prompt is single-threaded)
 OFFLOAD_THREADS = 2
+#: how much nicer than the event loop these threads run (Linux schedules threads on their own)
+OFFLOAD_NICENESS = 10
 
 _Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
+
+
+def _lower_thread_priority(niceness: int) -> None:
+    """Make the calling thread ``niceness`` steps nicer than the process, where the OS allows.
+
+    On Linux each thread has its own nice value. The event loop streams every client's tokens;
+    a thread tokenizing a cold prompt can wait. With both sharing a few cores, the kernel then
+    runs the loop (and the engine and clients on the same host) first whenever they are ready,
+    and the threads take the CPU time left: a burst of cold prompts no longer slows the
+    streams and cached-prefix requests already running. Elsewhere this does nothing.
+    """
+    get_native_id = getattr(threading, "get_native_id", None)
+    if sys.platform != "linux" or get_native_id is None:
+        return
+    try:
+        current = os.getpriority(os.PRIO_PROCESS, get_native_id())
+        os.setpriority(os.PRIO_PROCESS, get_native_id(), min(19, current + niceness))
+    except OSError:  # not permitted here: the threads keep the process's priority
+        pass
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
@@ -68,6 +91,7 @@ class OffloadPool:
                 self._started.append(thread)
 
     def _work(self) -> None:
+        _lower_thread_priority(OFFLOAD_NICENESS)
         while True:
             job = self._queue.get()
             if job is None:

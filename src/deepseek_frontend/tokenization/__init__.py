@@ -78,6 +78,12 @@ SELF_CHECK_RATE = 1 / 512
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
+#: texts at least this long go through ``encode_batch`` even alone: ``Tokenizer.encode`` holds the
+#: GIL for the whole encode (a 10 K-character text: about 4 ms in which the event loop cannot run,
+#: even when the encode runs on another thread), ``encode_batch`` releases it; below this the
+#: batch call's extra cost outweighs the GIL it frees
+GIL_RELEASE_MIN_CHARS = 1024
+
 #: text runs longer than this are encoded in pieces (see :func:`split_long_run`)
 LONG_RUN_CHARS = 65_536
 #: target length of those pieces, and how many go to the Rust side in one call
@@ -351,6 +357,59 @@ def _common_prefix_length(a: list[PromptSegment], b: list[PromptSegment]) -> int
     return i
 
 
+class PendingEncoding:
+    """A prompt's ids half done (:meth:`PromptTokenizer.start_encoding`): what the caches gave is
+    resolved, ``missing`` text runs are left to tokenize.
+
+    :meth:`encode` tokenizes them; it touches no cache and no state shared with other requests, so
+    it can run on any thread, once. ``uncached_chars`` (their total length) tells whether that is
+    worth a thread.
+    """
+
+    __slots__ = (
+        "cache_limit",
+        "encoded",
+        "ids",
+        "missing",
+        "resolved",
+        "runs",
+        "segments",
+        "special_end",
+        "special_pos",
+        "tokenizer",
+        "uncached_chars",
+    )
+
+    def __init__(
+        self,
+        tokenizer: PromptTokenizer,
+        segments: list[PromptSegment],
+        ids: list[int],
+        special_pos: list[int],
+        special_end: list[int],
+        runs: list[str | int],
+        resolved: dict[str, Sequence[int]],
+        missing: list[str],
+        cache_limit: int | None,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.segments = segments
+        self.ids = ids
+        self.special_pos = special_pos
+        self.special_end = special_end
+        self.runs = runs
+        self.resolved = resolved
+        self.missing = missing
+        self.cache_limit = cache_limit
+        self.uncached_chars = sum(map(len, missing))
+        self.encoded: list[list[int]] | None = None if missing else []
+
+    def encode(self) -> None:
+        """Tokenize the missing runs (``FormatError`` for a lone surrogate); idempotent."""
+        if self.encoded is None:
+            self.encoded = self.tokenizer._encode_texts(self.missing)
+
+
 class PromptTokenizer:
     """A DeepSeek tokenizer with injection-safe, cached prompt encoding.
 
@@ -445,7 +504,7 @@ class PromptTokenizer:
         try:
             if any(len(t) > LONG_RUN_CHARS for t in texts):
                 return self._encode_long(texts)
-            if len(texts) == 1:
+            if len(texts) == 1 and len(texts[0]) < GIL_RELEASE_MIN_CHARS:
                 return [self.text.encode(texts[0], add_special_tokens=False).ids]
             return [e.ids for e in self.text.encode_batch(texts, add_special_tokens=False)]
         except TypeError:
@@ -487,7 +546,9 @@ class PromptTokenizer:
     def encode_raw(self, text: str) -> list[int]:
         """Ids as ``tokenizer.encode(text)`` gives them: spellings ARE recognised (raw prompts only)."""
         try:
-            return self.full.encode(text, add_special_tokens=False).ids
+            if len(text) < GIL_RELEASE_MIN_CHARS:
+                return self.full.encode(text, add_special_tokens=False).ids
+            return self.full.encode_batch([text], add_special_tokens=False)[0].ids
         except TypeError:
             self._encode_texts([text])  # raises the FormatError that names the surrogate
             raise
@@ -505,8 +566,25 @@ class PromptTokenizer:
         previous prompt of the same conversation and reuses its ids up to the last
         special token both prompts share (one C-level list comparison in the usual
         append-a-turn case); the run cache serves text runs seen anywhere before.
-        What is left is encoded in one ``encode_batch`` call (the Rust side spreads
-        it over cores).
+        What is left is encoded in one ``encode_batch`` call.
+
+        The same in three steps, for a caller that runs the costly middle one elsewhere:
+        :meth:`start_encoding`, :meth:`PendingEncoding.encode`, :meth:`finish_encoding`.
+        """
+        pending = self.start_encoding(segments, cache_limit=cache_limit)
+        pending.encode()
+        return self.finish_encoding(pending)
+
+    def start_encoding(
+        self, segments: Sequence[PromptSegment], *, cache_limit: int | None = None
+    ) -> PendingEncoding:
+        """Resolve what the caches know of ``segments``' ids (cheap: lookups, no tokenizing).
+
+        The returned :class:`PendingEncoding` says how much text is left to tokenize
+        (``uncached_chars``); its :meth:`~PendingEncoding.encode` does that and may run on
+        another thread (the Rust tokenizer releases the GIL for text of any length worth a
+        thread); :meth:`finish_encoding` then gives the ids. Raises ``FormatError`` for a special
+        segment that is not one token.
         """
         if not isinstance(segments, list):
             segments = list(segments)
@@ -515,27 +593,6 @@ class PromptTokenizer:
             start, ids, special_pos, special_end = 0, [], [], []
         else:
             start, ids, special_pos, special_end = hit
-        cacheable = self._encode_from(segments, start, ids, special_pos, special_end, cache_limit)
-        if not cacheable:
-            return ids
-        self.prefix_cache.store(segments, ids, special_pos, special_end)
-        if self.self_check_rate and self._rng.random() < self.self_check_rate:
-            self._self_check(segments, ids)
-        return ids
-
-    def _encode_from(
-        self,
-        segments: list[PromptSegment],
-        start: int,
-        out: list[int],
-        special_pos: list[int],
-        special_end: list[int],
-        cache_limit: int | None = None,
-    ) -> bool:
-        """Append the ids of ``segments[start:]`` to ``out``; record each special segment's
-        index and the id count after it (the prefix cache's reuse points).
-
-        Returns False, and caches no run, when the prompt has more than ``cache_limit`` ids."""
         added = self._added
         runs: list[str | int] = []  # int: a special id; str: a maximal text run
         pending: list[str] = []
@@ -560,35 +617,52 @@ class PromptTokenizer:
         missing: list[str] = []
         for run in runs:
             if run.__class__ is str and run not in resolved:
-                ids = cache.get(run) if len(run) >= RUN_CACHE_MIN_CHARS else None  # type: ignore[arg-type]
-                if ids is None:
+                cached = cache.get(run) if len(run) >= RUN_CACHE_MIN_CHARS else None  # type: ignore[arg-type]
+                if cached is None:
                     missing.append(run)  # type: ignore[arg-type]
                     resolved[run] = ()  # type: ignore[index]
                 else:
-                    resolved[run] = ids  # type: ignore[index]
+                    resolved[run] = cached  # type: ignore[index]
+        return PendingEncoding(
+            self, segments, ids, special_pos, special_end, runs, resolved, missing, cache_limit
+        )
+
+    def finish_encoding(self, pending: PendingEncoding) -> list[int]:
+        """The prompt ids of an encoded :class:`PendingEncoding`; fills both caches (unless the
+        prompt is over its ``cache_limit``)."""
+        if pending.encoded is None:
+            raise RuntimeError("finish_encoding() before PendingEncoding.encode()")
+        resolved, runs, out = pending.resolved, pending.runs, pending.ids
+        missing = pending.missing
+        for run, encoded in zip(missing, pending.encoded, strict=True):
+            resolved[run] = encoded
         cacheable = True
         if missing:
-            for run, encoded in zip(missing, self._encode_texts(missing), strict=True):
-                resolved[run] = encoded
-            if cache_limit is not None:
+            if pending.cache_limit is not None:
                 total = len(out) + sum(
                     1 if run.__class__ is int else len(resolved[run])  # type: ignore[index]
                     for run in runs
                 )
-                cacheable = total <= cache_limit
+                cacheable = total <= pending.cache_limit
             if cacheable:
+                cache = self.cache
                 for run in missing:
                     if len(run) >= RUN_CACHE_MIN_CHARS:
                         cache.put(run, resolved[run])
 
-        append, extend, mark = out.append, out.extend, special_end.append
+        append, extend, mark = out.append, out.extend, pending.special_end.append
         for run in runs:
             if run.__class__ is int:
                 append(run)  # type: ignore[arg-type]
                 mark(len(out))
             else:
                 extend(resolved[run])  # type: ignore[index]
-        return cacheable
+        if not cacheable:
+            return out
+        self.prefix_cache.store(pending.segments, out, pending.special_pos, pending.special_end)
+        if self.self_check_rate and self._rng.random() < self.self_check_rate:
+            self._self_check(pending.segments, out)
+        return out
 
     def _self_check(self, segments: list[PromptSegment], ids: list[int]) -> None:
         """Compare with a whole-prompt encode; on mismatch, log and stop caching."""
@@ -762,6 +836,7 @@ __all__ = [
     "EOS_SPELLING",
     "V41_STAND_IN_RENAMES",
     "IncrementalDetokenizer",
+    "PendingEncoding",
     "PrefixCache",
     "PromptTokenizer",
     "RunCache",
