@@ -1,0 +1,130 @@
+"""Which work leaves the event loop: the uncached part of a prompt, on threads that let the loop run.
+
+A follow-up of a cached conversation must prepare on the loop (it has nothing to tokenize, and on
+the offload queue it would wait behind every cold prompt of a burst); a cold prompt's tokenizing
+goes to the offload threads; both give exactly the ids a plain synchronous ``prepare`` gives. On
+those threads the tokenizer must give the GIL back (``Tokenizer.encode`` holds it throughout), and
+the threads run nicer than the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from deepseek_frontend.api.app import create_app
+from deepseek_frontend.api.config import ServerConfig
+from deepseek_frontend.api.openai.chat import to_chat_request
+from deepseek_frontend.engines.sim.engine import SimulatedEngine
+from deepseek_frontend.pipeline.chat import ChatPipeline
+from deepseek_frontend.pipeline.offload import OFFLOAD_NICENESS, OffloadPool
+from deepseek_frontend.tokenization import PromptTokenizer
+
+pytestmark = pytest.mark.timeout(120)
+
+WORDS = ["the", "frontend", "renders", "prompts", "and", "parses", "tool", "calls", "from", "every", "chunk"]
+
+
+def _pipeline() -> ChatPipeline:
+    tokenizer = PromptTokenizer.load()
+    config = ServerConfig(served_model_name="deepseek-v4-flash", engine="sim")
+    app = create_app(config, tokenizer=tokenizer, backend=SimulatedEngine(tokenizer))
+    return app.state.frontend.pipeline
+
+
+def _text(n_words: int, salt: str) -> str:
+    return f"{salt}: " + " ".join(WORDS[(i * 7) % len(WORDS)] for i in range(n_words))
+
+
+def test_a_cached_follow_up_prepares_on_the_loop_and_a_cold_prompt_tokenizes_on_a_thread() -> None:
+    pipeline, reference = _pipeline(), _pipeline()
+    offloaded: list[Any] = []
+    run = pipeline.offload.run
+
+    async def recording_run(fn: Any, *args: Any) -> Any:
+        offloaded.append(fn)
+        return await run(fn, *args)
+
+    pipeline.offload.run = recording_run  # type: ignore[method-assign]
+    config = pipeline.config
+    history = [{"role": "user", "content": _text(3000, "design notes")}]
+    assert len(history[0]["content"]) > 4 * pipeline.offload_min_chars
+
+    async def scenario() -> None:
+        first = await pipeline.prepare_async(to_chat_request({"messages": history}, config, "r1"))
+        assert len(offloaded) == 1, "the cold prompt was tokenized on the loop"
+        follow_up = [*history, {"role": "assistant", "content": "Done."}, {"role": "user", "content": "And?"}]
+        second = await pipeline.prepare_async(to_chat_request({"messages": follow_up}, config, "r2"))
+        assert len(offloaded) == 1, "a follow-up of a cached conversation waited for an offload thread"
+        for messages, prepared in ((history, first), (follow_up, second)):
+            expected = reference.prepare(to_chat_request({"messages": messages}, config, "ref"))
+            assert prepared.input_ids == expected.input_ids
+
+    asyncio.run(scenario())
+
+
+def test_a_short_cold_prompt_stays_on_the_loop() -> None:
+    pipeline = _pipeline()
+    offloaded: list[Any] = []
+    run = pipeline.offload.run
+
+    async def recording_run(fn: Any, *args: Any) -> Any:
+        offloaded.append(fn)
+        return await run(fn, *args)
+
+    pipeline.offload.run = recording_run  # type: ignore[method-assign]
+    messages = [{"role": "user", "content": _text(20, "short")}]
+    asyncio.run(pipeline.prepare_async(to_chat_request({"messages": messages}, pipeline.config, "r")))
+    assert offloaded == []
+
+
+def test_tokenizing_a_long_text_on_a_thread_lets_other_threads_run() -> None:
+    tokenizer = PromptTokenizer.load()
+    text = _text(10_000, "long")  # one run, under the piece-splitting length: one encode call
+    assert 1024 < len(text) < 65_536
+    expected = tokenizer.text.encode(text, add_special_tokens=False).ids
+    trials, woke_early = 10, 0
+    for _ in range(trials):
+        started = threading.Event()
+        record: dict[str, Any] = {}
+
+        def work(started: threading.Event = started, record: dict[str, Any] = record) -> None:
+            record["set"] = time.perf_counter()
+            started.set()
+            record["ids"] = tokenizer._encode_texts([text])[0]
+            record["encode_s"] = time.perf_counter() - record["set"]
+
+        worker = threading.Thread(target=work)
+        worker.start()
+        started.wait()
+        # Coming back from wait() needs the GIL: while an encode holds it, this thread waits for
+        # the whole encode; when the encode releases it, this thread runs at once.
+        woke_after = time.perf_counter()
+        worker.join()
+        assert record["ids"] == expected
+        woke_early += (woke_after - record["set"]) < record["encode_s"] / 2
+    assert woke_early >= trials // 2, f"this thread ran during the encode in {woke_early} of {trials} trials"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are a Linux feature")
+def test_offload_threads_run_nicer_than_the_event_loop() -> None:
+    pool = OffloadPool(1)
+
+    def own_niceness() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    async def scenario() -> int:
+        return await pool.run(own_niceness)
+
+    try:
+        thread_nice = asyncio.run(scenario())
+    finally:
+        pool.close()
+    loop_nice = own_niceness()
+    assert thread_nice == min(19, loop_nice + OFFLOAD_NICENESS)
