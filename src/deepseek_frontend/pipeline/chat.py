@@ -389,6 +389,10 @@ class ChatPipeline:
         context-length or engine checks."""
         draft = self._draft(req, for_count=True)
         draft.encode()
+        return self._count(draft)
+
+    def _count(self, draft: _Draft) -> int:
+        """Prompt tokens of an encoded draft, each image counted at its expanded size."""
         return len(self.tokenizer.finish_encoding(draft.encoding)) + _image_handoff(draft.images)[1]
 
     def _draft(self, req: ChatRequest, *, for_count: bool = False) -> _Draft:
@@ -452,16 +456,18 @@ class ChatPipeline:
         """
         self.check_length_lower_bound(req)
         draft = await self._draft_async(req, for_count=False)
-        if isinstance(draft, PreparedRequest):
-            return draft
-        return self._complete(draft)
+        if isinstance(draft, _Draft):
+            return self._complete(draft)
+        assert isinstance(draft, PreparedRequest)  # prepared whole on a thread
+        return draft
 
     async def count_prompt_tokens_async(self, req: ChatRequest) -> int:
         """:meth:`count_prompt_tokens`, its costly parts off the event loop (as :meth:`prepare_async`)."""
         draft = await self._draft_async(req, for_count=True)
-        if isinstance(draft, int):
-            return draft
-        return len(self.tokenizer.finish_encoding(draft.encoding)) + _image_handoff(draft.images)[1]
+        if isinstance(draft, _Draft):
+            return self._count(draft)
+        assert isinstance(draft, int)  # counted whole on a thread
+        return draft
 
     async def _draft_async(self, req: ChatRequest, *, for_count: bool) -> _Draft | PreparedRequest | int:
         """An encoded draft of ``req``, or, for a request too long to render on the loop, the whole
