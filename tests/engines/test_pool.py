@@ -202,8 +202,9 @@ def test_pool_over_sim_servers_retries_a_failing_worker(tokenizer: Any) -> None:
         )
         good = build_sim_app(SimulatedEngine(tokenizer))
         async with serve_app(broken) as bad_url, serve_app(good) as good_url:
-            # probes far apart: the ejected worker (its probe passes) stays out for the three requests
-            pool = from_urls("sglang", [bad_url, good_url], health_interval_s=30, eject_after_failures=1)
+            # no health probes: the broken worker answers them, and a probe landing after the
+            # ejection would re-admit it while the three requests run
+            pool = from_urls("sglang", [bad_url, good_url], health_interval_s=0, eject_after_failures=1)
             await pool.start()
             try:
                 outs = [(await collect(pool, request_for(ids, rid=f"p{i}")))[0] for i in range(3)]
