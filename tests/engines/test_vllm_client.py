@@ -146,7 +146,7 @@ def choice(ids: list[int], finish: str | None = None, stop_reason: Any = None, *
     }
 
 
-def fake_vllm(chunks: list[bytes], *, status: int = 200, healthy: bool = True) -> Starlette:
+def fake_vllm(chunks: list[Any], *, status: int = 200, healthy: bool = True) -> Starlette:
     seen: dict[str, Any] = {}
 
     async def completions(request: Request) -> Response:
@@ -158,7 +158,11 @@ def fake_vllm(chunks: list[bytes], *, status: int = 200, healthy: bool = True) -
 
         async def body() -> AsyncIterator[bytes]:
             for part in chunks:
-                yield part
+                if callable(part):  # an async generator function: its parts, when it gives them
+                    async for late in part():
+                        yield late
+                else:
+                    yield part
 
         return StreamingResponse(body(), media_type="text/event-stream")
 

@@ -212,6 +212,19 @@ async def iter_sse_data(
             yield line[5:].strip()
 
 
+async def drain_events(events: AsyncIterator[bytes]) -> None:
+    """Read what follows a stream's last event (``[DONE]``, a finish chunk) so its connection can
+    be reused.
+
+    To the end of the body, not just to ``[DONE]``: the chunked-encoding terminator follows it, and
+    a response left before that is closed rather than pooled -- a frontend streaming hundreds of
+    requests would then open a TCP connection per request. The pool's deadlines bound the wait.
+    """
+    with contextlib.suppress(*HTTP_ERRORS):
+        async for _ in events:
+            pass
+
+
 def sampling_fields(s: SamplingParams) -> dict[str, Any]:
     """The sampling settings both engines take under the same names.
 

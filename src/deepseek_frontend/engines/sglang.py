@@ -54,6 +54,7 @@ from deepseek_frontend.engines._http import (
     HTTPEngineClient,
     StreamProgress,
     StreamSession,
+    drain_events,
     is_client_status,
     iter_sse_data,
     new_http_client,
@@ -255,19 +256,6 @@ def _logprobs(meta: dict[str, Any], count: int) -> list[TokenLogprob] | None:
     return out
 
 
-async def _drain(events: AsyncIterator[bytes]) -> None:
-    """Read what follows the finish chunk (``[DONE]``) so the connection can be reused.
-
-    Closing a response with unread body drops the keep-alive connection, and a frontend
-    streaming hundreds of requests would then open one TCP connection per request.
-    """
-    with contextlib.suppress(*HTTP_ERRORS):
-        # To the end of the body, not just to [DONE]: the chunked-encoding terminator follows it,
-        # and a response closed before that is not reusable either. (The pool bounds this wait.)
-        async for _ in events:
-            pass
-
-
 class SGLangClient(HTTPEngineClient):
     """One SGLang worker at ``base_url`` (see module docstring for the protocol and failures).
 
@@ -384,7 +372,7 @@ class SGLangClient(HTTPEngineClient):
                             finished = True
                         yield chunk
                         if finished:
-                            await _drain(events)
+                            await drain_events(events)
                             return
                     raise progress.broken("stream ended without a finish reason")
                 except HTTP_ERRORS as exc:

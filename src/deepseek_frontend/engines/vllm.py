@@ -59,6 +59,7 @@ from deepseek_frontend.engines._http import (
     HTTPEngineClient,
     StreamProgress,
     StreamSession,
+    drain_events,
     iter_sse_data,
     open_event_stream,
     sampling_fields,
@@ -339,8 +340,10 @@ class VLLMClient(HTTPEngineClient):
             async with open_event_stream(self._streams, self.name, url, body) as response_body:
                 running = True
                 try:
-                    async for data in iter_sse_data(response_body):
+                    events = iter_sse_data(response_body)
+                    async for data in events:
                         if data == b"[DONE]":
+                            await drain_events(events)  # the connection goes back to the pool
                             break
                         if not data:
                             continue

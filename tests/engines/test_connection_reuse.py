@@ -1,0 +1,77 @@
+"""Streams to a worker reuse keep-alive connections: one TCP connection for sequential requests.
+
+A stream left before the end of its body (the chunked-encoding terminator after ``[DONE]``) is
+closed instead of pooled; a frontend streaming hundreds of requests would then open a connection
+per request. Each fake worker below records the client port of every generate request it serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+from deepseek_frontend.engines.sglang import SGLangClient
+from deepseek_frontend.engines.sim.engine import SimulatedEngine
+from deepseek_frontend.engines.sim.server import build_sim_app
+from deepseek_frontend.engines.vllm import VLLMClient
+
+from .conftest import collect, prompt_ids, request_for, serve_app
+from .test_vllm_client import choice, fake_vllm, sse
+
+
+class PortRecorder:
+    """ASGI middleware: the client port (one per TCP connection) of every POST to ``path``."""
+
+    def __init__(self, app: Any, path: str) -> None:
+        self.app = app
+        self.path = path
+        self.ports: list[int] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == self.path:
+            self.ports.append(scope["client"][1])
+        await self.app(scope, receive, send)
+
+
+def test_sequential_sglang_streams_share_one_connection(tokenizer: Any) -> None:
+    app = PortRecorder(build_sim_app(SimulatedEngine(tokenizer)), "/generate")
+
+    async def scenario() -> None:
+        async with serve_app(app) as url:
+            client = SGLangClient(url)
+            try:
+                for i in range(5):
+                    out, _ = await collect(client, request_for(prompt_ids("write 5 words"), rid=f"r{i}"))
+                    assert out
+            finally:
+                await client.aclose()
+
+    asyncio.run(scenario())
+    assert len(app.ports) == 5 and len(set(app.ports)) == 1, app.ports
+
+
+async def _late_end() -> AsyncIterator[bytes]:
+    """Nothing, a little later: the body's end (the chunked terminator) arrives after ``[DONE]``
+    in a read of its own, as it does when an engine's response generator finishes a moment later."""
+    await asyncio.sleep(0.05)
+    return
+    yield b""
+
+
+def test_sequential_vllm_streams_share_one_connection() -> None:
+    chunks = [sse(choice([5, 6])), sse(choice([1], "stop", 1)), b"data: [DONE]\n\n", _late_end]
+    app = PortRecorder(fake_vllm(chunks), "/v1/completions")
+
+    async def scenario() -> None:
+        async with serve_app(app) as url:
+            client = VLLMClient(url, model="deepseek-v4")
+            try:
+                for i in range(5):
+                    out, _ = await collect(client, request_for([10, 11, 12], rid=f"r{i}"))
+                    assert out == [5, 6, 1]
+            finally:
+                await client.aclose()
+
+    asyncio.run(scenario())
+    assert len(app.ports) == 5 and len(set(app.ports)) == 1, app.ports
