@@ -42,8 +42,8 @@ def _text(n_words: int, salt: str) -> str:
     return f"{salt}: " + " ".join(WORDS[(i * 7) % len(WORDS)] for i in range(n_words))
 
 
-def test_a_cached_follow_up_prepares_on_the_loop_and_a_cold_prompt_tokenizes_on_a_thread() -> None:
-    pipeline, reference = _pipeline(), _pipeline()
+def _record_offloads(pipeline: ChatPipeline) -> list[Any]:
+    """The functions ``pipeline`` runs on its offload threads from now on, in order."""
     offloaded: list[Any] = []
     run = pipeline.offload.run
 
@@ -52,6 +52,12 @@ def test_a_cached_follow_up_prepares_on_the_loop_and_a_cold_prompt_tokenizes_on_
         return await run(fn, *args)
 
     pipeline.offload.run = recording_run  # type: ignore[method-assign]
+    return offloaded
+
+
+def test_a_cached_follow_up_prepares_on_the_loop_and_a_cold_prompt_tokenizes_on_a_thread() -> None:
+    pipeline, reference = _pipeline(), _pipeline()
+    offloaded = _record_offloads(pipeline)
     config = pipeline.config
     history = [{"role": "user", "content": _text(3000, "design notes")}]
     assert len(history[0]["content"]) > 4 * pipeline.offload_min_chars
@@ -71,14 +77,7 @@ def test_a_cached_follow_up_prepares_on_the_loop_and_a_cold_prompt_tokenizes_on_
 
 def test_a_short_cold_prompt_stays_on_the_loop() -> None:
     pipeline = _pipeline()
-    offloaded: list[Any] = []
-    run = pipeline.offload.run
-
-    async def recording_run(fn: Any, *args: Any) -> Any:
-        offloaded.append(fn)
-        return await run(fn, *args)
-
-    pipeline.offload.run = recording_run  # type: ignore[method-assign]
+    offloaded = _record_offloads(pipeline)
     messages = [{"role": "user", "content": _text(20, "short")}]
     asyncio.run(pipeline.prepare_async(to_chat_request({"messages": messages}, pipeline.config, "r")))
     assert offloaded == []

@@ -44,12 +44,12 @@ def _lower_thread_priority(niceness: int) -> None:
     and the threads take the CPU time left: a burst of cold prompts no longer slows the
     streams and cached-prefix requests already running. Elsewhere this does nothing.
     """
-    get_native_id = getattr(threading, "get_native_id", None)
-    if sys.platform != "linux" or get_native_id is None:
+    if sys.platform != "linux":
         return
+    thread_id = threading.get_native_id()
     try:
-        current = os.getpriority(os.PRIO_PROCESS, get_native_id())
-        os.setpriority(os.PRIO_PROCESS, get_native_id(), min(19, current + niceness))
+        current = os.getpriority(os.PRIO_PROCESS, thread_id)
+        os.setpriority(os.PRIO_PROCESS, thread_id, min(19, current + niceness))
     except OSError:  # not permitted here: the threads keep the process's priority
         pass
 
