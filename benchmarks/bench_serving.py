@@ -318,6 +318,8 @@ def _request(target: Target, tokens: int, index: int) -> bytes:
             "stream": True,
             "stream_options": {"include_usage": True},
             "thinking": {"type": "disabled"},
+            # the same switch as most OpenAI-compatible DeepSeek servers spell it (Dynamo, vLLM, SGLang)
+            "chat_template_kwargs": {"thinking": False},
             # servers that honour these produce exactly max_tokens (vLLM, SGLang, this frontend)
             "ignore_eos": True,
         }

@@ -311,3 +311,35 @@ def test_a_chunk_size_range_varies_chunks_like_speculative_decoding_and_replays(
     assert [c.token_ids for c in replay] == [c.token_ids for c in chunks] and again == out
     with pytest.raises(ValueError, match="max_tokens_per_chunk"):
         SimulatedEngine(tokenizer, tokens_per_chunk=3, max_tokens_per_chunk=2)
+
+
+def test_a_consumer_that_falls_behind_gets_the_missed_steps_in_one_chunk(tokenizer: Any) -> None:
+    """The engine decodes on its own clock: steps that pass while the consumer is busy are ready at
+    once, as one chunk; it never runs ahead of the clock, and the output is the same."""
+    ids = prompt_ids("write 40 words about the sea")
+    fixed, _ = run(SimulatedEngine(tokenizer), ids)
+    itl = 0.02
+    engine = SimulatedEngine(tokenizer, itl_ms=itl * 1000, tokens_per_chunk=1)
+
+    async def slow_consumer() -> tuple[list[int], list[int], list[tuple[float, int]]]:
+        loop = asyncio.get_running_loop()
+        out: list[int] = []
+        sizes: list[int] = []
+        progress: list[tuple[float, int]] = []
+        stream = engine.generate(request_for(ids))
+        first = await anext(stream)
+        started = loop.time()
+        out.extend(first.token_ids)
+        async for chunk in stream:
+            out.extend(chunk.token_ids)
+            sizes.append(len(chunk.token_ids))
+            progress.append((loop.time() - started, len(out) - len(first.token_ids)))
+            if len(sizes) == 3:
+                await asyncio.sleep(5 * itl)  # busy elsewhere for five steps
+        return out, sizes, progress
+
+    out, sizes, progress = asyncio.run(slow_consumer())
+    assert out == fixed
+    assert sizes[3] >= 4  # the steps that passed meanwhile, in the next chunk
+    for elapsed, tokens in progress:
+        assert tokens <= elapsed / itl + 1  # never ahead of the clock

@@ -11,7 +11,7 @@ let it: close a connection in the middle of a chunk, send an endless line, never
 ``slow``           like ``ok`` with ``itl_ms`` between tokens
 ``hang_first``     HTTP 200 and headers, then nothing until the client leaves
 ``hang_after``     one token, then nothing until the client leaves
-``overflow``       ``max_new_tokens + 20`` tokens, ignoring the limit
+``overflow``       ``max_new_tokens + 20`` tokens, ignoring the limit, and no end until the client leaves
 ``unknown_id``     one good token, then an id far outside any vocabulary
 ``unknown_first``  an out-of-vocabulary id as the very first token
 ``garbage``        one good token, then a ``data:`` line that is not JSON
@@ -125,7 +125,7 @@ async def _stream(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, bo
                 if i == 0 and mode == "error_event":
                     break
                 count += 1
-                last = count == total
+                last = count == total and mode != "overflow"  # a worker past its limit goes on
                 finish = ("length" if max_new <= st.tokens else "stop") if last else None
                 send(_chunk([GOOD_ID], count, finish))
                 if st.itl_ms:
@@ -133,10 +133,13 @@ async def _stream(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, bo
                     await asyncio.sleep(st.itl_ms / 1000)
             else:
                 finished = True
-            if mode == "hang_after":
+            if mode in ("hang_after", "overflow"):
                 await idle_until_client_leaves()
                 return False
             if mode == "unknown_id":
+                # a read of its own: merged with the good token, the bad id would come before any output
+                await writer.drain()
+                await asyncio.sleep(0.05)
                 send(_chunk([BAD_ID], count + 1, None))
             elif mode == "garbage":
                 send(b"data: {this is not json\n\n")

@@ -219,7 +219,7 @@ def test_detokenizer_matches_batch_decode_under_any_chunking(prompt_tokenizer: P
     rng = random.Random(11)
     text = "Plain ASCII, accents é à ü, CJK 中文字符, emoji 😀🚀👍🏽, math ∑∫, </think> and DSML <｜DSML｜x"
     ids = [*prompt_tokenizer.encode_raw(text), prompt_tokenizer.eos_token_id]
-    expected = prompt_tokenizer.decode(ids)
+    expected = prompt_tokenizer.full.decode(ids, skip_special_tokens=False)  # the HF tokenizer's own decode
     for _ in range(50):
         det = prompt_tokenizer.new_detokenizer()
         pieces: list[str] = []
@@ -239,7 +239,34 @@ def test_detokenizer_matches_decode_on_random_ids(prompt_tokenizer: PromptTokeni
     ids = [rng.randrange(prompt_tokenizer.vocab_size) for _ in range(3000)]
     det = prompt_tokenizer.new_detokenizer()
     out = "".join(det.push(ids[i : i + 5]) for i in range(0, len(ids), 5)) + det.flush()
-    assert out == prompt_tokenizer.decode(ids)
+    assert out == prompt_tokenizer.full.decode(ids, skip_special_tokens=False)  # the HF tokenizer's own
+
+
+def test_decode_is_the_hf_decode(prompt_tokenizer: PromptTokenizer) -> None:
+    """The byte-table ``decode`` gives exactly the HF tokenizer's text: random ids (invalid UTF-8
+    included), special tokens, and ids it does not know (left to the tokenizer)."""
+    rng = random.Random(5)
+    hf = prompt_tokenizer.full
+    for size in (1, 7, 300, 5000):
+        ids = [rng.randrange(prompt_tokenizer.vocab_size) for _ in range(size)]
+        assert prompt_tokenizer.decode(ids) == hf.decode(ids, skip_special_tokens=False)
+        assert prompt_tokenizer.decode(ids, skip_special_tokens=True) == hf.decode(
+            ids, skip_special_tokens=True
+        )
+    text = "emoji 😀🚀, CJK 中文, </think> <｜DSML｜tool_calls>"
+    ids = [*prompt_tokenizer.encode_raw(text), prompt_tokenizer.eos_token_id]
+    assert prompt_tokenizer.decode(ids) == hf.decode(ids, skip_special_tokens=False)
+    assert prompt_tokenizer.decode([]) == ""
+    for bad in ([prompt_tokenizer.vocab_size + 10], [-1]):
+        try:
+            expected: str | None = hf.decode(bad, skip_special_tokens=False)
+        except Exception:
+            expected = None
+        if expected is not None:
+            assert prompt_tokenizer.decode(bad) == expected
+        else:
+            with pytest.raises(Exception):  # noqa: B017 - whatever the HF tokenizer raises
+                prompt_tokenizer.decode(bad)
 
 
 def test_detokenizer_rejects_ids_outside_the_vocabulary(prompt_tokenizer: PromptTokenizer) -> None:

@@ -44,7 +44,14 @@ from deepseek_frontend.errors import AuthenticationError, FrontendError, Request
 from .admission import Admission
 from .config import ServerConfig
 from .errors import ErrorBodyRenderer, error_response, openai_error_body
-from .http import FrontendState, TurnGate, log_request_done, new_request_id
+from .http import (
+    FrontendApp,
+    FrontendState,
+    RecentHeads,
+    TurnGate,
+    log_request_done,
+    new_request_id,
+)
 from .metrics import CONTENT_TYPE, FrontendMetrics
 
 log = logging.getLogger("deepseek_frontend.api")
@@ -455,6 +462,7 @@ def create_app(
     state.extra["started_at"] = int(time.time())
     lim = config.limits
     state.admission = Admission(lim.max_concurrent_requests, lim.max_queued_requests, lim.queue_timeout)
+    state.recent_heads = RecentHeads()
     metrics.watch_admission(
         state.admission,
         lambda: pipeline.offload.pending,
@@ -493,12 +501,13 @@ def create_app(
             if resolver is not None:
                 await resolver.aclose()
 
-    app = Starlette(
+    app = FrontendApp(
         routes=routes,
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_exception, FrontendError: _frontend_error},
     )
     app.state.frontend = state
+    app.frontend = state
     app.state.error_renderers = renderers
     if router is not None and router.mode in ("session", "kv", "kv-approx"):
         from deepseek_frontend.routing.session import SessionMiddleware

@@ -15,14 +15,16 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import time
-import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import orjson
+from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -61,15 +63,57 @@ class FrontendState:
     extra: dict[str, Any] = field(default_factory=dict)
     #: admission control of the generating endpoints (None: unlimited)
     admission: Admission | None = None
+    #: heads of recent request bodies: a request that starts like one of them is served first
+    recent_heads: RecentHeads | None = None
 
 
 def get_state(request: Request) -> FrontendState:
-    return request.app.state.frontend
+    app = request.scope["app"]
+    state = getattr(
+        app, "frontend", None
+    )  # FrontendApp's shortcut (Starlette's State is a dict lookup in Python)
+    return state if state is not None else app.state.frontend
 
 
 def new_request_id(prefix: str = "chatcmpl") -> str:
     """``<prefix>-<32 hex>``: unique per request; also the engine request id."""
-    return f"{prefix}-{uuid.uuid4().hex}"
+    return f"{prefix}-{os.urandom(16).hex()}"  # what uuid4().hex carries, without building a UUID
+
+
+#: bytes of a request body that make its head (:class:`RecentHeads`)
+HEAD_BYTES = 4096
+#: request heads remembered (one int each)
+RECENT_HEADS = 4096
+
+
+class RecentHeads:
+    """Which request bodies started with the same bytes as a recent one: a bounded LRU of
+    fingerprints of their first :data:`HEAD_BYTES` bytes.
+
+    An agent resends its whole conversation every turn, so its next request starts like its last
+    one, and that conversation's prompt is in the tokenizer's caches: preparing it is cheap. Such a
+    request takes an urgent loop turn (``LoopTurns``) and so is not queued behind a burst of cold
+    prompts. A wrong guess only reorders the queue: every request is still served, and a cold one
+    sent ahead does its tokenizing on the offload threads all the same.
+    """
+
+    __slots__ = ("_seen", "max_entries")
+
+    def __init__(self, max_entries: int = RECENT_HEADS) -> None:
+        self.max_entries = max_entries
+        self._seen: OrderedDict[int, None] = OrderedDict()
+
+    def seen_before(self, body: bytes) -> bool:
+        """Whether a recent body started with the same bytes; then remember this one's head."""
+        key = hash(body[:HEAD_BYTES])
+        seen = self._seen
+        if key in seen:
+            seen.move_to_end(key)
+            return True
+        seen[key] = None
+        if len(seen) > self.max_entries:
+            seen.popitem(last=False)
+        return False
 
 
 #: seconds a client may take to send its whole request body (32 MiB at 1 MB/s takes 32 s)
@@ -110,14 +154,18 @@ async def read_json(request: Request, max_bytes: int, timeout_s: float | None = 
         raise RequestTimeoutError(
             f"the request body did not arrive within {timeout_s:g} s ({size} bytes received)"
         ) from None
-    turns = getattr(get_state(request).pipeline, "turns", None)
+    body = b"".join(parts)
+    state = get_state(request)
+    turns = getattr(state.pipeline, "turns", None)
     if turns is not None:
         # Parsing, validating and preparing the prompt run on the event loop in turns, from here
         # until the request waits on the engine (ChatPipeline.start gives the turn up): a burst
         # queues here instead of running thousands of such steps in one loop iteration while
-        # /live and everyone else wait.
-        CURRENT_TURN.set(await turns.take())
-    return parse_json_object(b"".join(parts))
+        # /live and everyone else wait. A follow-up of a recent conversation goes first.
+        heads = state.recent_heads
+        urgent = heads.seen_before(body) if heads is not None else False
+        CURRENT_TURN.set(await turns.take(urgent))
+    return parse_json_object(body)
 
 
 def parse_json_object(raw: bytes, where: str = "request body") -> dict[str, Any]:
@@ -141,6 +189,10 @@ class TurnGate:
     request's first step only queues; the turn is handed on when the request reads its body, waits
     on the engine or ends. Other methods (``GET /live``, ``/health``, ``/metrics``) pass straight
     through.
+
+    That first step (routing, admission, up to reading the body) is short, so it takes an urgent
+    turn: arrivals are not queued behind the prompt work of the cold requests before them, and a
+    follow-up of a recent conversation reaches its own (urgent) prompt turn at once (``read_json``).
     """
 
     def __init__(self, app: ASGIApp, turns: Any) -> None:
@@ -151,7 +203,7 @@ class TurnGate:
         if scope["type"] != "http" or scope["method"] != "POST":
             await self.app(scope, receive, send)
             return
-        token = CURRENT_TURN.set(await self.turns.take())
+        token = CURRENT_TURN.set(await self.turns.take(urgent=True))
         try:
             await self.app(scope, receive, send)
         finally:
@@ -288,15 +340,39 @@ def api_route(
     return decorate
 
 
+#: where :class:`FrontendApp` puts the server's own ``send`` in the ASGI scope (see EventStreamResponse)
+RAW_SEND_KEY = "deepseek_frontend.raw_send"
+
+
+class FrontendApp(Starlette):
+    """The Starlette app, which also hands the server's own ``send`` to the responses in the scope.
+
+    Starlette's error middlewares wrap ``send`` only to learn whether a response has started; an
+    event stream sends its start through them and its body parts -- one per engine chunk, the
+    hot path -- straight to the server (two Python calls less per chunk and stream).
+    """
+
+    #: the server's shared state (also ``app.state.frontend``), set by ``create_app``
+    frontend: FrontendState | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        scope[RAW_SEND_KEY] = send
+        await super().__call__(scope, receive, send)
+
+
 class EventStreamResponse(StreamingResponse):
     """``text/event-stream`` response that always closes its body iterator.
 
-    Starlette cancels the streaming task when the client disconnects; an async
-    generator suspended at a ``yield`` at that moment would only be finalised by
-    the garbage collector. Closing it here, shielded from the cancellation, runs
-    its ``finally`` (engine abort) deterministically. The tracker records status
-    200 for a stream that ran to its end, 499 for one the client abandoned, and the
+    The body iterator is closed, shielded from cancellation, when the response ends in any way --
+    finished, failed, or the client went away -- so its ``finally`` (engine abort) runs at once,
+    not whenever the garbage collector finalises a generator suspended at a ``yield``. The tracker
+    records status 200 for a stream that ran to its end, 499 for one the client abandoned, and the
     error type a body generator reports through :attr:`error_type`.
+
+    Starlette's ``StreamingResponse`` runs the body and a disconnect listener in an anyio task
+    group: two tasks and a cancel scope per response, and its cancellation formats the task's repr
+    -- about a tenth of a short request's cost. Here the body is written by the request's own task
+    and a watcher task cancels it when the client disconnects.
     """
 
     def __init__(
@@ -311,24 +387,42 @@ class EventStreamResponse(StreamingResponse):
         if tracker is not None:
             tracker.deferred = True
 
-    async def stream_response(self, send: Send) -> None:
-        # Starlette's loop, minus its per-part type check: our bodies are always bytes.
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        async for part in self.body_iterator:
-            await send({"type": "http.response.body", "body": part, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-        # Reached only when the whole body was sent: a disconnect cancels this coroutine.
-        self._body_done = True
-
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        writer = asyncio.current_task()
+        gone = False
+
+        async def watch_disconnect() -> None:
+            nonlocal gone
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            gone = True
+            if writer is not None:
+                writer.cancel()
+
+        watcher = asyncio.ensure_future(watch_disconnect())
+        body_send: Send = scope.get(RAW_SEND_KEY) or send
         try:
-            await super().__call__(scope, receive, send)
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            )
+            async for part in self.body_iterator:
+                await body_send({"type": "http.response.body", "body": part, "more_body": True})
+            # the server answers http.disconnect once the response is complete: stop watching first
+            watcher.cancel()
+            await body_send({"type": "http.response.body", "body": b"", "more_body": False})
+            self._body_done = True
+        except asyncio.CancelledError:
+            if not gone or writer is None:
+                raise
+            writer.uncancel()  # the client went away: the normal end of an abandoned stream
         finally:
-            with anyio.CancelScope(shield=True):
-                aclose = getattr(self.body_iterator, "aclose", None)
-                if aclose is not None:
-                    with contextlib.suppress(Exception):
-                        await aclose()
+            watcher.cancel()
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                # shielded only when a cancellation is under way (a cancel scope costs on every stream)
+                shield = anyio.CancelScope(shield=True) if writer is None or writer.cancelling() else None
+                with shield or contextlib.nullcontext(), contextlib.suppress(Exception):
+                    await aclose()
             if self._tracker is not None:
                 if self._tracker.stream_error:
                     self._tracker.finish(200, self._tracker.stream_error)

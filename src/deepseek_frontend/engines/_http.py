@@ -39,7 +39,7 @@ import aiohttp
 import httpx
 import orjson
 
-from deepseek_frontend.engines.base import EngineClient, SamplingParams
+from deepseek_frontend.engines.base import EngineChunk, EngineClient, SamplingParams
 from deepseek_frontend.errors import EngineRejectedRequestError, EngineStreamError, EngineUnavailableError
 
 #: connections per worker; a frontend streams hundreds of requests to one worker at once
@@ -164,11 +164,15 @@ def error_message(body: bytes, fallback: str) -> str:
     return fallback
 
 
-async def iter_sse_data(
+async def iter_sse_batches(
     body: AsyncIterable[bytes], max_line_bytes: int | None = None
-) -> AsyncIterator[bytes]:
+) -> AsyncIterator[list[bytes]]:
     """The ``data:`` payloads of an SSE body (its bytes as they arrive), as bytes (no text decoding:
-    orjson reads bytes).
+    orjson reads bytes), grouped by the network read that completed them (never an empty group).
+
+    A worker writes one event per decode step; when the frontend falls behind, several wait in the
+    socket and come in one read. A client that turns such a group into one chunk pays one
+    detokenize, parse and client write for all of them instead of one each.
 
     Only ``data`` fields matter for these engines; comments and other fields are skipped.
     Lines end with ``\\n`` (``\\r\\n`` tolerated). A trailing line without a newline is kept.
@@ -182,6 +186,7 @@ async def iter_sse_data(
     pending: list[bytes] = []
     pending_size = 0
     async for raw in body:
+        batch: list[bytes] = []
         start = 0
         while True:
             end = raw.find(b"\n", start)
@@ -198,7 +203,7 @@ async def iter_sse_data(
             if len(line) > limit:
                 raise SSELineTooLongError(f"the worker sent an SSE line of {len(line)} bytes (limit {limit})")
             if line.startswith(b"data:"):
-                yield line[5:].strip()
+                batch.append(line[5:].strip())
         if start < len(raw):
             pending_size += len(raw) - start
             if pending_size > limit:
@@ -206,13 +211,45 @@ async def iter_sse_data(
                     f"the worker sent an SSE line of more than {limit} bytes without a newline"
                 )
             pending.append(raw[start:] if start else raw)
+        if batch:
+            yield batch
     if pending:
         line = b"".join(pending)
         if line.startswith(b"data:"):
-            yield line[5:].strip()
+            yield [line[5:].strip()]
 
 
-async def drain_events(events: AsyncIterator[bytes]) -> None:
+async def iter_sse_data(
+    body: AsyncIterable[bytes], max_line_bytes: int | None = None
+) -> AsyncIterator[bytes]:
+    """The ``data:`` payloads of an SSE body one by one (:func:`iter_sse_batches`, ungrouped)."""
+    async for batch in iter_sse_batches(body, max_line_bytes):
+        for data in batch:
+            yield data
+
+
+def merge_chunks(first: EngineChunk, then: EngineChunk) -> EngineChunk | None:
+    """One chunk for two consecutive ones of a stream, or None when they cannot be one (only one of
+    them carries logprobs). The counters and the finish are the later chunk's, as a worker that had
+    sent only it would report them."""
+    if (first.logprobs is None) != (then.logprobs is None):
+        return None
+    completion = then.completion_tokens
+    if completion is None and first.completion_tokens is not None:
+        completion = first.completion_tokens + len(then.token_ids)
+    return EngineChunk(
+        first.token_ids + then.token_ids,
+        then.finish_reason,
+        then.matched_stop,
+        then.prompt_tokens if then.prompt_tokens is not None else first.prompt_tokens,
+        completion,
+        then.cached_tokens if then.cached_tokens is not None else first.cached_tokens,
+        None if first.logprobs is None or then.logprobs is None else first.logprobs + then.logprobs,
+        then.message,
+    )
+
+
+async def drain_events(events: AsyncIterator[Any]) -> None:
     """Read what follows a stream's last event (``[DONE]``, a finish chunk) so its connection can
     be reused.
 

@@ -134,7 +134,7 @@ class OffloadPool:
 
 
 class LoopTurns:
-    """Hands out turns for short CPU work done on the event loop itself, ``slots`` at a time, FIFO.
+    """Hands out turns for short CPU work done on the event loop itself, ``slots`` at a time.
 
     A burst of requests arrives as thousands of tasks ready at once; the event loop runs every
     callback ready at the start of an iteration before it looks at the network again, so if each of
@@ -143,10 +143,14 @@ class LoopTurns:
     turn goes to the next waiter through the loop's ready queue, so each iteration starts at most
     ``slots`` pieces of such work, and I/O (and every other request) is served in between.
 
+    Waiters are served FIFO, except that ``urgent`` ones go before all others (still FIFO among
+    themselves): a request known to be cheap -- a follow-up whose prompt is in the caches -- need
+    not wait behind the cold requests of a burst.
+
     Uncontended, ``async with turns:`` never suspends: a lone request pays a counter update.
     """
 
-    __slots__ = ("_waiters", "busy", "slots")
+    __slots__ = ("_urgent", "_waiters", "busy", "slots")
 
     def __init__(self, slots: int = 1) -> None:
         if slots < 1:
@@ -154,13 +158,17 @@ class LoopTurns:
         self.slots = slots
         self.busy = 0
         self._waiters: deque[asyncio.Future[None]] = deque()
+        self._urgent: deque[asyncio.Future[None]] = deque()
 
     async def __aenter__(self) -> None:
-        if self.busy < self.slots and not self._waiters:
+        await self._acquire(False)
+
+    async def _acquire(self, urgent: bool) -> None:
+        if self.busy < self.slots and not self._urgent and (urgent or not self._waiters):
             self.busy += 1
             return
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        (self._urgent if urgent else self._waiters).append(waiter)
         try:
             await waiter
         except BaseException:
@@ -173,9 +181,10 @@ class LoopTurns:
     async def __aexit__(self, *exc: object) -> None:
         self._release()
 
-    async def take(self) -> Callable[[], None]:
-        """Wait for a turn and return its (idempotent) release; for a turn that spans several calls."""
-        await self.__aenter__()
+    async def take(self, urgent: bool = False) -> Callable[[], None]:
+        """Wait for a turn (ahead of the others when ``urgent``) and return its (idempotent) release;
+        for a turn that spans several calls."""
+        await self._acquire(urgent)
         released = False
 
         def release() -> None:
@@ -187,12 +196,12 @@ class LoopTurns:
         return release
 
     def _release(self) -> None:
-        waiters = self._waiters
-        while waiters:
-            waiter = waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # the turn moves on; ``busy`` is unchanged
-                return
+        for waiters in (self._urgent, self._waiters):
+            while waiters:
+                waiter = waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(None)  # the turn moves on; ``busy`` is unchanged
+                    return
         self.busy -= 1
 
 

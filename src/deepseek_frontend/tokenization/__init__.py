@@ -694,6 +694,18 @@ class PromptTokenizer:
     # -- decoding ---------------------------------------------------------------
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        """The text of ``ids`` as the HF tokenizer decodes it (invalid UTF-8 becomes U+FFFD).
+
+        With special tokens kept, a byte-level vocabulary decodes by joining each id's bytes
+        (the same text, about 4x faster than the tokenizer's own decode on long prompts: the
+        simulated engine reads every prompt it serves this way).
+        """
+        table = self._id_bytes
+        if table is not None and not skip_special_tokens and (not ids or min(ids) >= 0):
+            try:
+                return b"".join(map(table.__getitem__, ids)).decode("utf-8", "replace")
+            except (IndexError, TypeError):
+                pass  # an id outside the vocabulary: the tokenizer says what it makes of it
         return self.full.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def new_detokenizer(self) -> IncrementalDetokenizer:

@@ -27,6 +27,7 @@ import dataclasses
 import json
 import random
 import zlib
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -107,19 +108,38 @@ class PrefixCache:
         """Cached prefix length of ``ids`` in tokens (whole pages, < len(ids)); then remember ``ids``."""
         size = self.page_size
         chain = 0
-        cached = 0
         missed = False
+        try:  # pages hashed as bytes: a slice and a hash in C per page, not a tuple of ints
+            data, width = array("i", ids).tobytes(), 4
+        except OverflowError:
+            data, width = array("q", ids).tobytes(), 8
+        pages = self._pages
+        step = size * width
         # the last token is always computed (an engine needs its logits), so stop one short
-        for end in range(size, len(ids), size):
-            chain = hash((chain, tuple(ids[end - size : end])))
-            if not missed and chain in self._pages:
-                cached = end
-                self._pages.move_to_end(chain)
-            else:
+        stop = ((len(ids) - 1) // size) * step
+        at = 0
+        touched: list[int] = []
+        while at < stop:  # the cached run of leading pages
+            chain = hash((chain, data[at : at + step]))
+            if chain not in pages:
                 missed = True
-                self._pages[chain] = None
-        while len(self._pages) > self.max_pages:
-            self._pages.popitem(last=False)
+                break
+            touched.append(chain)
+            at += step
+        cached = at // width
+        if touched:
+            # one pass over the dict for the whole run (most recently used: its last page)
+            for key in touched:
+                pages.move_to_end(key)
+        if missed:
+            pages[chain] = None
+            at += step
+            while at < stop:
+                chain = hash((chain, data[at : at + step]))
+                pages[chain] = None
+                at += step
+        while len(pages) > self.max_pages:
+            pages.popitem(last=False)
         return cached
 
 
@@ -149,38 +169,68 @@ class _StepClock:
     """One decode-step timer shared by all running streams of an engine.
 
     A real engine decodes its whole batch in lockstep: every running request gets its next
-    chunk at the same step boundary, one step every ``itl`` seconds. Waiting here instead of
+    chunk at the same step boundary, one step every ``period`` seconds. Waiting here instead of
     ``asyncio.sleep(itl)`` per stream gives that cadence (a late loop does not stretch each
     stream's interval: the next step is due one period after the previous one, or at once
     when the loop is more than a period behind) and costs one timer per step, not one per
     stream and token -- at 256 streams the per-stream timers were a large part of the sim's
     CPU per token. A clock is bound to the event loop that last used it.
+
+    :meth:`steps` counts the step boundaries passed so far on the clock's grid of times -- also
+    those a late loop fired as one, and those that passed while no stream waited -- so a stream
+    knows how many steps of output are ready when it comes back late. After an idle spell (no
+    step for two periods) the grid restarts a full period after the next waiter arrives.
     """
 
-    __slots__ = ("_due", "_handle", "_loop", "_waiters")
+    __slots__ = ("_due", "_handle", "_index", "_last", "_loop", "_period", "_waiters")
 
-    def __init__(self) -> None:
+    def __init__(self, period: float) -> None:
+        if period <= 0:
+            raise ValueError("a step clock needs a positive period")
+        self._period = period
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
         self._waiters: list[asyncio.Future[None]] = []
         self._due = 0.0
+        #: boundaries counted up to the grid time ``_last``
+        self._index = 0
+        self._last = 0.0
 
-    def next_step(self, period: float) -> asyncio.Future[None]:
-        """A future resolved at the next step boundary (``period`` seconds after the previous one)."""
+    def _bound(self) -> asyncio.AbstractEventLoop:
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
-            self._loop, self._handle, self._waiters, self._due = loop, None, [], 0.0
+            self._loop, self._handle, self._waiters, self._index = loop, None, [], 0
+            self._last = loop.time()
+        return loop
+
+    def steps(self) -> int:
+        """Step boundaries passed by now (monotonic; differences count the steps between two calls)."""
+        now = self._bound().time()
+        return self._index + max(0, int((now - self._last) / self._period))
+
+    def next_step(self) -> asyncio.Future[None]:
+        """A future resolved at the next step boundary."""
+        loop = self._bound()
         waiter: asyncio.Future[None] = loop.create_future()
         self._waiters.append(waiter)
         if self._handle is None:
             now = loop.time()
-            # idle for a while (no step for two periods): the first step is a full period away
-            self._due = now + period if now - self._due > 2 * period else max(self._due + period, now)
+            period = self._period
+            if now - self._last > 2 * period:
+                # idle for a while: count the steps that passed, then the next is a full period away
+                self._index = self.steps()
+                self._last = now
+            self._due = max(self._last + period, now)
             self._handle = loop.call_at(self._due, self._step)
         return waiter
 
     def _step(self) -> None:
         self._handle = None
+        assert self._loop is not None
+        # a late loop fires several boundaries at once: all of them count
+        passed = max(1, int((self._loop.time() - self._last) / self._period))
+        self._index += passed
+        self._last += passed * self._period
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             if not waiter.done():  # a cancelled stream's waiter
@@ -233,8 +283,10 @@ class SimulatedEngine(EngineClient):
         #: from it when set, else from the unbounded-time ``prefix_cache``
         self.kv = kv
         self._plans: OrderedDict[tuple[object, ...], list[int]] = OrderedDict()
-        #: the decode-step clock every running stream of this engine waits on between chunks
-        self._clock = _StepClock()
+        #: the decode-step clock every running stream of this engine waits on between chunks (None
+        #: at zero delay: each chunk only yields to the loop)
+        self._clock = _StepClock(self.itl_s) if self.itl_s > 0 else None
+        self._capabilities: tuple[SimBehavior, WorkerCapabilities] | None = None
         self._running: set[str] = set()
         self._abort_requested: set[str] = set()
         self._failed: set[str] = set()
@@ -365,6 +417,11 @@ class SimulatedEngine(EngineClient):
             step = self.tokens_per_chunk
             sizes = random.Random(zlib.crc32(rid.encode())) if self.max_tokens_per_chunk > step else None
             total = len(ids)
+            clock = self._clock
+            #: decode steps this stream's next chunk covers (more than one when its consumer fell behind)
+            owed = 1
+            #: the clock's step count when this stream's last chunk was written
+            mark = clock.steps() if clock is not None else 0
             while True:
                 if rid in self._abort_requested:
                     done = True
@@ -378,9 +435,10 @@ class SimulatedEngine(EngineClient):
                         message="aborted by request",
                     )
                     return
-                end = min(
-                    emitted + (sizes.randint(step, self.max_tokens_per_chunk) if sizes else step), total
-                )
+                grow = step * owed
+                if sizes is not None:
+                    grow = sum(sizes.randint(step, self.max_tokens_per_chunk) for _ in range(owed))
+                end = min(emitted + grow, total)
                 if self.fail_after is not None and end > self.fail_after:
                     end = self.fail_after
                     if end <= emitted:
@@ -412,8 +470,16 @@ class SimulatedEngine(EngineClient):
                 yield chunk
                 if last:
                     return
-                if self.itl_s > 0:
-                    await self._clock.next_step(self.itl_s)
+                if clock is not None:
+                    # A real engine decodes on its own clock whether or not the frontend has read the
+                    # last chunk: the steps that passed while this stream's consumer was busy are
+                    # ready now, as one chunk (a worker's socket would hold them as several events,
+                    # which the HTTP clients merge the same way), and the next comes at the next step.
+                    owed = clock.steps() - mark
+                    if owed < 1:
+                        await clock.next_step()
+                        owed = max(1, clock.steps() - mark)
+                    mark += owed
                 else:
                     await asyncio.sleep(0)
         finally:
@@ -433,7 +499,7 @@ class SimulatedEngine(EngineClient):
         each a decodable image (``data:`` URL or base64): anything else is refused like SGLang
         refuses it (HTTP 400), with a message saying what does not match.
         """
-        placeholders = sum(1 for t in request.input_ids if t == IMAGE_TOKEN_ID)
+        placeholders = request.input_ids.count(IMAGE_TOKEN_ID)
         if not request.images and not placeholders:
             return (), 0
         if placeholders != len(request.images):
@@ -476,7 +542,11 @@ class SimulatedEngine(EngineClient):
     def capabilities(self) -> WorkerCapabilities:
         """What the pipeline checks requests against (see ``WorkerPool.capabilities``): the
         behaviour's, or the kind default's (no context limit, no reservation, seeds honoured)."""
-        return (self.behavior or _IDEAL).capabilities()
+        behavior = self.behavior or _IDEAL
+        cached = self._capabilities
+        if cached is None or cached[0] is not behavior:  # asked several times per request
+            cached = self._capabilities = (behavior, behavior.capabilities())
+        return cached[1]
 
     def mark_failed(self, request_id: str) -> None:
         """Count a running request as failed, not aborted, when a sim-server fault closes it."""

@@ -185,6 +185,14 @@ def _clean(text: str) -> str:
 
 
 def _first_words(text: str, n: int) -> str:
+    """The first ``n`` words of ``_clean(text)``, reading only as much of ``text`` as they need
+    (a cold prompt's user turn may be megabytes; the answer quotes a dozen words of it)."""
+    size = 16 * (n + 1)
+    while size < len(text):
+        words = _clean(text[:size]).split()
+        if len(words) > n:  # a word follows the n-th, so the cut did not shorten the n-th
+            return " ".join(words[:n])
+        size *= 4
     return " ".join(_clean(text).split()[:n])
 
 
