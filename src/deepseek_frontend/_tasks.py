@@ -1,13 +1,14 @@
 """Small asyncio helpers shared by the layers that own background tasks (engine pool, KV event
-subscriber, simulated engine's KV publisher)."""
+subscriber, simulated engine's KV publisher, the SSE responses of the API and the simulated engine)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
-__all__ = ["cancel_and_wait"]
+__all__ = ["DisconnectWatch", "cancel_and_wait"]
 
 
 async def cancel_and_wait(*tasks: asyncio.Task[Any]) -> None:
@@ -21,3 +22,37 @@ async def cancel_and_wait(*tasks: asyncio.Task[Any]) -> None:
     for task in tasks:
         with contextlib.suppress(asyncio.CancelledError):
             await task
+
+
+class DisconnectWatch:
+    """Cancels the current task when the ASGI client disconnects (``receive`` yields ``http.disconnect``).
+
+    For a streaming response written by the request's own task: :attr:`gone` then tells the
+    ``CancelledError`` that follows apart from any other cancellation. :meth:`stop` before the last
+    body message (servers answer ``http.disconnect`` once a response is complete) and in ``finally``.
+    """
+
+    __slots__ = ("_task", "_watcher", "gone")
+
+    def __init__(self, receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        self.gone = False
+        self._task = asyncio.current_task()
+        self._watcher = asyncio.ensure_future(self._watch(receive))
+
+    async def _watch(self, receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.gone = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def absorb(self) -> bool:
+        """In ``except CancelledError``: True (and the cancellation undone) when the client's leaving
+        caused it -- the normal end of an abandoned stream -- else False (re-raise)."""
+        if not self.gone or self._task is None:
+            return False
+        self._task.uncancel()
+        return True
+
+    def stop(self) -> None:
+        self._watcher.cancel()

@@ -29,6 +29,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from deepseek_frontend._tasks import DisconnectWatch
 from deepseek_frontend.errors import FrontendError, PayloadTooLargeError, RequestError, RequestTimeoutError
 from deepseek_frontend.pipeline.offload import CURRENT_TURN, release_current_turn
 
@@ -388,18 +389,7 @@ class EventStreamResponse(StreamingResponse):
             tracker.deferred = True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        writer = asyncio.current_task()
-        gone = False
-
-        async def watch_disconnect() -> None:
-            nonlocal gone
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone = True
-            if writer is not None:
-                writer.cancel()
-
-        watcher = asyncio.ensure_future(watch_disconnect())
+        watch = DisconnectWatch(receive)
         body_send: Send = scope.get(RAW_SEND_KEY) or send
         try:
             await send(
@@ -407,19 +397,18 @@ class EventStreamResponse(StreamingResponse):
             )
             async for part in self.body_iterator:
                 await body_send({"type": "http.response.body", "body": part, "more_body": True})
-            # the server answers http.disconnect once the response is complete: stop watching first
-            watcher.cancel()
+            watch.stop()  # the server answers http.disconnect once the response is complete
             await body_send({"type": "http.response.body", "body": b"", "more_body": False})
             self._body_done = True
         except asyncio.CancelledError:
-            if not gone or writer is None:
+            if not watch.absorb():  # the client went away: the normal end of an abandoned stream
                 raise
-            writer.uncancel()  # the client went away: the normal end of an abandoned stream
         finally:
-            watcher.cancel()
+            watch.stop()
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:
                 # shielded only when a cancellation is under way (a cancel scope costs on every stream)
+                writer = asyncio.current_task()
                 shield = anyio.CancelScope(shield=True) if writer is None or writer.cancelling() else None
                 with shield or contextlib.nullcontext(), contextlib.suppress(Exception):
                     await aclose()

@@ -43,6 +43,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from deepseek_frontend._tasks import DisconnectWatch
 from deepseek_frontend.engines.base import (
     DecodingConstraint,
     EngineChunk,
@@ -120,18 +121,7 @@ class _SseResponse(Response):
         self.body_iterator = body
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        writer = asyncio.current_task()
-        gone = False
-
-        async def watch() -> None:
-            nonlocal gone
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            gone = True
-            if writer is not None:
-                writer.cancel()
-
-        watcher = asyncio.ensure_future(watch())
+        watch = DisconnectWatch(receive)
         body = self.body_iterator
         try:
             await send(
@@ -139,15 +129,13 @@ class _SseResponse(Response):
             )
             async for part in body:
                 await send({"type": "http.response.body", "body": part, "more_body": True})
-            # the server answers http.disconnect once the response is complete: stop watching first
-            watcher.cancel()
+            watch.stop()  # the server answers http.disconnect once the response is complete
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
-            if not gone or writer is None:
+            if not watch.absorb():  # the client went away: a normal end for a stream, not an error
                 raise
-            writer.uncancel()  # the client went away: a normal end for a stream, not an error
         finally:
-            watcher.cancel()
+            watch.stop()
             await body.aclose()
 
 
