@@ -618,3 +618,17 @@ def test_discover_warns_when_the_worker_serves_another_model_name(caplog: pytest
     with caplog.at_level("WARNING", logger="deepseek_frontend.engines.vllm"):
         asyncio.run(scenario())
     assert "'deepseek-v4'" in caplog.text and "--worker-model" in caplog.text
+
+
+def test_events_that_arrive_together_become_one_chunk() -> None:
+    """Steps waiting in the socket (one write here) are one chunk; the finish still comes last, with
+    the usage that follows it."""
+    usage = {"prompt_tokens": 3, "completion_tokens": 5, "total_tokens": 8}
+    together = sse(choice([5], prompt_token_ids=[10, 11, 12])) + sse(choice([6, 7])) + sse(choice([8]))
+    ending = sse(choice([1], "stop", 1)) + sse({"choices": [], "usage": usage}) + b"data: [DONE]\n\n"
+    app = fake_vllm([together, ending])
+    ids, chunks = asyncio.run(run_against(app))
+    assert ids == [5, 6, 7, 8, 1]
+    assert [c.token_ids for c in chunks] == [[5, 6, 7, 8], [1]]
+    assert chunks[0].completion_tokens == 4 and chunks[0].prompt_tokens == 3
+    assert (chunks[-1].finish_reason, chunks[-1].completion_tokens) == ("stop", 5)
