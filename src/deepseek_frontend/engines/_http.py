@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
 from typing import Any, ClassVar, NoReturn
 
 import aiohttp
@@ -247,6 +247,39 @@ def merge_chunks(first: EngineChunk, then: EngineChunk) -> EngineChunk | None:
         None if first.logprobs is None or then.logprobs is None else first.logprobs + then.logprobs,
         then.message,
     )
+
+
+async def merge_reads(
+    batches: AsyncIterator[list[bytes]],
+    chunks_of: Callable[[list[bytes]], Iterator[EngineChunk]],
+    progress: StreamProgress,
+) -> AsyncIterator[EngineChunk]:
+    """The chunks ``chunks_of`` makes of each read's events (:func:`iter_sse_batches`), as few as
+    :func:`merge_chunks` allows: one per read, unless only some of them carry logprobs.
+
+    Once a chunk is pending, ``progress.yielded`` is set: a failure later in the same read comes
+    after output, and that output is passed on before the failure is raised -- a stream must not
+    look unstarted (and be retried elsewhere) when tokens are on their way to the client.
+    """
+    async for batch in batches:
+        pending: EngineChunk | None = None
+        try:
+            for chunk in chunks_of(batch):
+                progress.yielded = True
+                if pending is None:
+                    pending = chunk
+                    continue
+                joined = merge_chunks(pending, chunk)
+                if joined is None:  # not one chunk: the earlier goes first
+                    yield pending
+                    joined = chunk
+                pending = joined
+        except Exception:
+            if pending is not None:
+                yield pending  # what came before the failure in the same read
+            raise
+        if pending is not None:
+            yield pending
 
 
 async def drain_events(events: AsyncIterator[Any]) -> None:

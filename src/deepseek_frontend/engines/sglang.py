@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -57,7 +57,7 @@ from deepseek_frontend.engines._http import (
     drain_events,
     is_client_status,
     iter_sse_batches,
-    merge_chunks,
+    merge_reads,
     new_http_client,
     open_event_stream,
     sampling_fields,
@@ -331,66 +331,56 @@ class SGLangClient(HTTPEngineClient):
             ) as response_body:
                 running = True
                 try:
+                    ended = False
+
+                    def chunks_of(batch: list[bytes]) -> Iterator[EngineChunk]:
+                        """The chunks of one read's events, up to the finish or ``[DONE]``."""
+                        nonlocal finished, ended
+                        for data in batch:
+                            if data == b"[DONE]":
+                                ended = True
+                                return
+                            if not data:
+                                continue
+                            obj = progress.decode(data)
+                            if "error" in obj:
+                                progress.error_event(obj["error"])
+                            meta = obj.get("meta_info") or {}
+                            refused = _abort_status(meta)
+                            if refused is not None:
+                                status, message = refused
+                                finished = True  # the worker already dropped the request: no abort to send
+                                if is_client_status(status):
+                                    raise EngineRejectedRequestError(
+                                        f"the engine rejected the request: {message}", status_code=status
+                                    )
+                                raise progress.broken(f"engine aborted the request ({status}): {message}")
+                            ids = obj.get("output_ids")
+                            if ids is None:
+                                ids = obj.get("token_ids") or []
+                            completion = meta.get("completion_tokens")
+                            new = differ.new_ids(ids, completion)
+                            reason, matched, message = _finish(meta)
+                            if not new and reason is None:
+                                continue
+                            yield EngineChunk(
+                                new,
+                                reason,
+                                matched,
+                                meta.get("prompt_tokens"),
+                                completion,
+                                meta.get("cached_tokens"),
+                                _logprobs(meta, len(new)) if meta.get("output_token_logprobs") else None,
+                                message,
+                            )
+                            if reason is not None:
+                                finished = True
+                                return
+
+                    # the events of one read are one chunk: one detokenize, parse and client write
                     batches = iter_sse_batches(response_body)
-                    async for batch in batches:
-                        # the events of one read are one chunk: one detokenize, parse and client write
-                        merged: EngineChunk | None = None
-                        ended = False
-                        try:
-                            for data in batch:
-                                if data == b"[DONE]":
-                                    ended = True
-                                    break
-                                if not data:
-                                    continue
-                                obj = progress.decode(data)
-                                if "error" in obj:
-                                    progress.error_event(obj["error"])
-                                meta = obj.get("meta_info") or {}
-                                refused = _abort_status(meta)
-                                if refused is not None:
-                                    status, message = refused
-                                    finished = True  # the worker already dropped the request: no abort
-                                    if is_client_status(status):
-                                        raise EngineRejectedRequestError(
-                                            f"the engine rejected the request: {message}", status_code=status
-                                        )
-                                    raise progress.broken(f"engine aborted the request ({status}): {message}")
-                                ids = obj.get("output_ids")
-                                if ids is None:
-                                    ids = obj.get("token_ids") or []
-                                completion = meta.get("completion_tokens")
-                                new = differ.new_ids(ids, completion)
-                                reason, matched, message = _finish(meta)
-                                if not new and reason is None:
-                                    continue
-                                chunk = EngineChunk(
-                                    new,
-                                    reason,
-                                    matched,
-                                    meta.get("prompt_tokens"),
-                                    completion,
-                                    meta.get("cached_tokens"),
-                                    _logprobs(meta, len(new)) if meta.get("output_token_logprobs") else None,
-                                    message,
-                                )
-                                joined = chunk if merged is None else merge_chunks(merged, chunk)
-                                if joined is None:  # not one chunk: the earlier goes first
-                                    assert merged is not None
-                                    yield merged
-                                    joined = chunk
-                                merged = joined
-                                # from here a failure is one after output (the pending chunk is output)
-                                progress.yielded = True
-                                if reason is not None:
-                                    finished = True
-                                    break
-                        except Exception:
-                            if merged is not None:
-                                yield merged  # what came before the failure in the same read
-                            raise
-                        if merged is not None:
-                            yield merged
+                    async for chunk in merge_reads(batches, chunks_of, progress):
+                        yield chunk
                         if finished:
                             await drain_events(batches)
                             return

@@ -47,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
@@ -59,9 +59,8 @@ from deepseek_frontend.engines._http import (
     HTTPEngineClient,
     StreamProgress,
     StreamSession,
-    drain_events,
     iter_sse_batches,
-    merge_chunks,
+    merge_reads,
     open_event_stream,
     sampling_fields,
 )
@@ -341,67 +340,58 @@ class VLLMClient(HTTPEngineClient):
             async with open_event_stream(self._streams, self.name, url, body) as response_body:
                 running = True
                 try:
-                    batches = iter_sse_batches(response_body)
                     ended = False
-                    async for batch in batches:
-                        # the events of one read are one chunk: one detokenize, parse and client write
-                        merged: EngineChunk | None = None
-                        try:
-                            for data in batch:
-                                if data == b"[DONE]":
-                                    ended = True
-                                    break
-                                if not data:
-                                    continue
-                                obj = progress.decode(data)
-                                if "error" in obj or obj.get("object") == "error":
-                                    progress.error_event(obj.get("error", obj))
-                                if isinstance(obj.get("request_id"), str):
-                                    engine_id = obj["request_id"]
-                                if prompt_tokens is None and isinstance(obj.get("prompt_token_ids"), list):
-                                    prompt_tokens = len(obj["prompt_token_ids"])
-                                usage = obj.get("usage")
-                                if isinstance(usage, dict) and held is not None:
-                                    _apply_usage(held, usage)
-                                for choice in obj.get("choices") or ():
-                                    ids = choice.get("token_ids") or []
-                                    if prompt_tokens is None and choice.get("prompt_token_ids") is not None:
-                                        prompt_tokens = len(choice["prompt_token_ids"])
-                                    completion += len(ids)
-                                    reason = _finish(choice.get("finish_reason"))
-                                    block = choice.get("logprobs")
-                                    chunk = EngineChunk(
-                                        list(ids),
-                                        reason,
-                                        _matched(choice.get("stop_reason")) if reason == "stop" else None,
-                                        prompt_tokens,
-                                        completion,
-                                        None,
-                                        _completion_logprobs(block, ids, k)
-                                        if completions
-                                        else _generate_logprobs(block, k),
-                                        "aborted by the engine" if reason == "abort" else None,
-                                    )
-                                    if reason is not None:
-                                        held = chunk
-                                        finished = True
-                                    elif ids:
-                                        joined = chunk if merged is None else merge_chunks(merged, chunk)
-                                        if joined is None:  # not one chunk: the earlier goes first
-                                            assert merged is not None
-                                            yield merged
-                                            joined = chunk
-                                        merged = joined
-                                        progress.yielded = True  # the pending chunk is output
-                        except Exception:
-                            if merged is not None:
-                                yield merged  # what came before the failure in the same read
-                            raise
-                        if merged is not None:
-                            yield merged
-                        if ended:
-                            await drain_events(batches)  # the connection goes back to the pool
-                            break
+
+                    def chunks_of(batch: list[bytes]) -> Iterator[EngineChunk]:
+                        """The token chunks of one read's events (the finishing chunk is held for the
+                        usage that follows it), nothing after ``[DONE]``."""
+                        nonlocal ended, engine_id, prompt_tokens, completion, held, finished
+                        for data in batch:
+                            if ended:
+                                return
+                            if data == b"[DONE]":
+                                ended = True  # what follows is read only so the connection is reused
+                                return
+                            if not data:
+                                continue
+                            obj = progress.decode(data)
+                            if "error" in obj or obj.get("object") == "error":
+                                progress.error_event(obj.get("error", obj))
+                            if isinstance(obj.get("request_id"), str):
+                                engine_id = obj["request_id"]
+                            if prompt_tokens is None and isinstance(obj.get("prompt_token_ids"), list):
+                                prompt_tokens = len(obj["prompt_token_ids"])
+                            usage = obj.get("usage")
+                            if isinstance(usage, dict) and held is not None:
+                                _apply_usage(held, usage)
+                            for choice in obj.get("choices") or ():
+                                ids = choice.get("token_ids") or []
+                                if prompt_tokens is None and choice.get("prompt_token_ids") is not None:
+                                    prompt_tokens = len(choice["prompt_token_ids"])
+                                completion += len(ids)
+                                reason = _finish(choice.get("finish_reason"))
+                                block = choice.get("logprobs")
+                                chunk = EngineChunk(
+                                    list(ids),
+                                    reason,
+                                    _matched(choice.get("stop_reason")) if reason == "stop" else None,
+                                    prompt_tokens,
+                                    completion,
+                                    None,
+                                    _completion_logprobs(block, ids, k)
+                                    if completions
+                                    else _generate_logprobs(block, k),
+                                    "aborted by the engine" if reason == "abort" else None,
+                                )
+                                if reason is not None:
+                                    held = chunk
+                                    finished = True
+                                elif ids:
+                                    yield chunk
+
+                    # the events of one read are one chunk: one detokenize, parse and client write
+                    async for chunk in merge_reads(iter_sse_batches(response_body), chunks_of, progress):
+                        yield chunk
                     if held is None:
                         raise progress.broken("stream ended without a finish reason")
                     yield held
