@@ -206,3 +206,50 @@ def test_output_past_max_tokens_is_cut_and_an_unknown_id_is_the_workers_fault() 
     bad = WorkerPool([_Scripted([7, 1000])], health_interval_s=0, limits=StreamLimits(vocab_size=100))
     with pytest.raises(EngineStreamError, match="outside the vocabulary"):
         asyncio.run(_drain(bad, _request()))
+
+
+# --------------------------------------------------------------------------- loop turns
+
+
+def test_loop_turns_serve_urgent_waiters_first_and_each_queue_in_order() -> None:
+    """A released turn goes to the urgent waiters first (FIFO among them), then to the others (FIFO);
+    never more than ``slots`` turns are out at once."""
+    from deepseek_frontend.pipeline.offload import LoopTurns
+
+    async def scenario() -> list[str]:
+        turns = LoopTurns(slots=2)
+        order: list[str] = []
+        held = [await turns.take(), await turns.take()]  # both slots out: everyone else waits
+
+        async def one(name: str, urgent: bool) -> None:
+            release = await turns.take(urgent)
+            order.append(name)
+            assert turns.busy <= turns.slots
+            await asyncio.sleep(0)
+            release()
+
+        tasks = [asyncio.create_task(one(n, n.startswith("u"))) for n in ("c1", "c2", "u1", "c3", "u2")]
+        await asyncio.sleep(0)  # all are queued now
+        for release in held:
+            release()
+        await asyncio.gather(*tasks)
+        assert turns.busy == 0
+        return order
+
+    assert asyncio.run(scenario()) == ["u1", "u2", "c1", "c2", "c3"]
+
+
+def test_recent_heads_recognise_a_body_that_starts_like_a_recent_one() -> None:
+    """A follow-up resends its conversation: its body starts with the same bytes as the last one's."""
+    from deepseek_frontend.api.http import HEAD_BYTES, RecentHeads
+
+    heads = RecentHeads(max_entries=2)
+    conversation = b'{"messages":[{"role":"user","content":"' + b"x" * HEAD_BYTES
+    assert not heads.seen_before(conversation + b'"}]}')
+    assert heads.seen_before(conversation + b'"},{"role":"assistant","content":"ok"}]}')
+    other = b'{"messages":[{"role":"user","content":"something else"}]}'
+    assert not heads.seen_before(other)
+    assert heads.seen_before(conversation)  # the conversation is now the most recently used
+    assert not heads.seen_before(b"a third body")  # room for two: the least recently used goes
+    assert heads.seen_before(conversation)
+    assert not heads.seen_before(other)  # it was the one dropped
