@@ -16,7 +16,7 @@ import pytest
 
 from deepseek_frontend.api.admission import Admission
 from deepseek_frontend.api.logs import KeyValueFormatter
-from deepseek_frontend.engines._http import SSELineTooLongError, iter_sse_data
+from deepseek_frontend.engines._http import SSELineTooLongError, iter_sse_batches
 from deepseek_frontend.engines.base import EngineChunk, EngineClient, GenerateRequest, SamplingParams
 from deepseek_frontend.engines.pool import StreamLimits, WorkerPool
 from deepseek_frontend.errors import EngineStreamError, EngineTimeoutError, OverloadedError
@@ -71,7 +71,7 @@ async def _body(parts: list[bytes]) -> AsyncIterator[bytes]:
 
 
 async def _lines(parts: list[bytes], limit: int | None = None) -> list[bytes]:
-    return [data async for data in iter_sse_data(_body(parts), limit)]
+    return [data async for batch in iter_sse_batches(_body(parts), limit) for data in batch]
 
 
 def test_sse_lines_split_across_reads_are_joined() -> None:

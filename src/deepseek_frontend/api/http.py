@@ -70,9 +70,8 @@ class FrontendState:
 
 def get_state(request: Request) -> FrontendState:
     app = request.scope["app"]
-    state = getattr(
-        app, "frontend", None
-    )  # FrontendApp's shortcut (Starlette's State is a dict lookup in Python)
+    # FrontendApp's attribute first: Starlette's State resolves attributes in Python
+    state = getattr(app, "frontend", None)
     return state if state is not None else app.state.frontend
 
 

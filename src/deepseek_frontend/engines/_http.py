@@ -219,15 +219,6 @@ async def iter_sse_batches(
             yield [line[5:].strip()]
 
 
-async def iter_sse_data(
-    body: AsyncIterable[bytes], max_line_bytes: int | None = None
-) -> AsyncIterator[bytes]:
-    """The ``data:`` payloads of an SSE body one by one (:func:`iter_sse_batches`, ungrouped)."""
-    async for batch in iter_sse_batches(body, max_line_bytes):
-        for data in batch:
-            yield data
-
-
 def merge_chunks(first: EngineChunk, then: EngineChunk) -> EngineChunk | None:
     """One chunk for two consecutive ones of a stream, or None when they cannot be one (only one of
     them carries logprobs). The counters and the finish are the later chunk's, as a worker that had

@@ -1129,8 +1129,9 @@ class ChoiceStream:
 #: prompts go to the offload threads), so a loop iteration runs at most a few milliseconds of
 #: them, while a burst advances this many requests per iteration instead of one. Measured
 #: (benchmarks/bench_serving.py, 1,024 streams starting at once, two processes): 24 starts them
-#: twice as fast as 8 (first chunk p99 1.1-1.5 s against 2.4-2.5 s) and 48 no faster, while a
-#: 5,000-request burst still leaves /live under its 100 ms p95 (tests/reliability/test_burst.py)
+#: twice as fast as 8 (first chunk p99 1.1-1.5 s against 2.4-2.5 s), and a 5,000-request burst
+#: still leaves /live under its 100 ms p95 (tests/reliability/test_burst.py); 48 was a little
+#: faster again (0.9-1.0 s) but failed that /live bound once in two runs
 LOOP_TURN_SLOTS = 24
 #: prompts with at least this many characters of text the prompt caches do not hold are tokenized
 #: on the offload threads (cold tokenization runs at roughly 1-3 MB/s: 2 K characters cost about

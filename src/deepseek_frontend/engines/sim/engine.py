@@ -118,19 +118,14 @@ class PrefixCache:
         # the last token is always computed (an engine needs its logits), so stop one short
         stop = ((len(ids) - 1) // size) * step
         at = 0
-        touched: list[int] = []
         while at < stop:  # the cached run of leading pages
             chain = hash((chain, data[at : at + step]))
             if chain not in pages:
                 missed = True
                 break
-            touched.append(chain)
+            pages.move_to_end(chain)
             at += step
         cached = at // width
-        if touched:
-            # one pass over the dict for the whole run (most recently used: its last page)
-            for key in touched:
-                pages.move_to_end(key)
         if missed:
             pages[chain] = None
             at += step
@@ -182,7 +177,7 @@ class _StepClock:
     step for two periods) the grid restarts a full period after the next waiter arrives.
     """
 
-    __slots__ = ("_due", "_handle", "_index", "_last", "_loop", "_period", "_waiters")
+    __slots__ = ("_handle", "_index", "_last", "_loop", "_period", "_waiters")
 
     def __init__(self, period: float) -> None:
         if period <= 0:
@@ -191,7 +186,6 @@ class _StepClock:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: asyncio.TimerHandle | None = None
         self._waiters: list[asyncio.Future[None]] = []
-        self._due = 0.0
         #: boundaries counted up to the grid time ``_last``
         self._index = 0
         self._last = 0.0
@@ -220,8 +214,7 @@ class _StepClock:
                 # idle for a while: count the steps that passed, then the next is a full period away
                 self._index = self.steps()
                 self._last = now
-            self._due = max(self._last + period, now)
-            self._handle = loop.call_at(self._due, self._step)
+            self._handle = loop.call_at(max(self._last + period, now), self._step)
         return waiter
 
     def _step(self) -> None:
