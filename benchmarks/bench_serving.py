@@ -52,7 +52,7 @@ Metrics (definitions):
   conversation of ~60K characters is served once (its prefix is then in the tokenizer's caches),
   then N requests with unique prompts (``--burst-words`` ordinary words) and ``--burst-probes``
   follow-ups of that conversation are sent at the same instant; first-chunk p50 / p99 / max of the
-  follow-ups and of the cold requests.
+  follow-ups and of the cold requests. ``--burst 0``: the follow-ups alone.
 * **TTFT overhead, 100K-token prompt** -- in-process: ``orjson.loads`` of the request
   body + request mapping + ``ChatPipeline.prepare`` (render + tokenize + checks) for a
   conversation of about 100K tokens that extends one already served (the tokenizer's
@@ -673,10 +673,12 @@ def burst_main(args: argparse.Namespace) -> int:
             for round_ in range(args.repeats):
                 probes, cold = _run(run_burst(target, args.burst, args.burst_probes, args.burst_words))
                 ms = 1000.0
+                cold_cells = "| - | - |"  # --burst 0: the follow-ups alone
+                if cold:
+                    cold_cells = f"| {percentile(cold, 0.5) * ms:.1f} | {percentile(cold, 0.99) * ms:.1f} |"
                 print(
                     f"| {target.label} | {round_ + 1} | {percentile(probes, 0.5) * ms:.1f} "
-                    f"| {percentile(probes, 0.99) * ms:.1f} | {max(probes) * ms:.1f} "
-                    f"| {percentile(cold, 0.5) * ms:.1f} | {percentile(cold, 0.99) * ms:.1f} |",
+                    f"| {percentile(probes, 0.99) * ms:.1f} | {max(probes) * ms:.1f} {cold_cells}",
                     flush=True,
                 )
         finally:
@@ -711,8 +713,9 @@ def main() -> int:
     parser.add_argument("--compare-pid", type=int, default=None, help="its process id, to count its CPU time")
     parser.add_argument("--repeats", type=int, default=1, help="interleaved repeats per row")
     parser.add_argument(
-        "--burst", type=int, default=0, metavar="N",
-        help="instead of the table: N simultaneous cold arrivals with cached-prefix probes among them",
+        "--burst", type=int, default=None, metavar="N",
+        help="instead of the table: N simultaneous cold arrivals with cached-prefix probes among them "
+        "(0: the probes alone)",
     )  # fmt: skip
     parser.add_argument("--burst-probes", type=int, default=16, help="cached-prefix requests per burst")
     parser.add_argument("--burst-words", type=int, default=1500, help="words of each cold prompt")
@@ -724,7 +727,7 @@ def main() -> int:
         serve_bare(args.serve_bare, args.tokens_per_chunk[0])
         return 0
 
-    if args.burst:
+    if args.burst is not None:
         return burst_main(args)
     lengths = QUICK_STREAM_TOKENS if args.quick else STREAM_TOKENS
     print(

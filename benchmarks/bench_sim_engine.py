@@ -4,6 +4,8 @@ Usage::
 
     python benchmarks/bench_sim_engine.py                         # 256 streams, 1 and 4 tokens/chunk
     python benchmarks/bench_sim_engine.py --streams 64 256 1024 --itl-ms 0 10 --tokens 400
+    python benchmarks/bench_sim_engine.py --streams 16 256 --prompt-tokens 12000 --tokens 4 \
+        --tokens-per-chunk 1 --itl-ms 0                            # long follow-up prompts
 
 What runs: one ``sim-engine`` process (``python -m deepseek_frontend.engines.sim.command``) per
 (tokens per chunk, inter-token delay) setting, driven from this process by raw uvloop
@@ -18,7 +20,13 @@ Columns (definitions):
 * **engine CPU s** -- user + system CPU time of the sim-engine process during the run (/proc).
 * **tokens per engine CPU-second** -- what one dedicated core sustains; on a shared machine
   this, not wall-clock tokens/s, is the figure to compare with a target.
+* **engine CPU ms per request** -- the engine's CPU time over the requests: with long prompts
+  and short answers (``--prompt-tokens``), what reading one prompt costs the engine.
 * **first chunk p50/p99** -- request sent to the first body bytes received, in ms.
+
+``--prompt-tokens N``: every request is a follow-up of one conversation of about N tokens (the
+same DeepSeek-V4 history, then a last user turn of its own), as an agent's requests are; the
+default is a six-token prompt.
 """
 
 from __future__ import annotations
@@ -65,13 +73,31 @@ class _Stream(asyncio.Protocol):
             self.done.set_result((int(matches[-1]), self.first))
 
 
-def _request(port: int, tokens: int, index: int) -> bytes:
+def conversation_ids(prompt_tokens: int) -> list[int]:
+    """The ids of a DeepSeek-V4 conversation history of about ``prompt_tokens`` tokens ([] for a
+    short prompt): a long user turn and a short answer, encoded by the real tokenizer."""
+    if prompt_tokens <= 6:
+        return []
+    from deepseek_frontend.tokenization import PromptTokenizer
+
+    tokenizer = PromptTokenizer.load()
+    sentence = "The frontend streams tokens. "
+    words = max(1, prompt_tokens // len(tokenizer.encode_text(sentence)))
+    turns = "<｜User｜>" + sentence * words + "<｜Assistant｜></think>Done.<｜end▁of▁sentence｜>"
+    return tokenizer.encode_raw("<｜begin▁of▁sentence｜>" + turns)
+
+
+def _request(tokens: int, index: int, history: list[int]) -> bytes:
     import orjson
 
+    # a short prompt, or a follow-up of ``history``: <｜User｜> 5+i%7 <｜Assistant｜> </think>
+    ids = [0, 128803, 3, 4, 5 + index % 7, 128804]
+    if history:
+        ids = [*history, 128803, 5 + index, 128804, 128822]
     body = orjson.dumps(
         {
             "rid": f"bench-{index}-{time.monotonic_ns()}",
-            "input_ids": [0, 128803, 3, 4, 5 + index % 7, 128804],
+            "input_ids": ids,
             "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0},
             "stream": True,
         }
@@ -82,16 +108,20 @@ def _request(port: int, tokens: int, index: int) -> bytes:
     )
 
 
-async def run_load(port: int, streams: int, tokens: int) -> tuple[int, float, list[float]]:
+async def run_load(
+    port: int, streams: int, tokens: int, history: list[int]
+) -> tuple[int, float, list[float]]:
     """(tokens received, wall seconds, first-chunk seconds per stream)."""
     loop = asyncio.get_running_loop()
 
     async def one(index: int) -> tuple[int, float]:
         done: asyncio.Future[tuple[int, float]] = loop.create_future()
-        await loop.create_connection(lambda: _Stream(_request(port, tokens, index), done), "127.0.0.1", port)
+        request = _request(tokens, index, history)
+        await loop.create_connection(lambda: _Stream(request, done), "127.0.0.1", port)
         return await done
 
-    await one(-1)  # warm-up: the plan for this prompt is memoised
+    # warm-up: the plan for a short prompt is memoised; a conversation's head is in the caches
+    await one(-1)
     started = time.perf_counter()
     results = await asyncio.gather(*(one(i) for i in range(streams)))
     seconds = time.perf_counter() - started
@@ -135,7 +165,11 @@ def main() -> int:
     parser.add_argument("--tokens-per-chunk", nargs="*", default=["1", "4", "1-4"], help="N or MIN-MAX")
     parser.add_argument("--itl-ms", type=float, nargs="*", default=[0.0, 10.0])
     parser.add_argument("--tokens", type=int, default=400, help="output tokens per stream (default 400)")
+    parser.add_argument(
+        "--prompt-tokens", type=int, default=6, help="prompt length: follow-ups of one conversation this long"
+    )
     args = parser.parse_args()
+    history = conversation_ids(args.prompt_tokens)
     try:
         import uvloop
 
@@ -145,9 +179,10 @@ def main() -> int:
 
     print(
         "| tokens/chunk | itl ms | streams | tokens | seconds | tokens/s | engine CPU s "
-        "| tokens per engine CPU-second | first chunk p50 (ms) | first chunk p99 (ms) |"
+        "| tokens per engine CPU-second | engine CPU ms per request | first chunk p50 (ms) "
+        "| first chunk p99 (ms) |"
     )
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for tpc in args.tokens_per_chunk:
         for itl in args.itl_ms:
             proc, port = start_engine(tpc, itl)
@@ -155,11 +190,12 @@ def main() -> int:
                 for streams in args.streams:
                     before = cpu_seconds(proc.pid)
                     with asyncio.Runner(loop_factory=loop_factory) as runner:
-                        total, seconds, firsts = runner.run(run_load(port, streams, args.tokens))
+                        total, seconds, firsts = runner.run(run_load(port, streams, args.tokens, history))
                     cpu = cpu_seconds(proc.pid) - before
                     print(
                         f"| {tpc} | {itl:g} | {streams} | {total} | {seconds:.2f} | {total / seconds:,.0f} "
-                        f"| {cpu:.2f} | {total / max(cpu, 1e-9):,.0f} | {percentile(firsts, 0.5) * 1000:.1f} "
+                        f"| {cpu:.2f} | {total / max(cpu, 1e-9):,.0f} | {cpu / streams * 1000:.2f} "
+                        f"| {percentile(firsts, 0.5) * 1000:.1f} "
                         f"| {percentile(firsts, 0.99) * 1000:.1f} |",
                         flush=True,
                     )

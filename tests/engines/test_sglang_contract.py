@@ -251,3 +251,21 @@ def test_the_sims_fault_events_are_sglang_stream_errors(
     ]
     assert isinstance(events[-1], api.GenerateStreamError)
     assert sum(len(e.output_ids or []) for e in events[:-1]) == fail_after
+
+
+def test_sglang_rejects_input_ids_that_are_not_ints_and_so_does_the_sim(
+    api: ModuleType, tokenizer: Any
+) -> None:
+    """A token id that is not an int is a 400 from both (the sim checks it as it packs the ids)."""
+    body = {"input_ids": [1, "two", 3], "sampling_params": {"max_new_tokens": 2}, "stream": True}
+    with pytest.raises(api.JsonContractError):
+        api.GenerateRequest.from_json_value(body)
+
+    async def scenario() -> tuple[httpx.Response, int]:
+        engine = SimulatedEngine(tokenizer)
+        async with serve_app(build_sim_app(engine)) as url, httpx.AsyncClient() as http:
+            return await http.post(url + "/generate", json=body), engine.stats.started
+
+    response, started = asyncio.run(scenario())
+    assert response.status_code == 400 and "input_ids must be" in response.text
+    assert started == 0, "a refused request never starts"

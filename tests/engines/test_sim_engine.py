@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 from typing import Any
 
 import jsonschema
 import pytest
 
 from deepseek_frontend.engines.base import DecodingConstraint
-from deepseek_frontend.engines.sim.engine import PrefixCache, SimulatedEngine
+from deepseek_frontend.engines.sim.engine import PrefixCache, SimulatedEngine, prompt_bytes
+from deepseek_frontend.engines.sim.model import read_prompt
 from deepseek_frontend.errors import EngineStreamError, EngineUnavailableError
 from deepseek_frontend.parsing import parse_completion
 from deepseek_frontend.parsing.constraints import (
@@ -225,6 +227,59 @@ def test_prefix_cache_reports_whole_pages_of_the_longest_seen_prefix() -> None:
     assert cache.lookup_and_insert(list(range(20))) == 0
     assert cache.lookup_and_insert(list(range(10)) + [99] * 10) == 8
     assert cache.lookup_and_insert(list(range(20))) == 16  # never the whole prompt
+
+
+def test_prefix_cache_evicts_the_ends_of_prompts_and_keeps_their_prefixes() -> None:
+    """Like a radix cache: the least recently used pages to go are the last pages of old prompts, so a
+    lookup still finds the head of an old conversation (never a page whose predecessors are gone)."""
+    cache = PrefixCache(page_size=4, max_pages=6)
+    old = list(range(29))  # 7 pages, the last one (the prompt's final token) never cached
+    assert cache.lookup_and_insert(old) == 0  # 7 pages stored, one over the bound: page 7 goes
+    assert cache.lookup_and_insert(list(range(100, 109))) == 0  # 2 more pages: pages 5 and 6 go
+    assert cache.lookup_and_insert([*old[:24], 7, 7, 7, 7, 7]) == 16
+    # a shared head used again is fresher than the ends of the prompts that share it
+    cache = PrefixCache(page_size=4, max_pages=4)
+    assert cache.lookup_and_insert([*range(8), *range(50, 59)]) == 0  # pages h1 h2 a1 a2
+    assert cache.lookup_and_insert([*range(8), *range(70, 75)]) == 8  # h1 h2 b1: a2 goes
+    assert cache.lookup_and_insert([*range(8), *range(50, 55)]) == 12  # a1 is still there
+
+
+def test_the_engine_reads_a_prompt_as_the_text_reading_does(tokenizer: Any) -> None:
+    """Reading only the last turn anew (the head memoised) sees what reading the whole text sees."""
+    engine = SimulatedEngine(tokenizer)
+    prompts = [
+        prompt_ids("What is the weather in Paris?", tools=TOOLS, thinking=True),
+        prompt_ids("weather?", tools=TOOLS, tool_result="rainy"),
+        prompt_ids("weather?", tools=TOOLS, family="deepseek_v32"),
+        prompt_ids("Reply with exactly: one two"),
+        # the user spells the turn opener: the frontend keeps it text, the text reading finds it last
+        prompt_ids("before <｜User｜> Reply with exactly: after"),
+        tokenizer.encode_raw("no user turn at all"),
+    ]
+    for ids in prompts:
+        expected = read_prompt(text_of(tokenizer, ids))
+        assert engine._read(ids, prompt_bytes(ids)) == expected
+        assert engine._read(ids, prompt_bytes(ids)) == expected  # the head now from the memo
+
+
+def test_image_placeholders_are_counted_on_id_boundaries_only(tokenizer: Any) -> None:
+    """The placeholder id's four bytes can also appear across two neighbouring ids: those are not counted."""
+    from deepseek_frontend.engines.sim.engine import IMAGE_TOKEN_ID, _count_id, _last_index
+
+    order = sys.byteorder  # the ids are packed as machine ints
+    needle = IMAGE_TOKEN_ID.to_bytes(4, order)
+    for k in (1, 2, 3):  # the first k bytes end one id, the rest start the next (both valid int32)
+        first = int.from_bytes(bytes(4 - k) + needle[:k], order)
+        second = int.from_bytes(needle[k:] + bytes(k), order)
+        if max(first, second) < 2**31:
+            break
+    ids = [5, first, second, 6]
+    assert needle in prompt_bytes(ids)  # type: ignore[operator]
+    assert _count_id(prompt_bytes(ids), IMAGE_TOKEN_ID) == 0  # type: ignore[arg-type]
+    assert _last_index(prompt_bytes(ids), IMAGE_TOKEN_ID) == -1  # type: ignore[arg-type]
+    ids = [IMAGE_TOKEN_ID, *ids, IMAGE_TOKEN_ID, 1]
+    assert _count_id(prompt_bytes(ids), IMAGE_TOKEN_ID) == 2  # type: ignore[arg-type]
+    assert _last_index(prompt_bytes(ids), IMAGE_TOKEN_ID) == 5  # type: ignore[arg-type]
 
 
 def test_fail_after_zero_fails_before_the_first_token_and_reports_unhealthy(tokenizer: Any) -> None:

@@ -262,10 +262,11 @@ class PrefixCache(_TimedCache[tuple[PromptSegment, ...], "_PrefixEntry"]):
         #: ids served from the cache in all (a hit's reused prefix)
         self.reused_ids = 0
 
-    def lookup(self, segments: list[PromptSegment]) -> tuple[int, list[int], list[int], list[int]] | None:
+    def lookup(self, segments: list[PromptSegment]) -> tuple[int, array, list[int], list[int]] | None:
         """``(start, ids, special_pos, special_end)`` to continue from, or ``None``.
 
-        ``ids`` are the ids of ``segments[:start]``; the lists are fresh copies.
+        ``ids`` are the ids of ``segments[:start]`` (a compact array: copied in one memcpy, and
+        stored again as it is once the prompt's other ids are appended); all are fresh copies.
         """
         key = tuple(segments[:PREFIX_KEY_SEGMENTS])
         with self._lock:
@@ -286,14 +287,19 @@ class PrefixCache(_TimedCache[tuple[PromptSegment, ...], "_PrefixEntry"]):
         self.reused_ids += n_ids
         return (
             entry.special_pos[last] + 1,
-            entry.ids[:n_ids].tolist(),
+            entry.ids[:n_ids],
             entry.special_pos[: last + 1],
             entry.special_end[: last + 1],
         )
 
     def store(
-        self, segments: list[PromptSegment], ids: list[int], special_pos: list[int], special_end: list[int]
+        self,
+        segments: list[PromptSegment],
+        ids: Sequence[int],
+        special_pos: list[int],
+        special_end: list[int],
     ) -> None:
+        """Remember a prompt; ``ids`` given as an ``array("i")`` are kept as they are (not copied)."""
         if self.max_entries <= 0 or not special_pos:
             return
         cost = (
@@ -307,7 +313,8 @@ class PrefixCache(_TimedCache[tuple[PromptSegment, ...], "_PrefixEntry"]):
             return
         key = tuple(segments[:PREFIX_KEY_SEGMENTS])
         now = time.monotonic()
-        entry = _PrefixEntry(segments, _id_array(ids), special_pos, special_end, cost, now)
+        kept = ids if isinstance(ids, array) and ids.typecode == "i" else _id_array(ids)
+        entry = _PrefixEntry(segments, kept, special_pos, special_end, cost, now)
         with self._lock:
             old = self._entries.pop(key, None)
             self._insert(key, entry, cost, None if old is None else old.cost, now)
@@ -384,7 +391,7 @@ class PendingEncoding:
         self,
         tokenizer: PromptTokenizer,
         segments: list[PromptSegment],
-        ids: list[int],
+        ids: array,
         special_pos: list[int],
         special_end: list[int],
         runs: list[str | int],
@@ -590,7 +597,7 @@ class PromptTokenizer:
             segments = list(segments)
         hit = self.prefix_cache.lookup(segments)
         if hit is None:
-            start, ids, special_pos, special_end = 0, [], [], []
+            start, ids, special_pos, special_end = 0, array("i"), [], []
         else:
             start, ids, special_pos, special_end = hit
         added = self._added
@@ -657,12 +664,15 @@ class PromptTokenizer:
                 mark(len(out))
             else:
                 extend(resolved[run])  # type: ignore[index]
+        ids = out.tolist()
         if not cacheable:
-            return out
+            return ids
+        # the array itself becomes the cache entry: a follow-up's prefix is never copied into a
+        # list of Python ints and back (0.3 ms of a 12K-token follow-up's 0.8)
         self.prefix_cache.store(pending.segments, out, pending.special_pos, pending.special_end)
         if self.self_check_rate and self._rng.random() < self.self_check_rate:
-            self._self_check(pending.segments, out)
-        return out
+            self._self_check(pending.segments, ids)
+        return ids
 
     def _self_check(self, segments: list[PromptSegment], ids: list[int]) -> None:
         """Compare with a whole-prompt encode; on mismatch, log and stop caching."""

@@ -46,10 +46,14 @@ from deepseek_frontend.engines.base import (
 from deepseek_frontend.engines.sim.behavior import PRESETS, SIM_CONSTRAINT_KINDS, SimBehavior
 from deepseek_frontend.engines.sim.kv import SimKvCache
 from deepseek_frontend.engines.sim.model import (
+    USER_TURN,
     Piece,
+    PromptHead,
     PromptView,
     plan_for_grammar,
     plan_output,
+    read_head,
+    read_last_turn,
     read_prompt,
 )
 from deepseek_frontend.engines.sim.resume import split_continuation
@@ -72,6 +76,52 @@ _IDEAL = PRESETS["ideal"]
 IMAGE_TOKEN_ID = 129264
 #: planned outputs memoised per (prompt, seed, constraint)
 PLAN_CACHE_SIZE = 512
+#: prompt heads (the text before the last user turn) whose reading is memoised
+HEAD_CACHE_SIZE = 256
+#: bytes per id in :func:`prompt_bytes`
+_ID_WIDTH = 4
+
+
+def prompt_bytes(ids: Sequence[int]) -> bytes | None:
+    """``ids`` as 4-byte machine ints -- one C loop; what the engine hashes and searches instead of
+    a Python loop per id of a long prompt -- or None when an id does not fit in 32 bits.
+
+    Raises :class:`RequestError` when an item is not an int (the check a worker makes of
+    ``input_ids``).
+    """
+    try:
+        return array("i", ids).tobytes()
+    except OverflowError:
+        return None
+    except TypeError:
+        raise RequestError(
+            "input_ids must be a non-empty list of token ids (the sim serves token mode)", param="input_ids"
+        ) from None
+
+
+def _count_id(data: bytes, token_id: int) -> int:
+    """How many times ``token_id`` occurs in :func:`prompt_bytes` ``data`` (aligned matches only)."""
+    needle = array("i", [token_id]).tobytes()
+    count = 0
+    at = data.find(needle)
+    while at >= 0:
+        if at % _ID_WIDTH == 0:
+            count += 1
+            at = data.find(needle, at + _ID_WIDTH)
+        else:
+            at = data.find(needle, at + 1)
+    return count
+
+
+def _last_index(data: bytes, token_id: int) -> int:
+    """The index of the last ``token_id`` in :func:`prompt_bytes` ``data``, or -1."""
+    needle = array("i", [token_id]).tobytes()
+    end = len(data)
+    while True:
+        at = data.rfind(needle, 0, end)
+        if at < 0 or at % _ID_WIDTH == 0:
+            return at // _ID_WIDTH if at >= 0 else -1
+        end = at + _ID_WIDTH - 1
 
 
 class SimTokenizer(Protocol):
@@ -104,38 +154,42 @@ class PrefixCache:
         self.max_pages = max_pages
         self._pages: OrderedDict[int, None] = OrderedDict()
 
-    def lookup_and_insert(self, ids: Sequence[int]) -> int:
-        """Cached prefix length of ``ids`` in tokens (whole pages, < len(ids)); then remember ``ids``."""
+    def lookup_and_insert(self, ids: Sequence[int], data: bytes | None = None) -> int:
+        """Cached prefix length of ``ids`` in tokens (whole pages, < len(ids)); then remember ``ids``.
+
+        ``data``: ``ids`` as :func:`prompt_bytes` gives them, when the caller has them already.
+        """
         size = self.page_size
-        chain = 0
-        missed = False
-        try:  # pages hashed as bytes: a slice and a hash in C per page, not a tuple of ints
-            data, width = array("i", ids).tobytes(), 4
-        except OverflowError:
+        if data is None:
+            data = prompt_bytes(ids)
+        width = _ID_WIDTH
+        if data is None:
             data, width = array("q", ids).tobytes(), 8
         pages = self._pages
         step = size * width
-        # the last token is always computed (an engine needs its logits), so stop one short
-        stop = ((len(ids) - 1) // size) * step
-        at = 0
-        while at < stop:  # the cached run of leading pages
+        # the last token is always computed (an engine needs its logits), so stop one short;
+        # pages hashed as bytes: a slice and a hash in C per page, not a tuple of ints
+        chains: list[int] = []
+        chain = 0
+        for at in range(0, ((len(ids) - 1) // size) * step, step):
             chain = hash((chain, data[at : at + step]))
+            chains.append(chain)
+        cached = 0
+        for chain in chains:  # the cached run of leading pages
             if chain not in pages:
-                missed = True
                 break
-            pages.move_to_end(chain)
-            at += step
-        cached = at // width
-        if missed:
+            cached += 1
+        # A prompt's pages go in last page first, so each page is more recently used than every
+        # page after it: the LRU end only ever drops pages no cached page follows, and the
+        # cached pages always form whole prefixes (what makes the run above the cached length).
+        for chain in reversed(chains[cached:]):
             pages[chain] = None
-            at += step
-            while at < stop:
-                chain = hash((chain, data[at : at + step]))
-                pages[chain] = None
-                at += step
+        touch = pages.move_to_end
+        for chain in reversed(chains[:cached]):
+            touch(chain)
         while len(pages) > self.max_pages:
             pages.popitem(last=False)
-        return cached
+        return cached * size
 
 
 @dataclass(slots=True)
@@ -276,6 +330,9 @@ class SimulatedEngine(EngineClient):
         #: from it when set, else from the unbounded-time ``prefix_cache``
         self.kv = kv
         self._plans: OrderedDict[tuple[object, ...], list[int]] = OrderedDict()
+        #: memoised readings of prompt heads, by (length in ids, hash of their ids)
+        self._heads: OrderedDict[tuple[int, int], PromptHead] = OrderedDict()
+        self._special_ids: dict[str, int | None] = {}
         #: the decode-step clock every running stream of this engine waits on between chunks (None
         #: at zero delay: each chunk only yields to the loop)
         self._clock = _StepClock(self.itl_s) if self.itl_s > 0 else None
@@ -296,16 +353,20 @@ class SimulatedEngine(EngineClient):
         seed: int,
         constraint: DecodingConstraint | None,
         images: tuple[tuple[int, int, str], ...] = (),
+        data: bytes | None = None,
     ) -> list[int]:
         """The full output (ending with EOS) the model writes for this prompt (and the sizes of its
-        images); memoised."""
+        images); memoised. ``data``: the prompt's :func:`prompt_bytes`, when the caller has them."""
+        if data is None:
+            data = prompt_bytes(input_ids)
         # keyed by a 64-bit hash, not the ids: 512 long prompts would otherwise pin ~100 MB
-        key = (len(input_ids), hash(tuple(input_ids)), seed, constraint, images)
+        digest = hash(data) if data is not None else hash(tuple(input_ids))
+        key = (len(input_ids), digest, seed, constraint, images)
         cached = self._plans.get(key)
         if cached is not None:
             self._plans.move_to_end(key)
             return cached
-        view = read_prompt(self.tokenizer.decode(list(input_ids), skip_special_tokens=False))
+        view = self._read(input_ids, data)
         if images:
             view = dataclasses.replace(view, images=images)
         pieces = self._plan_pieces(view, seed, constraint)
@@ -321,6 +382,35 @@ class SimulatedEngine(EngineClient):
         if len(self._plans) > PLAN_CACHE_SIZE:
             self._plans.popitem(last=False)
         return ids
+
+    def _read(self, input_ids: Sequence[int], data: bytes | None) -> PromptView:
+        """What the model sees of the prompt: :func:`read_prompt` of its text.
+
+        An agent resends its conversation every turn, so the text before the last user turn
+        (the system prompt, the tools, the history: nearly all of a long prompt) is read once
+        per distinct head and memoised; only the last turn is decoded anew (a follow-up of a
+        12K-token conversation: 0.1 ms, not the 1 ms of decoding it all).
+        """
+        decode = self.tokenizer.decode
+        user_id = self._special_id(USER_TURN)
+        last = _last_index(data, user_id) if data is not None and user_id is not None else -1
+        if last < 0:
+            return read_prompt(decode(list(input_ids), skip_special_tokens=False))
+        turn = decode(list(input_ids[last + 1 :]), skip_special_tokens=False)
+        if USER_TURN in turn:
+            # the turn spells the opener as text (a prompt injection the frontend kept as text):
+            # the text reading finds that spelling last; keep the same view
+            return read_prompt(decode(list(input_ids), skip_special_tokens=False))
+        key = (last, hash(data[: last * _ID_WIDTH]))  # type: ignore[index]
+        heads = self._heads
+        head = heads.get(key)
+        if head is None:
+            head = heads[key] = read_head(decode(list(input_ids[:last]), skip_special_tokens=False))
+            if len(heads) > HEAD_CACHE_SIZE:
+                heads.popitem(last=False)
+        else:
+            heads.move_to_end(key)
+        return read_last_turn(head, turn)
 
     def _plan_pieces(self, view: PromptView, seed: int, constraint: DecodingConstraint | None) -> list[Piece]:
         if constraint is None:
@@ -346,7 +436,11 @@ class SimulatedEngine(EngineClient):
         return plan_for_grammar(view, seed, grammar)
 
     def _plan_or_resume(
-        self, input_ids: Sequence[int], seed: int, constraint: DecodingConstraint | None
+        self,
+        input_ids: Sequence[int],
+        seed: int,
+        constraint: DecodingConstraint | None,
+        data: bytes | None = None,
     ) -> list[int]:
         """The output still to write: the rest of the engine's own plan when ``input_ids`` continue
         it (a migrated request, see engines/sim/resume.py), else the plan for ``input_ids``."""
@@ -357,15 +451,18 @@ class SimulatedEngine(EngineClient):
             if resumed is not None:
                 written, full = resumed
                 return full[written:]
-        return self.plan_ids(input_ids, seed, constraint)
+        return self.plan_ids(input_ids, seed, constraint, data=data)
 
     def _assistant_id(self) -> int | None:
-        cached = self.__dict__.get("_assistant_token", False)
-        if cached is False:
-            ids = self.tokenizer.encode_raw("<｜Assistant｜>")
-            cached = ids[0] if len(ids) == 1 else None
-            self.__dict__["_assistant_token"] = cached
-        return cached  # type: ignore[return-value]
+        return self._special_id("<｜Assistant｜>")
+
+    def _special_id(self, spelling: str) -> int | None:
+        """The id of a special token's spelling (None when the vocabulary has no such single token)."""
+        found = self._special_ids.get(spelling, False)
+        if found is False:
+            ids = self.tokenizer.encode_raw(spelling)
+            found = self._special_ids[spelling] = ids[0] if len(ids) == 1 else None
+        return found  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ EngineClient
 
@@ -382,11 +479,12 @@ class SimulatedEngine(EngineClient):
                 )
             request_seed = behavior.effective_seed(request_seed)
         seed = request_seed if request_seed is not None else self.seed
-        sizes, image_tokens = self._read_images(request)
+        data = prompt_bytes(request.input_ids)
+        sizes, image_tokens = self._read_images(request, data)
         if sizes:
-            planned = self.plan_ids(request.input_ids, seed, sampling.constraint, sizes)
+            planned = self.plan_ids(request.input_ids, seed, sampling.constraint, sizes, data)
         else:
-            planned = self._plan_or_resume(request.input_ids, seed, sampling.constraint)
+            planned = self._plan_or_resume(request.input_ids, seed, sampling.constraint, data)
         min_new = sampling.max_new_tokens if sampling.ignore_eos else sampling.min_new_tokens
         if min_new:
             planned = _pad_past_stops(planned, min_new, sampling, self.tokenizer)
@@ -395,7 +493,7 @@ class SimulatedEngine(EngineClient):
         )
         # as SGLang reports it: every image placeholder expanded to the image's tokens
         prompt_tokens = len(request.input_ids) + image_tokens
-        cached = self.prefix_cache.lookup_and_insert(request.input_ids) if self.kv is None else 0
+        cached = self.prefix_cache.lookup_and_insert(request.input_ids, data) if self.kv is None else 0
         rid = request.request_id
         self.stats.started += 1
         self.stats.running += 1
@@ -485,14 +583,17 @@ class SimulatedEngine(EngineClient):
                 # closed early (client disconnect, cancellation): the engine drops the request
                 self._count_abort(rid)
 
-    def _read_images(self, request: GenerateRequest) -> tuple[tuple[tuple[int, int, str], ...], int]:
+    def _read_images(
+        self, request: GenerateRequest, data: bytes | None
+    ) -> tuple[tuple[tuple[int, int, str], ...], int]:
         """``(sizes and colours, extra prompt tokens)`` of the request's images, checked like SGLang does.
 
         One image per placeholder id (129264, ``<｜deepseek_image｜>``) of ``input_ids``, in order,
         each a decodable image (``data:`` URL or base64): anything else is refused like SGLang
         refuses it (HTTP 400), with a message saying what does not match.
         """
-        placeholders = request.input_ids.count(IMAGE_TOKEN_ID)
+        ids = request.input_ids
+        placeholders = _count_id(data, IMAGE_TOKEN_ID) if data is not None else ids.count(IMAGE_TOKEN_ID)
         if not request.images and not placeholders:
             return (), 0
         if placeholders != len(request.images):

@@ -39,17 +39,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "USER_TURN",
     "Piece",
+    "PromptHead",
     "PromptView",
     "dsml_block",
     "example_value",
     "plan_for_grammar",
     "plan_output",
+    "read_head",
+    "read_last_turn",
     "read_prompt",
     "tool_arguments",
 ]
 
-_USER = "<｜User｜>"
+#: the user turn opener (a special token)
+USER_TURN = "<｜User｜>"
 _ASSISTANT = "<｜Assistant｜>"
 _DSML = "｜DSML｜"
 _THINK_END = "</think>"
@@ -123,10 +128,18 @@ class PromptView:
 _REMINDER = re.compile(r"<(system-reminder|environment_context)>.*?</\1>\s*", re.S)
 
 
-def read_prompt(text: str) -> PromptView:
-    """Find tools, the last user turn, the thinking mode and a tool result in ``text``."""
-    last = text.rfind(_USER)
-    head = text[:last] if last >= 0 else text
+@dataclass(frozen=True, slots=True)
+class PromptHead:
+    """What the simulated model reads before the last user turn: the declared tools, the calls
+    block name and the response-format schema (see :class:`PromptView`)."""
+
+    tools: list[tuple[str, dict[str, Any]]]
+    block_name: str
+    response_schema: dict[str, Any] | None
+
+
+def read_head(head: str) -> PromptHead:
+    """Tools, the calls block name and the response schema of the text before the last user turn."""
     tools: list[tuple[str, dict[str, Any]]] = []
     for line in head.split("\n"):
         if not line.startswith('{"name"'):
@@ -138,7 +151,21 @@ def read_prompt(text: str) -> PromptView:
         if isinstance(obj, dict) and isinstance(obj.get("name"), str):
             params = obj.get("parameters")
             tools.append((obj["name"], params if isinstance(params, dict) else {}))
-    tail = text[last + len(_USER) :] if last >= 0 else ""
+    block = "function_calls" if f"<{_DSML}function_calls>" in head else "tool_calls"
+    if f"<{_DSML} calls>" in head:
+        block = " calls"  # DeepSeek-V4.1
+    return PromptHead(tools, block, _response_schema(head))
+
+
+#: how a prompt ending inside an opened calls block ends (V4, V3.2, V4.1)
+_OPEN_BLOCKS = (f"<{_DSML}tool_calls>\n", f"<{_DSML}function_calls>\n", f"<{_DSML} calls>\n")
+
+
+def read_last_turn(head: PromptHead, turn: str | None, whole: str = "") -> PromptView:
+    """The view of a prompt from its :func:`read_head` and the text after its last ``<｜User｜>``
+    (``turn``; None when the prompt has no user turn, then ``whole`` is the prompt's text)."""
+    tail = turn if turn is not None else ""
+    ending = turn if turn is not None else whole
     # Context blocks inside the turn (Claude Code's reminders, Codex's environment context,
     # mid-conversation system messages as formats/request.py renders them) are not the user's words.
     user = _REMINDER.sub("", tail.split(_ASSISTANT, 1)[0])
@@ -146,13 +173,24 @@ def read_prompt(text: str) -> PromptView:
     if "<tool_result>" in tail or "<function_results>" in tail:
         # parallel calls come back as several results: quote them all, in order
         result = "; ".join(r.strip() for r in _RESULT.findall(tail))
-    block = "function_calls" if f"<{_DSML}function_calls>" in head else "tool_calls"
-    if f"<{_DSML} calls>" in head:
-        block = " calls"  # DeepSeek-V4.1
-    open_block = text.endswith((f"<{_DSML}tool_calls>\n", f"<{_DSML}function_calls>\n", f"<{_DSML} calls>\n"))
+    open_block = ending.endswith(_OPEN_BLOCKS)
     return PromptView(
-        tools, user, text.endswith("<think>"), result, block, _response_schema(head), open_block
+        head.tools,
+        user,
+        ending.endswith("<think>"),
+        result,
+        head.block_name,
+        head.response_schema,
+        open_block,
     )
+
+
+def read_prompt(text: str) -> PromptView:
+    """Find tools, the last user turn, the thinking mode and a tool result in ``text``."""
+    last = text.rfind(USER_TURN)
+    if last < 0:
+        return read_last_turn(read_head(text), None, text)
+    return read_last_turn(read_head(text[:last]), text[last + len(USER_TURN) :])
 
 
 _FORMAT_INTRO = "You MUST strictly adhere to the following schema to reply:\n"
