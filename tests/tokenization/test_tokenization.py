@@ -133,6 +133,23 @@ def test_a_shorter_prompt_of_the_same_conversation_is_a_prefix_hit() -> None:
     assert tok.prefix_cache.hits == 1
 
 
+def test_a_follow_up_chain_keeps_every_cached_prompt_exact() -> None:
+    """A prefix entry is the prompt's own id array, extended by the next prompt's copy of it: each
+    prompt of a growing conversation, and an older one asked again, still gets a fresh encode's ids;
+    a pending encoding is finished once (a second pass would extend a cached entry)."""
+    tok = PromptTokenizer.load()
+    prompts = [conversation_of(TURNS[:n]) for n in (2, 4, 6, 8)]
+    for segments in [*prompts, prompts[1], prompts[3]]:
+        assert tok.encode_segments(segments) == tok.encode_raw(join_segments(segments))
+    assert tok.prefix_cache.hits >= 4
+    pending = tok.start_encoding(prompts[3])
+    pending.encode()
+    tok.finish_encoding(pending)
+    with pytest.raises(RuntimeError, match="only once"):
+        tok.finish_encoding(pending)
+    assert tok.encode_segments(prompts[3]) == tok.encode_raw(join_segments(prompts[3]))
+
+
 def _user_turn(text: str) -> list[Seg]:
     return [Seg("<｜User｜>", True), Seg(text)]
 

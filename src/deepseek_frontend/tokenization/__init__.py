@@ -376,6 +376,7 @@ class PendingEncoding:
     __slots__ = (
         "cache_limit",
         "encoded",
+        "finished",
         "ids",
         "missing",
         "resolved",
@@ -410,6 +411,7 @@ class PendingEncoding:
         self.cache_limit = cache_limit
         self.uncached_chars = sum(map(len, missing))
         self.encoded: list[list[int]] | None = None if missing else []
+        self.finished = False
 
     def encode(self) -> None:
         """Tokenize the missing runs (``FormatError`` for a lone surrogate); idempotent."""
@@ -637,12 +639,14 @@ class PromptTokenizer:
     def finish_encoding(self, pending: PendingEncoding) -> list[int]:
         """The prompt ids of an encoded :class:`PendingEncoding`; fills both caches (unless the
         prompt is over its ``cache_limit``)."""
-        if pending.encoded is None:
-            raise RuntimeError("finish_encoding() before PendingEncoding.encode()")
+        if pending.encoded is None or pending.finished:
+            raise RuntimeError("finish_encoding() needs a PendingEncoding after encode(), and only once")
         resolved, runs, out = pending.resolved, pending.runs, pending.ids
         missing = pending.missing
         for run, encoded in zip(missing, pending.encoded, strict=True):
             resolved[run] = encoded
+        # once: ``out`` becomes the prefix cache's entry below, and a second pass would extend it
+        pending.finished = True
         cacheable = True
         if missing:
             if pending.cache_limit is not None:
