@@ -382,6 +382,7 @@ class PendingEncoding:
         "resolved",
         "runs",
         "segments",
+        "self_check_due",
         "special_end",
         "special_pos",
         "tokenizer",
@@ -412,6 +413,8 @@ class PendingEncoding:
         self.uncached_chars = sum(map(len, missing))
         self.encoded: list[list[int]] | None = None if missing else []
         self.finished = False
+        #: the prompt was sampled for :meth:`PromptTokenizer.self_check` and the caller runs it
+        self.self_check_due = False
 
     def encode(self) -> None:
         """Tokenize the missing runs (``FormatError`` for a lone surrogate); idempotent."""
@@ -636,9 +639,14 @@ class PromptTokenizer:
             self, segments, ids, special_pos, special_end, runs, resolved, missing, cache_limit
         )
 
-    def finish_encoding(self, pending: PendingEncoding) -> list[int]:
+    def finish_encoding(self, pending: PendingEncoding, *, defer_self_check: bool = False) -> list[int]:
         """The prompt ids of an encoded :class:`PendingEncoding`; fills both caches (unless the
-        prompt is over its ``cache_limit``)."""
+        prompt is over its ``cache_limit``).
+
+        One prompt in ``1 / self_check_rate`` is checked against a whole-prompt encode
+        (:meth:`self_check`), here or -- ``defer_self_check`` -- by the caller, which then finds
+        ``pending.self_check_due`` set (an event loop must not run it: 36 ms for 12K tokens).
+        """
         if pending.encoded is None or pending.finished:
             raise RuntimeError("finish_encoding() needs a PendingEncoding after encode(), and only once")
         resolved, runs, out = pending.resolved, pending.runs, pending.ids
@@ -675,11 +683,14 @@ class PromptTokenizer:
         # list of Python ints and back (0.3 ms of a 12K-token follow-up's 0.8)
         self.prefix_cache.store(pending.segments, out, pending.special_pos, pending.special_end)
         if self.self_check_rate and self._rng.random() < self.self_check_rate:
-            self._self_check(pending.segments, ids)
+            if defer_self_check:
+                pending.self_check_due = True
+            else:
+                self.self_check(pending.segments, ids)
         return ids
 
-    def _self_check(self, segments: list[PromptSegment], ids: list[int]) -> None:
-        """Compare with a whole-prompt encode; on mismatch, log and stop caching."""
+    def self_check(self, segments: list[PromptSegment], ids: list[int]) -> None:
+        """Compare with a whole-prompt encode; on mismatch, log and stop caching. Thread-safe."""
         if any(not seg.special and self.contains_token_spelling(seg.text) for seg in segments):
             return  # request text spells a token: the safe ids differ from a naive encode by design
         if self.encode_raw(join_segments(segments)) != ids:
