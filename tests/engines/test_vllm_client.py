@@ -632,3 +632,16 @@ def test_events_that_arrive_together_become_one_chunk() -> None:
     assert [c.token_ids for c in chunks] == [[5, 6, 7, 8], [1]]
     assert chunks[0].completion_tokens == 4 and chunks[0].prompt_tokens == 3
     assert (chunks[-1].finish_reason, chunks[-1].completion_tokens) == ("stop", 5)
+
+
+def test_a_connection_that_breaks_after_done_still_finishes_the_stream() -> None:
+    """After ``[DONE]`` the body is only drained for connection reuse: a worker that drops the
+    connection there (no chunked-encoding terminator) has still delivered a whole answer."""
+
+    async def done_then_broken() -> AsyncIterator[bytes]:
+        yield b"data: [DONE]\n\n"
+        raise RuntimeError("the worker dropped the connection after [DONE]")
+
+    app = fake_vllm([sse(choice([5, 6])), sse(choice([1], "stop", 1)), done_then_broken])
+    ids, chunks = asyncio.run(run_against(app))
+    assert ids == [5, 6, 1] and chunks[-1].finish_reason == "stop"

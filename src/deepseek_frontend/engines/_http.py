@@ -244,9 +244,14 @@ async def merge_reads(
     batches: AsyncIterator[list[bytes]],
     chunks_of: Callable[[list[bytes]], Iterator[EngineChunk]],
     progress: StreamProgress,
+    over: Callable[[], bool],
 ) -> AsyncIterator[EngineChunk]:
     """The chunks ``chunks_of`` makes of each read's events (:func:`iter_sse_batches`), as few as
     :func:`merge_chunks` allows: one per read, unless only some of them carry logprobs.
+
+    Reading stops after the read in which ``over()`` became true (``chunks_of`` saw the stream's
+    last event, ``[DONE]``): what follows is the caller's to drain (:func:`drain_events`), where a
+    broken connection no longer fails a finished stream.
 
     Once a chunk is pending, ``progress.yielded`` is set: a failure later in the same read comes
     after output, and that output is passed on before the failure is raised -- a stream must not
@@ -271,6 +276,8 @@ async def merge_reads(
             raise
         if pending is not None:
             yield pending
+        if over():
+            return
 
 
 async def drain_events(events: AsyncIterator[Any]) -> None:

@@ -379,13 +379,11 @@ class SGLangClient(HTTPEngineClient):
 
                     # the events of one read are one chunk: one detokenize, parse and client write
                     batches = iter_sse_batches(response_body)
-                    async for chunk in merge_reads(batches, chunks_of, progress):
+                    async for chunk in merge_reads(batches, chunks_of, progress, lambda: ended):
                         yield chunk
                         if finished:
                             await drain_events(batches)
                             return
-                        if ended:
-                            break
                     raise progress.broken("stream ended without a finish reason")
                 except HTTP_ERRORS as exc:
                     raise progress.broken(f"stream broke: {exc!r}") from exc

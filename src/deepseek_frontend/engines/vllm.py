@@ -59,6 +59,7 @@ from deepseek_frontend.engines._http import (
     HTTPEngineClient,
     StreamProgress,
     StreamSession,
+    drain_events,
     iter_sse_batches,
     merge_reads,
     open_event_stream,
@@ -347,10 +348,8 @@ class VLLMClient(HTTPEngineClient):
                         usage that follows it), nothing after ``[DONE]``."""
                         nonlocal ended, engine_id, prompt_tokens, completion, held, finished
                         for data in batch:
-                            if ended:
-                                return
                             if data == b"[DONE]":
-                                ended = True  # what follows is read only so the connection is reused
+                                ended = True
                                 return
                             if not data:
                                 continue
@@ -390,8 +389,11 @@ class VLLMClient(HTTPEngineClient):
                                     yield chunk
 
                     # the events of one read are one chunk: one detokenize, parse and client write
-                    async for chunk in merge_reads(iter_sse_batches(response_body), chunks_of, progress):
+                    batches = iter_sse_batches(response_body)
+                    async for chunk in merge_reads(batches, chunks_of, progress, lambda: ended):
                         yield chunk
+                    if ended:
+                        await drain_events(batches)  # the connection goes back to the pool
                     if held is None:
                         raise progress.broken("stream ended without a finish reason")
                     yield held
