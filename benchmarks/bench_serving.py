@@ -52,7 +52,8 @@ Metrics (definitions):
   conversation of ~60K characters is served once (its prefix is then in the tokenizer's caches),
   then N requests with unique prompts (``--burst-words`` ordinary words) and ``--burst-probes``
   follow-ups of that conversation are sent at the same instant; first-chunk p50 / p99 / max of the
-  follow-ups and of the cold requests. ``--burst 0``: the follow-ups alone.
+  follow-ups and of the cold requests. ``--burst 0``: the follow-ups alone. With ``--bare``, the
+  same burst against the bare-ASGI server, interleaved round by round: uvicorn's own floor.
 * **TTFT overhead, 100K-token prompt** -- in-process: ``orjson.loads`` of the request
   body + request mapping + ``ChatPipeline.prepare`` (render + tokenize + checks) for a
   conversation of about 100K tokens that extends one already served (the tokenizer's
@@ -651,7 +652,12 @@ def ttft_overhead(target_tokens: int = 100_000, repeats: int = 20) -> tuple[int,
 
 
 def burst_main(args: argparse.Namespace) -> int:
-    """``--burst N``: first-chunk latency of cached-prefix requests inside a burst of cold ones."""
+    """``--burst N``: first-chunk latency of cached-prefix requests inside a burst of cold ones.
+
+    With ``--bare`` the same burst also goes to the bare-ASGI server, round by round interleaved
+    with ``serve``: what uvicorn alone takes to answer the last of N simultaneous arrivals on this
+    machine, a floor for any Python ASGI frontend (its "follow-ups" are no cheaper than the rest).
+    """
     print(
         f"burst: {args.burst} simultaneous cold requests ({args.burst_words} words each) with "
         f"{args.burst_probes} cached-prefix requests among them; engine ttft {args.ttft_ms:g} ms"
@@ -666,11 +672,21 @@ def burst_main(args: argparse.Namespace) -> int:
 
     # the engine in its own process: its planning of each cold prompt is not the frontend's work
     engine, engine_port = start_engine(1, args.itl_ms)
-    for n in args.workers or [1]:
-        proc, port = start_serve_command(n, 1, args.ttft_ms, args.itl_ms, f"http://127.0.0.1:{engine_port}")
-        target = Target(f"serve --workers {n} --worker sim-engine", "127.0.0.1", port)
-        try:
-            for round_ in range(args.repeats):
+    procs: list[subprocess.Popen[bytes]] = [engine]
+    targets: list[Target] = []
+    try:
+        for n in args.workers or [1]:
+            proc, port = start_serve_command(
+                n, 1, args.ttft_ms, args.itl_ms, f"http://127.0.0.1:{engine_port}"
+            )
+            procs.append(proc)
+            targets.append(Target(f"serve --workers {n} --worker sim-engine", "127.0.0.1", port))
+        if args.bare:
+            proc, port = start_server(1, bare=True)
+            procs.append(proc)
+            targets.append(Target("bare ASGI ceiling", "127.0.0.1", port))
+        for round_ in range(args.repeats):
+            for target in targets:
                 probes, cold = _run(run_burst(target, args.burst, args.burst_probes, args.burst_words))
                 ms = 1000.0
                 cold_cells = "| - | - |"  # --burst 0: the follow-ups alone
@@ -681,11 +697,10 @@ def burst_main(args: argparse.Namespace) -> int:
                     f"| {percentile(probes, 0.99) * ms:.1f} | {max(probes) * ms:.1f} {cold_cells}",
                     flush=True,
                 )
-        finally:
+    finally:
+        for proc in reversed(procs):
             proc.terminate()
             proc.wait(timeout=30)
-    engine.terminate()
-    engine.wait(timeout=30)
     return 0
 
 

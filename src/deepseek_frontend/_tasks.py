@@ -37,7 +37,7 @@ class DisconnectWatch:
     def __init__(self, receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         self.gone = False
         self._task = asyncio.current_task()
-        self._watcher = asyncio.ensure_future(self._watch(receive))
+        self._watcher: asyncio.Future[None] | None = asyncio.ensure_future(self._watch(receive))
 
     async def _watch(self, receive: Callable[[], Awaitable[dict[str, Any]]]) -> None:
         while (await receive())["type"] != "http.disconnect":
@@ -55,4 +55,14 @@ class DisconnectWatch:
         return True
 
     def stop(self) -> None:
-        self._watcher.cancel()
+        """End the watch. Idempotent.
+
+        The reference to the watcher task is dropped as well: the cancelled task keeps its
+        ``CancelledError``, whose traceback holds the watch's frame and with it this object. Kept,
+        that is a reference cycle per request which only the cyclic GC frees, and it carries the
+        whole request (ASGI cycle, transport, tasks): 30-odd objects a request for the collector
+        to trace and free while the event loop waits.
+        """
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.cancel()

@@ -8,6 +8,8 @@ per request. Each fake worker below records the client port of every generate re
 from __future__ import annotations
 
 import asyncio
+import gc
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -75,3 +77,47 @@ def test_sequential_vllm_streams_share_one_connection() -> None:
 
     asyncio.run(scenario())
     assert len(app.ports) == 5 and len(set(app.ports)) == 1, app.ports
+
+
+def _finalised_generators(run: Any) -> list[str]:
+    """The async generators that the event loop had to finalise (they were dropped unclosed) while
+    ``run()`` ran: each one costs the loop a task, and its ``finally`` runs late."""
+    finalised: list[str] = []
+
+    async def scenario() -> None:
+        firstiter, finalizer = sys.get_asyncgen_hooks()
+
+        def record(agen: Any) -> None:
+            finalised.append(agen.__qualname__)
+            if finalizer is not None:
+                finalizer(agen)
+
+        sys.set_asyncgen_hooks(firstiter=firstiter, finalizer=record)
+        await run()
+        gc.collect()  # a generator dropped without aclose() is finalised now at the latest
+        await asyncio.sleep(0)
+
+    asyncio.run(scenario())
+    return finalised
+
+
+def test_finished_streams_close_their_generators_themselves(tokenizer: Any) -> None:
+    sglang_app = build_sim_app(SimulatedEngine(tokenizer))
+    vllm_app = fake_vllm([sse(choice([5, 6])), sse(choice([1], "stop", 1)), b"data: [DONE]\n\n"])
+
+    async def run() -> None:
+        async with serve_app(sglang_app) as sglang_url, serve_app(vllm_app) as vllm_url:
+            clients = [SGLangClient(sglang_url), VLLMClient(vllm_url, model="deepseek-v4")]
+            try:
+                for i in range(3):
+                    out, _ = await collect(clients[0], request_for(prompt_ids("write 5 words"), rid=f"s{i}"))
+                    assert out
+                    out, _ = await collect(clients[1], request_for([10, 11, 12], rid=f"v{i}"))
+                    assert out == [5, 6, 1]
+            finally:
+                for client in clients:
+                    await client.aclose()
+
+    finalised = _finalised_generators(run)
+    ours = [name for name in finalised if name in {"merge_reads", "iter_sse_batches"}]
+    assert not ours, f"engine-stream generators left to the loop's finaliser: {finalised}"

@@ -357,7 +357,12 @@ class FrontendApp(Starlette):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         scope[RAW_SEND_KEY] = send
-        await super().__call__(scope, receive, send)
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # uvicorn's ``send`` is a method of the request cycle, which holds this scope: left in
+            # place, every request would be a reference cycle only the cyclic GC frees
+            scope.pop(RAW_SEND_KEY, None)
 
 
 class EventStreamResponse(StreamingResponse):

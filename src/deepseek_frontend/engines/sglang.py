@@ -377,13 +377,20 @@ class SGLangClient(HTTPEngineClient):
                                 finished = True
                                 return
 
-                    # the events of one read are one chunk: one detokenize, parse and client write
-                    batches = iter_sse_batches(response_body)
-                    async for chunk in merge_reads(batches, chunks_of, progress, lambda: ended):
-                        yield chunk
-                        if finished:
-                            await drain_events(batches)
-                            return
+                    # the events of one read are one chunk: one detokenize, parse and client write;
+                    # both generators are closed here, not by the loop's finaliser (a task each)
+                    def over() -> bool:
+                        return ended
+
+                    async with (
+                        contextlib.aclosing(iter_sse_batches(response_body)) as batches,
+                        contextlib.aclosing(merge_reads(batches, chunks_of, progress, over)) as reads,
+                    ):
+                        async for chunk in reads:
+                            yield chunk
+                            if finished:
+                                await drain_events(batches)
+                                return
                     raise progress.broken("stream ended without a finish reason")
                 except HTTP_ERRORS as exc:
                     raise progress.broken(f"stream broke: {exc!r}") from exc

@@ -388,12 +388,19 @@ class VLLMClient(HTTPEngineClient):
                                 elif ids:
                                     yield chunk
 
-                    # the events of one read are one chunk: one detokenize, parse and client write
-                    batches = iter_sse_batches(response_body)
-                    async for chunk in merge_reads(batches, chunks_of, progress, lambda: ended):
-                        yield chunk
-                    if ended:
-                        await drain_events(batches)  # the connection goes back to the pool
+                    # the events of one read are one chunk: one detokenize, parse and client write;
+                    # both generators are closed here, not by the loop's finaliser (a task each)
+                    def over() -> bool:
+                        return ended
+
+                    async with (
+                        contextlib.aclosing(iter_sse_batches(response_body)) as batches,
+                        contextlib.aclosing(merge_reads(batches, chunks_of, progress, over)) as reads,
+                    ):
+                        async for chunk in reads:
+                            yield chunk
+                        if ended:
+                            await drain_events(batches)  # the connection goes back to the pool
                     if held is None:
                         raise progress.broken("stream ended without a finish reason")
                     yield held

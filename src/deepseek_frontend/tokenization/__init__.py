@@ -213,13 +213,15 @@ class RunCache(_TimedCache[str, tuple[array, int, float]]):
             return entry[0]
 
     def put(self, text: str, ids: Sequence[int]) -> None:
+        """Store ``text``'s ids. An ``array("i")`` is kept as it is (never mutate it afterwards)."""
         cost = sys.getsizeof(text) + 4 * len(ids) + _ENTRY_OVERHEAD
         if cost > self.max_bytes:
             return
+        entry = ids if isinstance(ids, array) and ids.typecode == "i" else _id_array(ids)
         now = time.monotonic()
         with self._lock:
             old = self._entries.pop(text, None)
-            self._insert(text, (_id_array(ids), cost, now), cost, None if old is None else old[1], now)
+            self._insert(text, (entry, cost, now), cost, None if old is None else old[1], now)
 
     def _evict(self, now: float) -> None:
         """Drop idle entries, then least recently used ones down to the budget (lock held)."""
@@ -411,15 +413,21 @@ class PendingEncoding:
         self.missing = missing
         self.cache_limit = cache_limit
         self.uncached_chars = sum(map(len, missing))
-        self.encoded: list[list[int]] | None = None if missing else []
+        #: the missing runs' ids, as compact arrays (see :meth:`encode`)
+        self.encoded: list[array] | None = None if missing else []
         self.finished = False
         #: the prompt was sampled for :meth:`PromptTokenizer.self_check` and the caller runs it
         self.self_check_due = False
 
     def encode(self) -> None:
-        """Tokenize the missing runs (``FormatError`` for a lone surrogate); idempotent."""
+        """Tokenize the missing runs (``FormatError`` for a lone surrogate); idempotent.
+
+        Each run's ids become an ``array("i")`` here, once: it is then both the run cache's entry
+        and the source of the prompt array's ``extend`` (a memory copy), where extending from the
+        list itself converted every id again (0.16 ms of 0.37 for a 1,600-token prompt).
+        """
         if self.encoded is None:
-            self.encoded = self.tokenizer._encode_texts(self.missing)
+            self.encoded = [_id_array(ids) for ids in self.tokenizer._encode_texts(self.missing)]
 
 
 class PromptTokenizer:
