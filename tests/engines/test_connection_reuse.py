@@ -119,5 +119,5 @@ def test_finished_streams_close_their_generators_themselves(tokenizer: Any) -> N
                     await client.aclose()
 
     finalised = _finalised_generators(run)
-    ours = [name for name in finalised if name in {"merge_reads", "iter_sse_batches"}]
+    ours = [name for name in finalised if name in {"read_chunks", "merge_reads", "iter_sse_batches"}]
     assert not ours, f"engine-stream generators left to the loop's finaliser: {finalised}"

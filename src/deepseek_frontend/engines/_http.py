@@ -280,6 +280,23 @@ async def merge_reads(
             return
 
 
+@contextlib.asynccontextmanager
+async def read_chunks(
+    response_body: AsyncIterable[bytes],
+    chunks_of: Callable[[list[bytes]], Iterator[EngineChunk]],
+    progress: StreamProgress,
+    over: Callable[[], bool],
+) -> AsyncIterator[tuple[AsyncIterator[list[bytes]], AsyncIterator[EngineChunk]]]:
+    """``(batches, chunks)``: the body's reads (:func:`iter_sse_batches`, for :func:`drain_events`
+    once ``over()``) and their merged chunks (:func:`merge_reads`). Both generators are closed on
+    leaving, however the caller leaves -- not later by the event loop's finaliser, a task each."""
+    async with (
+        contextlib.aclosing(iter_sse_batches(response_body)) as batches,
+        contextlib.aclosing(merge_reads(batches, chunks_of, progress, over)) as chunks,
+    ):
+        yield batches, chunks
+
+
 async def drain_events(events: AsyncIterator[Any]) -> None:
     """Read what follows a stream's last event (``[DONE]``, a finish chunk) so its connection can
     be reused.

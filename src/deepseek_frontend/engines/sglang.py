@@ -56,10 +56,9 @@ from deepseek_frontend.engines._http import (
     StreamSession,
     drain_events,
     is_client_status,
-    iter_sse_batches,
-    merge_reads,
     new_http_client,
     open_event_stream,
+    read_chunks,
     sampling_fields,
 )
 from deepseek_frontend.engines.base import (
@@ -377,14 +376,10 @@ class SGLangClient(HTTPEngineClient):
                                 finished = True
                                 return
 
-                    # the events of one read are one chunk: one detokenize, parse and client write;
-                    # both generators are closed here, not by the loop's finaliser (a task each)
-                    def over() -> bool:
-                        return ended
-
-                    async with (
-                        contextlib.aclosing(iter_sse_batches(response_body)) as batches,
-                        contextlib.aclosing(merge_reads(batches, chunks_of, progress, over)) as reads,
+                    # the events of one read are one chunk: one detokenize, parse and client write
+                    async with read_chunks(response_body, chunks_of, progress, lambda: ended) as (
+                        batches,
+                        reads,
                     ):
                         async for chunk in reads:
                             yield chunk

@@ -60,9 +60,8 @@ from deepseek_frontend.engines._http import (
     StreamProgress,
     StreamSession,
     drain_events,
-    iter_sse_batches,
-    merge_reads,
     open_event_stream,
+    read_chunks,
     sampling_fields,
 )
 from deepseek_frontend.engines.base import (
@@ -388,14 +387,10 @@ class VLLMClient(HTTPEngineClient):
                                 elif ids:
                                     yield chunk
 
-                    # the events of one read are one chunk: one detokenize, parse and client write;
-                    # both generators are closed here, not by the loop's finaliser (a task each)
-                    def over() -> bool:
-                        return ended
-
-                    async with (
-                        contextlib.aclosing(iter_sse_batches(response_body)) as batches,
-                        contextlib.aclosing(merge_reads(batches, chunks_of, progress, over)) as reads,
+                    # the events of one read are one chunk: one detokenize, parse and client write
+                    async with read_chunks(response_body, chunks_of, progress, lambda: ended) as (
+                        batches,
+                        reads,
                     ):
                         async for chunk in reads:
                             yield chunk

@@ -80,6 +80,8 @@ PLAN_CACHE_SIZE = 512
 HEAD_CACHE_SIZE = 256
 #: bytes per id in :func:`prompt_bytes`
 _ID_WIDTH = 4
+#: the refusal of an ``input_ids`` that is not a non-empty list of ints (SGLang's 400)
+INPUT_IDS_ERROR = "input_ids must be a non-empty list of token ids (the sim serves token mode)"
 
 
 def prompt_bytes(ids: Sequence[int]) -> bytes | None:
@@ -94,9 +96,7 @@ def prompt_bytes(ids: Sequence[int]) -> bytes | None:
     except OverflowError:
         return None
     except TypeError:
-        raise RequestError(
-            "input_ids must be a non-empty list of token ids (the sim serves token mode)", param="input_ids"
-        ) from None
+        raise RequestError(INPUT_IDS_ERROR, param="input_ids") from None
 
 
 def _count_id(data: bytes, token_id: int) -> int:

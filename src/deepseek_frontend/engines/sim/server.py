@@ -50,7 +50,7 @@ from deepseek_frontend.engines.base import (
     SamplingParams,
 )
 from deepseek_frontend.engines.sim.behavior import PRESETS, SimBehavior, SimRefusal
-from deepseek_frontend.engines.sim.engine import SimulatedEngine
+from deepseek_frontend.engines.sim.engine import INPUT_IDS_ERROR, SimulatedEngine
 from deepseek_frontend.errors import EngineError, EngineUnavailableError, RequestError
 
 __all__ = ["FailMode", "SimFaults", "build_sim_app"]
@@ -312,7 +312,7 @@ def build_sim_app(
         ids = body.get("input_ids")
         # that every id is an int the engine checks as it packs them (one C loop, not two)
         if not isinstance(ids, list) or not ids:
-            return _bad_request("input_ids must be a non-empty list of token ids (the sim serves token mode)")
+            return _bad_request(INPUT_IDS_ERROR)
         contract_error = _unknown_sampling_field(body)
         if contract_error is not None:
             return JSONResponse({"error": contract_error}, status_code=400)
