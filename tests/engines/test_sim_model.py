@@ -84,3 +84,27 @@ def test_several_tool_results_are_all_quoted() -> None:
         "<tool_result>rainy</tool_result>", "<tool_result>rainy</tool_result><tool_result>windy</tool_result>"
     )
     assert read_prompt(prompt).tool_result == "rainy; windy"
+
+
+@pytest.mark.parametrize(
+    ("turn", "answer"),
+    [
+        ("Please REPLY WITH EXACTLY: Ok then\nand more", "Ok then"),
+        ("Write 3 Words please", "3 words"),
+        ("write 3 words \u017fo", "3 words"),  # non-ASCII text (a long s) is still read
+        ("Tell me about the frontend", "opener"),
+    ],
+)
+def test_the_answer_rules_read_the_last_turn_whatever_its_case(turn: str, answer: str) -> None:
+    """The substring gate in front of the answer rules' case-insensitive patterns never hides a
+    match: the same answers as the patterns alone give."""
+    from deepseek_frontend.engines.sim import model
+
+    view = read_prompt(render_prompt(turn))
+    text = model.plan_output(view, seed=0)[-1].text
+    if answer == "3 words":
+        assert len(text.split()) == 3 and not text.endswith(".")
+    elif answer == "opener":
+        assert text.endswith(": Tell me about the frontend.")
+    else:
+        assert text == answer
