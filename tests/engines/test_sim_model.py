@@ -91,7 +91,8 @@ def test_several_tool_results_are_all_quoted() -> None:
     [
         ("Please REPLY WITH EXACTLY: Ok then\nand more", "Ok then"),
         ("Write 3 Words please", "3 words"),
-        ("write 3 words \u017fo", "3 words"),  # non-ASCII text (a long s) is still read
+        # a long s matches "s" under the pattern's Unicode case folding, not under str.lower()
+        ("Write 3 word\u017f", "3 words"),
         ("Tell me about the frontend", "opener"),
     ],
 )
