@@ -465,12 +465,13 @@ def plan_tool_calls(view: PromptView, names: list[str], seed: int) -> list[tuple
     return calls
 
 
-def _may_mention(text: str, word: str) -> bool:
-    """False only when ``text`` cannot match a case-insensitive pattern that needs ``word``
-    (lower-case ASCII): a substring test is ~20x cheaper than such a regex search over a long
-    turn, and a load-test engine plans every cold prompt. Non-ASCII text always goes to the
-    regex (under Unicode case folding, K and long s match ASCII letters)."""
-    return not text.isascii() or word in text.lower()
+def _may_mention(lowered: str | None, word: str) -> bool:
+    """False only when the text cannot match a case-insensitive pattern that needs ``word``
+    (lower-case ASCII). ``lowered`` is the text lower-cased if it is ASCII, else None: non-ASCII
+    text always goes to the pattern (under Unicode case folding, K and long s match ASCII
+    letters). A substring test is ~20x cheaper than such a search over a long turn, and a
+    load-test engine plans every cold prompt."""
+    return lowered is None or word in lowered
 
 
 def _text_answer(view: PromptView, seed: int) -> str:
@@ -480,10 +481,12 @@ def _text_answer(view: PromptView, seed: int) -> str:
         return f"I see {len(view.images)} image{'s' if len(view.images) > 1 else ''} ({seen})."
     if view.tool_result is not None:
         return f"Based on the tool result: {_first_words(view.tool_result, 20)}."
-    exact = _EXACT.search(view.last_user) if _may_mention(view.last_user, "exactly") else None
+    turn = view.last_user
+    lowered = turn.lower() if turn.isascii() else None  # once for both gates
+    exact = _EXACT.search(turn) if _may_mention(lowered, "exactly") else None
     if exact:
         return exact.group(1).split("\n")[0].strip()
-    count = _N_WORDS.search(view.last_user) if _may_mention(view.last_user, "words") else None
+    count = _N_WORDS.search(turn) if _may_mention(lowered, "words") else None
     if count:
         n = min(int(count.group(1)), 100_000)
         return " ".join(_WORDS[(i + seed) % len(_WORDS)] for i in range(n))
