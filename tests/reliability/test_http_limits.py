@@ -205,3 +205,50 @@ def test_auth_failures_are_logged_without_the_key(frontend: Server) -> None:
     assert r.status_code == 401
     wait_until(lambda: "status=401" in frontend.log(), "the refusal is logged")
     assert wrong not in frontend.log() and KEY not in frontend.log()
+
+
+def exchange(server: Server, payload: bytes, timeout: float = 10.0) -> bytes:
+    """Send ``payload`` on a fresh connection and read until the server closes it."""
+    with socket.create_connection(address(server), timeout=timeout) as sock:
+        sock.sendall(payload)
+        return read_all(sock, timeout)
+
+
+def test_live_is_answered_by_the_connection_as_the_route_would_and_keeps_http_semantics(
+    frontend: Server,
+) -> None:
+    # keep-alive: /live, then a keyed request on the same connection is still served
+    live = b"GET /live HTTP/1.1\r\nhost: probe\r\n\r\n"
+    models = f"GET /v1/models HTTP/1.1\r\nhost: probe\r\nauthorization: Bearer {KEY}\r\n".encode()
+    answer = exchange(frontend, live + models + b"connection: close\r\n\r\n")
+    first, _, rest = answer.partition(b"HTTP/1.1 ")[2].partition(b"HTTP/1.1 ")
+    head, _, body = first.partition(b"\r\n\r\n")
+    assert head.startswith(b"200 OK") and b"connection: close" not in head.lower(), head
+    assert b"content-type: application/json" in head.lower() and b"date: " in head.lower()
+    assert json.loads(body) == {"status": "ok"}
+    assert rest.startswith(b"200") and b'"object":"list"' in rest.replace(b" ", b""), rest[:300]
+
+    # the connection asks to close, and HTTP/1.0: answered, then closed (read_all returns)
+    for request in (
+        b"GET /live?x=1 HTTP/1.1\r\nhost: p\r\nconnection: close\r\n\r\n",
+        b"GET /live HTTP/1.0\r\n\r\n",
+    ):
+        answer = exchange(frontend, request)
+        assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b'{"status":"ok"}'), answer
+
+    # HEAD: the head without the body
+    answer = exchange(frontend, b"HEAD /live HTTP/1.1\r\nhost: p\r\nconnection: close\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 200 OK") and answer.endswith(b"\r\n\r\n"), answer
+    assert b"content-length: 15" in answer.lower()
+
+    # pipelined behind a request still being answered: answered after it, in order
+    health = b"GET /health HTTP/1.1\r\nhost: p\r\n\r\n"
+    answer = exchange(frontend, health + b"GET /live HTTP/1.1\r\nhost: p\r\nconnection: close\r\n\r\n")
+    answers = answer.split(b"HTTP/1.1 200 OK")
+    assert len(answers) == 3 and answers[2].endswith(b'{"status":"ok"}'), answer
+
+    # any other method is the application's: 405
+    answer = exchange(
+        frontend, b"POST /live HTTP/1.1\r\nhost: p\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+    )
+    assert answer.startswith(b"HTTP/1.1 405"), answer

@@ -52,6 +52,7 @@ from .http import (
     log_request_done,
     new_request_id,
 )
+from .http_protocol import LIVE_BODY
 from .metrics import CONTENT_TYPE, FrontendMetrics
 
 log = logging.getLogger("deepseek_frontend.api")
@@ -330,7 +331,8 @@ async def health(request: Request) -> Response:
 
 
 async def live(_: Request) -> Response:
-    return Response(b'{"status":"ok"}', media_type="application/json")
+    """Liveness. ``serve`` answers it in the HTTP connection (``http_protocol``), with these bytes."""
+    return Response(LIVE_BODY, media_type="application/json")
 
 
 async def metrics_endpoint(request: Request) -> Response:

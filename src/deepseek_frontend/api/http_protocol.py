@@ -15,6 +15,13 @@ client that opens a connection and sends its request line and headers a byte at 
 * **JSON for parser-level errors** -- a request the HTTP parser rejects (a NUL byte in a header, a
   malformed request line) gets a ``400`` whose body is the API's JSON error shape (chosen by the
   path received so far) instead of uvicorn's plain text.
+* **``GET /live`` answered by the connection itself** -- the liveness probe says only that this
+  process's event loop runs, so it is answered in the callback that parsed its head, with the
+  same bytes the application's route sends. Through the application it would take an ASGI task,
+  whose first step runs one event-loop iteration later: during a burst an iteration can carry
+  tens of milliseconds of other requests' work, and a kubelet probe should not wait for it. A
+  probe that arrives while an earlier request on the same connection is still being answered
+  (HTTP pipelining) goes through the application, in order.
 
 The body deadline is the application's (:func:`deepseek_frontend.api.http.read_json`).
 """
@@ -26,7 +33,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, ClassVar
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from deepseek_frontend.errors import FrontendError, OverloadedError, RequestError, RequestTimeoutError
 
@@ -49,6 +56,10 @@ class TooManyConnectionsError(OverloadedError):
 
 
 _REASONS = {400: b"Bad Request", 408: b"Request Timeout", 503: b"Service Unavailable"}
+
+#: the path answered by the connection (what ``deepseek_frontend.api.app.live`` answers too)
+LIVE_PATH = b"/live"
+LIVE_BODY = b'{"status":"ok"}'
 
 
 def _raw_response(status: int, body: bytes, extra: tuple[tuple[bytes, bytes], ...] = ()) -> bytes:
@@ -73,6 +84,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     header_timeout_s: float | None = HEADER_TIMEOUT_S
     max_connections: int | None = MAX_CONNECTIONS
     error_body: ErrorBody | None = None
+    #: answer ``GET /live`` in the connection (see the module's docstring)
+    answer_live: bool = True
     #: counters shared by all connections of this class (read by the app's metrics)
     stats: ClassVar[dict[str, int]] = {"header_timeouts": 0, "refused_connections": 0, "parser_errors": 0}
 
@@ -143,7 +156,54 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._cancel_header_timer()
+        if self._is_live_probe():
+            self._answer_live()
+            return
         super().on_headers_complete()
+
+    def _is_live_probe(self) -> bool:
+        cycle = self.cycle
+        return (
+            self.answer_live
+            and self.url.split(b"?", 1)[0] == LIVE_PATH
+            and self.parser.get_method() in (b"GET", b"HEAD")
+            and (cycle is None or cycle.response_complete)  # nothing of this connection is pending
+            and not self.parser.should_upgrade()
+        )
+
+    def _answer_live(self) -> None:
+        http_version = self.parser.get_http_version()
+        keep_alive = http_version != "1.0" and self.parser.should_keep_alive()
+        # A cycle that is already complete: the parser's later callbacks for this request (body,
+        # message end) see it answered, as they would after the application's response.
+        cycle = RequestResponseCycle(
+            scope=self.scope,
+            transport=self.transport,
+            flow=self.flow,
+            logger=self.logger,
+            access_logger=self.access_logger,
+            access_log=self.access_log,
+            default_headers=self.server_state.default_headers,
+            message_event=asyncio.Event(),
+            expect_100_continue=False,
+            keep_alive=keep_alive,
+            on_response=self.on_response_complete,
+        )
+        cycle.response_started = cycle.response_complete = True
+        self.cycle = cycle
+        head = [b"HTTP/1.1 200 OK\r\n"]
+        for name, value in self.server_state.default_headers:
+            head.append(name + b": " + value + b"\r\n")
+        head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(LIVE_BODY))
+        if not keep_alive:
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        if self.parser.get_method() == b"GET":
+            head.append(LIVE_BODY)
+        self.transport.write(b"".join(head))
+        if not keep_alive:
+            self.transport.close()
+        self.on_response_complete()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
