@@ -214,7 +214,7 @@ def exchange(server: Server, payload: bytes, timeout: float = 10.0) -> bytes:
         return read_all(sock, timeout)
 
 
-def test_live_is_answered_by_the_connection_as_the_route_would_and_keeps_http_semantics(
+def test_live_keeps_http_semantics_on_every_kind_of_connection(
     frontend: Server,
 ) -> None:
     # keep-alive: /live, then a keyed request on the same connection is still served

@@ -253,3 +253,64 @@ def test_recent_heads_recognise_a_body_that_starts_like_a_recent_one() -> None:
     assert not heads.seen_before(b"a third body")  # room for two: the least recently used goes
     assert heads.seen_before(conversation)
     assert not heads.seen_before(other)  # it was the one dropped
+
+
+class _RecordingTransport(asyncio.Transport):
+    """What a protocol writes, and whether it closed; no socket."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = b""
+        self.closed = False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 50000)}.get(name, default)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += bytes(data)
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+def test_live_is_answered_inside_the_read_callback_without_the_application() -> None:
+    """``GET /live`` is answered while the connection parses it: no ASGI task, no loop iteration;
+    any other request still goes to the application."""
+    from uvicorn.config import Config
+    from uvicorn.server import ServerState
+
+    from deepseek_frontend.api.http_protocol import guarded_protocol
+
+    called: list[str] = []
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        called.append(scope["path"])
+
+    async def scenario() -> None:
+        config = Config(app, lifespan="off", log_config=None)
+        config.load()
+        state = ServerState()
+        protocol = guarded_protocol()(config=config, server_state=state, app_state={})
+        transport = _RecordingTransport()
+        protocol.connection_made(transport)
+        protocol.data_received(b"GET /live HTTP/1.1\r\nhost: probe\r\n\r\n")
+        # answered within the callback: before any other step of the loop could run
+        assert transport.written.startswith(b"HTTP/1.1 200 OK\r\n"), transport.written
+        assert transport.written.endswith(b'\r\n\r\n{"status":"ok"}') and not transport.closed
+        assert not state.tasks and state.total_requests == 1
+        protocol.data_received(b"GET /health HTTP/1.1\r\nhost: probe\r\n\r\n")
+        assert len(state.tasks) == 1  # the application's, on the same kept-alive connection
+        await asyncio.gather(*state.tasks)
+        assert called == ["/health"]
+        protocol.connection_lost(None)
+
+    asyncio.run(scenario())
