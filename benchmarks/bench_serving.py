@@ -563,39 +563,55 @@ _WORDS = [
 
 
 async def run_burst(
-    target: Target, arrivals: int, probes: int, cold_words: int
+    target: Target,
+    arrivals: int,
+    probes: int,
+    cold_words: int,
+    probe_stamps: dict[int, tuple[float, float]] | None = None,
 ) -> tuple[list[float], list[float]]:
     """``arrivals`` simultaneous requests with unique (cold) prompts of ``cold_words`` words, plus
     ``probes`` requests among them that extend an already served conversation (its prefix is in
-    the tokenizer's caches): (first-chunk seconds of the probes, of the cold requests)."""
+    the tokenizer's caches): (first-chunk seconds of the probes, of the cold requests).
+
+    ``probe_stamps``, when given, gets for probe ``k`` (its last turn is ``Follow-up <salt> <k>?``)
+    the ``time.perf_counter()`` of its connection and of its first body bytes."""
     loop = asyncio.get_running_loop()
     history = [
         {"role": "user", "content": "Summarise the design notes. " + "The frontend streams tokens. " * 2000},
         {"role": "assistant", "content": "Done."},
     ]
 
-    async def one(request: bytes) -> float:
+    async def one(request: bytes) -> tuple[float, float]:
         done: asyncio.Future[tuple[int, float]] = loop.create_future()
-        await loop.create_connection(lambda: _Stream(request, done), target.host, target.port)
-        return (await done)[1]
+        stream = _Stream(request, done)
+        await loop.create_connection(lambda: stream, target.host, target.port)
+        first = (await done)[1]
+        return stream.started, first
 
     # serve the conversation once: its prefix is now cached
     await one(_chat_request(target, [*history, {"role": "user", "content": "First question?"}], 4))
     salt = time.monotonic_ns()
-    requests: list[tuple[bool, bytes]] = []
+    requests: list[tuple[int | None, bytes]] = []  # (probe number or None, request)
     for i in range(arrivals):
         # ordinary words (about one token each), unique per request and run from the first word on
         words = f"Request {salt} {i}. " + " ".join(
             _WORDS[(i * 31 + j * 7) % len(_WORDS)] for j in range(cold_words)
         )
-        requests.append((False, _chat_request(target, [{"role": "user", "content": words}], 4)))
+        requests.append((None, _chat_request(target, [{"role": "user", "content": words}], 4)))
     step = max(1, arrivals // max(probes, 1))
     for k in range(probes):
         question = [*history, {"role": "user", "content": f"Follow-up {salt} {k}?"}]
-        requests.insert(min(len(requests), (k + 1) * step), (True, _chat_request(target, question, 4)))
-    firsts = await asyncio.gather(*(one(r) for _, r in requests))
-    probe_t = [f for (is_probe, _), f in zip(requests, firsts, strict=True) if is_probe]
-    cold_t = [f for (is_probe, _), f in zip(requests, firsts, strict=True) if not is_probe]
+        requests.insert(min(len(requests), (k + 1) * step), (k, _chat_request(target, question, 4)))
+    results = await asyncio.gather(*(one(r) for _, r in requests))
+    probe_t: list[float] = []
+    cold_t: list[float] = []
+    for (k, _), (started, first) in zip(requests, results, strict=True):
+        if k is None:
+            cold_t.append(first)
+            continue
+        probe_t.append(first)
+        if probe_stamps is not None:
+            probe_stamps[k] = (started, started + first)
     return probe_t, cold_t
 
 
