@@ -12,6 +12,8 @@ Layout::
     event_stream.py    the named-event encoders' common part
     validation.py      field validators every protocol uses (RequestError, param = JSON path)
     http.py            shared plumbing: FrontendState, read_json, api_route, EventStreamResponse
+    http_protocol.py   serve's HTTP/1.1 connection: header deadline, connection limit, JSON
+                       parser errors, GET /live answered in the connection
     sse.py, errors.py  SSE framing and error bodies, one place each
     metrics.py, logs.py
 
