@@ -55,24 +55,33 @@ class TooManyConnectionsError(OverloadedError):
     error_type = "service_unavailable"
 
 
-_REASONS = {400: b"Bad Request", 408: b"Request Timeout", 503: b"Service Unavailable"}
+_REASONS = {200: b"OK", 400: b"Bad Request", 408: b"Request Timeout", 503: b"Service Unavailable"}
 
 #: the path answered by the connection (what ``deepseek_frontend.api.app.live`` answers too)
 LIVE_PATH = b"/live"
 LIVE_BODY = b'{"status":"ok"}'
 
 
-def _raw_response(status: int, body: bytes, extra: tuple[tuple[bytes, bytes], ...] = ()) -> bytes:
+def _raw_response(
+    status: int,
+    body: bytes,
+    extra: tuple[tuple[bytes, bytes], ...] | list[tuple[bytes, bytes]] = (),
+    *,
+    close: bool = True,
+    with_body: bool = True,
+) -> bytes:
+    """A whole JSON response: status line, headers (``connection: close`` when ``close``, then
+    ``extra``) and ``body`` -- only its length when not ``with_body`` (the answer to a HEAD)."""
     head = [b"HTTP/1.1 %d %s\r\n" % (status, _REASONS.get(status, b"Error"))]
     for name, value in (
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
-        (b"connection", b"close"),
+        *(((b"connection", b"close"),) if close else ()),
         *extra,
     ):
         head.append(name + b": " + value + b"\r\n")
     head.append(b"\r\n")
-    return b"".join(head) + body
+    return b"".join(head) + (body if with_body else b"")
 
 
 class GuardedHttpToolsProtocol(HttpToolsProtocol):
@@ -191,16 +200,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         )
         cycle.response_started = cycle.response_complete = True
         self.cycle = cycle
-        head = [b"HTTP/1.1 200 OK\r\n"]
-        for name, value in self.server_state.default_headers:
-            head.append(name + b": " + value + b"\r\n")
-        head.append(b"content-type: application/json\r\ncontent-length: %d\r\n" % len(LIVE_BODY))
-        if not keep_alive:
-            head.append(b"connection: close\r\n")
-        head.append(b"\r\n")
-        if self.parser.get_method() == b"GET":
-            head.append(LIVE_BODY)
-        self.transport.write(b"".join(head))
+        self.transport.write(
+            _raw_response(
+                200,
+                LIVE_BODY,
+                self.server_state.default_headers,  # date, server: as on the application's responses
+                close=not keep_alive,
+                with_body=self.parser.get_method() == b"GET",
+            )
+        )
         if not keep_alive:
             self.transport.close()
         self.on_response_complete()
