@@ -154,9 +154,11 @@ def install_stamps(dump_path: str) -> None:
     sglang.SGLangClient.generate = stamped_generate  # type: ignore[method-assign]
 
     def dump(*_: object) -> None:
-        with open(dump_path, "w") as out:
+        partial = dump_path + ".partial"
+        with open(partial, "w") as out:
             for stamps in probes:
                 out.write(json.dumps(stamps) + "\n")
+        os.replace(partial, dump_path)  # the driver sees the file only once it is whole
         probes.clear()
 
     signal.signal(signal.SIGUSR1, dump)
@@ -198,7 +200,6 @@ def collect(proc: subprocess.Popen[bytes], dump_path: str) -> list[dict[str, Any
         if time.monotonic() > deadline:
             raise RuntimeError("the traced server wrote no stamps")
         time.sleep(0.05)
-    time.sleep(0.1)  # the file is written in one go; let it finish
     return [json.loads(line) for line in Path(dump_path).read_text().splitlines()]
 
 
