@@ -42,6 +42,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from deepseek_frontend.errors import AuthenticationError, FrontendError, RequestError
 
 from .admission import Admission
+from .arrivals import ArrivalPacer
 from .config import ServerConfig
 from .errors import ErrorBodyRenderer, error_response, openai_error_body
 from .http import (
@@ -465,11 +466,14 @@ def create_app(
     lim = config.limits
     state.admission = Admission(lim.max_concurrent_requests, lim.max_queued_requests, lim.queue_timeout)
     state.recent_heads = RecentHeads()
+    if lim.arrival_hold_timeout:
+        state.arrivals = ArrivalPacer(max_hold_s=lim.arrival_hold_timeout)
     metrics.watch_admission(
         state.admission,
         lambda: pipeline.offload.pending,
         # the serve command puts its HTTP protocol class here (absent under a test client)
         lambda: getattr(state.extra.get("http_protocol"), "stats", None),
+        state.arrivals,
     )
 
     routes: list[BaseRoute] = [

@@ -78,6 +78,9 @@ class ServingLimits:
     body_timeout: float = 60.0
     #: open client connections at most (file descriptors)
     max_connections: int = 8192
+    #: seconds a request that starts like no recent one (a new conversation) may be held while
+    #: follow-ups of recent conversations are answered first (api/arrivals.py); 0: none is held
+    arrival_hold_timeout: float = 0.05
     #: threads tokenizing long prompts; uncached characters that send a prompt's tokenizing there;
     #: characters that send a whole request's preparation (rendering included) there
     offload_threads: int = OFFLOAD_THREADS

@@ -34,6 +34,7 @@ from deepseek_frontend.errors import FrontendError, PayloadTooLargeError, Reques
 from deepseek_frontend.pipeline.offload import CURRENT_TURN, release_current_turn
 
 from .admission import Admission
+from .arrivals import ArrivalPacer
 from .errors import ErrorBodyRenderer, as_frontend_error, error_response, openai_error_body
 from .sse import MEDIA_TYPE, SSE_HEADERS
 
@@ -66,6 +67,8 @@ class FrontendState:
     admission: Admission | None = None
     #: heads of recent request bodies: a request that starts like one of them is served first
     recent_heads: RecentHeads | None = None
+    #: paces the starts of cold requests (used by ``serve``'s HTTP protocol)
+    arrivals: ArrivalPacer | None = None
 
 
 def get_state(request: Request) -> FrontendState:
@@ -82,6 +85,9 @@ def new_request_id(prefix: str = "chatcmpl") -> str:
 
 #: bytes of a request body that make its head (:class:`RecentHeads`)
 HEAD_BYTES = 4096
+#: the scope key where the HTTP protocol leaves its verdict on a body's head (True: a recent
+#: conversation's), so that the application does not judge the same body a second time
+WARM_KEY = "deepseek_frontend.warm"
 #: request heads remembered (one int each)
 RECENT_HEADS = 4096
 
@@ -162,8 +168,10 @@ async def read_json(request: Request, max_bytes: int, timeout_s: float | None = 
         # until the request waits on the engine (ChatPipeline.start gives the turn up): a burst
         # queues here instead of running thousands of such steps in one loop iteration while
         # /live and everyone else wait. A follow-up of a recent conversation goes first.
-        heads = state.recent_heads
-        urgent = heads.seen_before(body) if heads is not None else False
+        urgent = request.scope.get(WARM_KEY)
+        if urgent is None:  # not judged by the HTTP protocol (a test client, another server)
+            heads = state.recent_heads
+            urgent = heads.seen_before(body) if heads is not None else False
         CURRENT_TURN.set(await turns.take(urgent))
     return parse_json_object(body)
 

@@ -23,12 +23,22 @@ client that opens a connection and sends its request line and headers a byte at 
   probe that arrives while an earlier request on the same connection is still being answered
   (HTTP pipelining) goes through the application, in order.
 
+* **warm requests first** -- with an :class:`~deepseek_frontend.api.arrivals.ArrivalPacer`, a
+  ``POST`` request's ASGI task is created only once the first ``HEAD_BYTES`` of its body (or all
+  of it) are in: a body that starts like a recent one (``RecentHeads``: a follow-up of a recent
+  conversation) starts at once, any other is held and paced by the pacer, so a burst of new
+  conversations does not queue its first steps in front of a follow-up. The verdict goes to the
+  application in the scope (``WARM_KEY``). A request whose client sends ``Expect: 100-continue``
+  (it waits to be asked for its body), or whose body head has not come within
+  ``BODY_HEAD_WAIT_S``, is judged cold without it.
+
 The body deadline is the application's (:func:`deepseek_frontend.api.http.read_json`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -37,12 +47,17 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from deepseek_frontend.errors import FrontendError, OverloadedError, RequestError, RequestTimeoutError
 
+from .arrivals import ArrivalPacer
+from .http import HEAD_BYTES, WARM_KEY, RecentHeads
+
 log = logging.getLogger("deepseek_frontend.api")
 
 #: seconds a client may take to send a request line and headers
 HEADER_TIMEOUT_S = 10.0
 #: open client connections at most (each is a file descriptor)
 MAX_CONNECTIONS = 8192
+#: seconds a ``POST`` request's task waits for the head of its body before it is judged without it
+BODY_HEAD_WAIT_S = 1.0
 
 #: ``(path received so far, error) -> JSON body`` in the API's error shape for that path
 ErrorBody = Callable[[str, FrontendError], bytes]
@@ -95,10 +110,17 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     error_body: ErrorBody | None = None
     #: answer ``GET /live`` in the connection (see the module's docstring)
     answer_live: bool = True
+    #: paces the starts of ``POST`` requests (warm ones first); None: every task starts at once
+    arrivals: ArrivalPacer | None = None
+    #: the heads of recent request bodies, which judge an arrival warm or cold
+    heads: RecentHeads | None = None
     #: counters shared by all connections of this class (read by the app's metrics)
     stats: ClassVar[dict[str, int]] = {"header_timeouts": 0, "refused_connections": 0, "parser_errors": 0}
 
     _header_timer: asyncio.TimerHandle | None = None
+    #: the request whose task waits for the head of its body (one at a time per connection)
+    _judging: tuple[RequestResponseCycle, Any] | None = None
+    _judge_timer: asyncio.TimerHandle | None = None
 
     # -- helpers -------------------------------------------------------------------
 
@@ -161,6 +183,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        self._stop_judging()
         super().connection_lost(exc)
 
     def on_headers_complete(self) -> None:
@@ -213,6 +236,58 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             self.transport.close()
         self.on_response_complete()
 
+    # -- warm requests first -----------------------------------------------------------
+
+    def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
+        if self.arrivals is None or self.heads is None or cycle.scope["method"] != "POST":
+            super()._start_asgi_task(cycle, app)
+            return
+        self._judging = (cycle, app)
+        self._judge_if_ready()
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        if self._judging is not None:
+            self._judge_if_ready()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        if self._judging is not None:
+            self._judge_if_ready()
+
+    def _judge_if_ready(self, waited: bool = False) -> None:
+        judging = self._judging
+        if judging is None:
+            return
+        cycle, app = judging
+        body = cycle.body
+        if not waited and cycle.more_body and len(body) < HEAD_BYTES and not cycle.waiting_for_100_continue:
+            if self._judge_timer is None:
+                self._judge_timer = self.loop.call_later(BODY_HEAD_WAIT_S, self._judge_if_ready, True)
+            return
+        self._stop_judging()
+        arrivals, heads = self.arrivals, self.heads
+        assert arrivals is not None and heads is not None
+        warm = False
+        if len(body) >= HEAD_BYTES or not cycle.more_body:
+            warm = bool(body) and heads.seen_before(bytes(body[:HEAD_BYTES]))
+            cycle.scope[WARM_KEY] = warm
+        # else judged cold without its head; the application judges the whole body when it has it
+        if warm:
+            super()._start_asgi_task(cycle, _answering(app, arrivals.warm_started()))
+        else:
+            arrivals.hold(
+                functools.partial(HttpToolsProtocol._start_asgi_task, self, cycle, app),
+                functools.partial(_still_connected, cycle),
+            )
+
+    def _stop_judging(self) -> None:
+        self._judging = None
+        timer = self._judge_timer
+        if timer is not None:
+            timer.cancel()
+            self._judge_timer = None
+
     def on_response_complete(self) -> None:
         super().on_response_complete()
         if not self.transport.is_closing():
@@ -225,17 +300,43 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._refuse(400, RequestError(f"malformed HTTP request: {msg}"))
 
 
+def _still_connected(cycle: RequestResponseCycle) -> bool:
+    return not cycle.disconnected
+
+
+def _answering(app: Any, answered: Callable[[], None]) -> Any:
+    """``app`` calling ``answered()`` at its response's first message, and when it ends."""
+
+    async def answering_app(scope: Any, receive: Any, send: Any) -> None:
+        def send_marking(message: Any) -> Any:
+            if message["type"] == "http.response.start":
+                answered()
+            return send(message)
+
+        try:
+            await app(scope, receive, send_marking)
+        finally:
+            answered()
+
+    return answering_app
+
+
 def guarded_protocol(
     *,
     header_timeout_s: float | None = HEADER_TIMEOUT_S,
     max_connections: int | None = MAX_CONNECTIONS,
     error_body: ErrorBody | None = None,
+    arrivals: ArrivalPacer | None = None,
+    heads: RecentHeads | None = None,
 ) -> type[GuardedHttpToolsProtocol]:
-    """A :class:`GuardedHttpToolsProtocol` subclass with these limits (for ``uvicorn.Config(http=...)``)."""
+    """A :class:`GuardedHttpToolsProtocol` subclass with these limits (for ``uvicorn.Config(http=...)``)
+    and, given ``arrivals`` and ``heads``, warm requests first."""
     attrs: dict[str, Any] = {
         "header_timeout_s": header_timeout_s or None,
         "max_connections": max_connections or None,
         "error_body": staticmethod(error_body) if error_body is not None else None,
+        "arrivals": arrivals,
+        "heads": heads,
         "stats": {"header_timeouts": 0, "refused_connections": 0, "parser_errors": 0},
     }
     return type("ConfiguredHttpToolsProtocol", (GuardedHttpToolsProtocol,), attrs)

@@ -101,8 +101,9 @@ class _AdmissionCollector:
     """Admission control and isolation, read at scrape time (no per-request cost).
 
     ``<prefix>_admission_{active,queued}`` gauges, ``_admission_rejected_total`` (429s),
-    ``_offload_pending`` (long prompts queued or being prepared off the event loop) and, when the
-    HTTP protocol's counters are given, ``_http_{header_timeouts,refused_connections,parser_errors}_total``.
+    ``_offload_pending`` (long prompts queued or being prepared off the event loop), when the
+    HTTP protocol's counters are given, ``_http_{header_timeouts,refused_connections,parser_errors}_total``,
+    and with an arrival pacer ``_arrivals_held`` and ``_arrivals_started_total{kind=warm|cold}``.
     """
 
     def __init__(
@@ -110,10 +111,12 @@ class _AdmissionCollector:
         admission: Any,
         offload_pending: Callable[[], int],
         http_stats: Callable[[], dict[str, int] | None],
+        arrivals: Any = None,
     ) -> None:
         self._admission = admission
         self._offload_pending = offload_pending
         self._http_stats = http_stats
+        self._arrivals = arrivals
 
     def collect(self) -> Iterator[Metric]:
         adm = self._admission
@@ -136,6 +139,21 @@ class _AdmissionCollector:
             ("parser_errors", "Requests the HTTP parser rejected (400)."),
         ):
             yield CounterMetricFamily(f"{PREFIX}_http_{key}", text, stats.get(key, 0))
+        arrivals = self._arrivals
+        if arrivals is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_arrivals_held",
+                "Requests of new conversations held while follow-ups of recent ones are answered first.",
+                arrivals.held,
+            )
+            started = CounterMetricFamily(
+                f"{PREFIX}_arrivals_started",
+                "Requests started by the HTTP protocol, by its verdict on their body's head.",
+                labels=["kind"],
+            )
+            started.add_metric(["warm"], arrivals.warm)
+            started.add_metric(["cold"], arrivals.cold)
+            yield started
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
@@ -215,9 +233,10 @@ class FrontendMetrics:
         admission: Any,
         offload_pending: Callable[[], int],
         http_stats: Callable[[], dict[str, int] | None] = lambda: None,
+        arrivals: Any = None,
     ) -> None:
-        """Export admission control, offload and HTTP-limit counters, read at each scrape."""
-        self.registry.register(_AdmissionCollector(admission, offload_pending, http_stats))
+        """Export admission control, offload, HTTP-limit and arrival counters, read at each scrape."""
+        self.registry.register(_AdmissionCollector(admission, offload_pending, http_stats, arrivals))
 
     def render(self) -> bytes:
         """Prometheus text exposition of every metric."""

@@ -253,6 +253,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "closed (default: %(default)g)",
     )
     limits.add_argument(
+        "--arrival-hold-timeout",
+        type=float,
+        default=LIMIT_DEFAULTS.arrival_hold_timeout,
+        help="seconds a request that starts like no recent one (a new conversation) may be held, its "
+        "start paced, while follow-ups of recent conversations are answered first; 0: start every "
+        "request at once (default: %(default)g)",
+    )
+    limits.add_argument(
         "--max-connections",
         type=int,
         default=LIMIT_DEFAULTS.max_connections,
@@ -455,6 +463,8 @@ def run(args: argparse.Namespace) -> int:
         header_timeout_s=config.limits.header_timeout,
         max_connections=max_connections,
         error_body=_error_body_for(app),
+        arrivals=app.state.frontend.arrivals,
+        heads=app.state.frontend.recent_heads,
     )
     app.state.frontend.extra["http_protocol"] = protocol
     uv_config = uvicorn.Config(
