@@ -13,7 +13,9 @@ Layout::
     validation.py      field validators every protocol uses (RequestError, param = JSON path)
     http.py            shared plumbing: FrontendState, read_json, api_route, EventStreamResponse
     http_protocol.py   serve's HTTP/1.1 connection: header deadline, connection limit, JSON
-                       parser errors, GET /live answered in the connection
+                       parser errors, GET /live answered in the connection, warm requests first
+    arrivals.py        ArrivalPacer: which arriving POSTs start at once (follow-ups of recent
+                       conversations) and the pace at which the rest are started
     sse.py, errors.py  SSE framing and error bodies, one place each
     metrics.py, logs.py
 
