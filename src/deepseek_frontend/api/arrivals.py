@@ -17,7 +17,8 @@ request's ASGI task, and judges it with :class:`~deepseek_frontend.api.http.Rece
 * a **cold** one waits in a FIFO (:meth:`ArrivalPacer.hold`). Each loop iteration starts
   ``per_tick`` of them while no warm request is waiting for its answer, and
   ``per_tick_while_warm`` while some are, so a burst's new conversations never fill one iteration
-  with their first steps. One held ``max_hold_s`` goes at the full pace whatever arrives after it.
+  with their first steps. A request held ``max_hold_s`` goes at the full pace whatever arrives
+  after it.
 
 Nothing is refused or lost here: a held request is only started later, and admission control
 (429) still applies once it starts. A wrong verdict only reorders starts. A held request whose

@@ -30,7 +30,8 @@ client that opens a connection and sends its request line and headers a byte at 
   conversations does not queue its first steps in front of a follow-up. The verdict goes to the
   application in the scope (``WARM_KEY``). A request whose client sends ``Expect: 100-continue``
   (it waits to be asked for its body), or whose body head has not come within
-  ``BODY_HEAD_WAIT_S``, is judged cold without it.
+  ``BODY_HEAD_WAIT_S``, is paced as cold with no verdict in the scope (the application judges
+  the whole body once it has it).
 
 The body deadline is the application's (:func:`deepseek_frontend.api.http.read_json`).
 """
