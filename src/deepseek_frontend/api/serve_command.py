@@ -402,6 +402,7 @@ def run(args: argparse.Namespace) -> int:
     """Serve until interrupted. Returns the process exit code."""
     import uvicorn
 
+    from deepseek_frontend.api.acceptor import FrontendServer
     from deepseek_frontend.api.app import create_app
     from deepseek_frontend.api.config import ServerConfig
     from deepseek_frontend.api.http_protocol import guarded_protocol
@@ -471,14 +472,16 @@ def run(args: argparse.Namespace) -> int:
         app,
         loop="auto",
         http=protocol,
-        backlog=backlog,  # uvicorn listens again on the socket it is given: keep our queue length
+        backlog=backlog,  # connections the acceptor takes per wake-up (api/acceptor.py)
         access_log=False,
         log_level=args.log_level,
         lifespan="on",
         timeout_graceful_shutdown=5,
         log_config=None,
     )
-    server = uvicorn.Server(uv_config)
+    listening = slot.listening if slot is not None and slot.listening is not None else sock
+    # the public socket is accepted by the frontend itself: every pending connection per wake-up
+    server = FrontendServer(uv_config, public=[listening])
     log.info(
         "listening on http://%s:%d model=%s family=%s engine=%s workers=%s",
         config.host,
@@ -491,8 +494,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # applies loop="auto" (uvloop when installed); a forked process also serves its private socket
         private = [slot.private_socket] if slot is not None and slot.private_socket is not None else []
-        listening = slot.listening if slot is not None and slot.listening is not None else sock
-        server.run(sockets=[listening, *private])
+        server.run(sockets=private)
     except KeyboardInterrupt:
         pass
     finally:

@@ -1,0 +1,158 @@
+"""``serve`` accepts a burst of connections at once, however busy its event loop is (api/acceptor.py).
+
+uvloop's own server accepts about one connection per loop iteration once the loop is busy, so the
+last of a burst of arrivals waited for hundreds of iterations before it was even accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import uvloop
+
+from deepseek_frontend.api import acceptor as acceptor_module
+from deepseek_frontend.api.acceptor import BulkAcceptor
+
+pytestmark = pytest.mark.timeout(60)
+
+CONNECTIONS = 200
+
+#: a client in its own process (no GIL shared with the loop under test): connects, says so, waits
+CLIENT = """
+import socket, sys
+socks = [socket.create_connection(("127.0.0.1", int(sys.argv[1]))) for _ in range(int(sys.argv[2]))]
+print("connected", flush=True)
+sys.stdin.read()
+"""
+
+
+async def _accept_a_queued_burst(start_server: str) -> list[int]:
+    """Queue ``CONNECTIONS`` connections in the kernel, then serve them while every loop iteration
+    also carries 0.5 ms of other work; returns, per connection, the iteration that accepted it."""
+    loop = asyncio.get_running_loop()
+    iteration = 0
+    accepted_at: list[int] = []
+
+    class Recorder(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            accepted_at.append(iteration)
+
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(2048)
+    client = subprocess.Popen(
+        [sys.executable, "-c", CLIENT, str(listening.getsockname()[1]), str(CONNECTIONS)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert client.stdout is not None and client.stdout.readline() == "connected\n"
+        stop = False
+
+        def busy_iteration() -> None:
+            nonlocal iteration
+            iteration += 1
+            until = time.perf_counter() + 0.0005
+            while time.perf_counter() < until:
+                pass
+            if not stop:
+                loop.call_soon(busy_iteration)
+
+        loop.call_soon(busy_iteration)
+        if start_server == "bulk":
+            acceptor = BulkAcceptor(loop, listening, Recorder).start()
+        else:
+            server = await loop.create_server(Recorder, sock=listening)
+        for _ in range(3000):
+            if len(accepted_at) == CONNECTIONS:
+                break
+            await asyncio.sleep(0)
+        stop = True
+        if start_server == "bulk":
+            acceptor.close()
+            assert acceptor.accepted == CONNECTIONS
+        else:
+            server.close()
+        return accepted_at
+    finally:
+        client.kill()
+        client.wait()
+        listening.close()
+
+
+def test_a_queued_burst_is_accepted_per_wake_up_on_a_busy_loop() -> None:
+    """``per_wake`` (64) connections at each of the loop's iterations: 200 in 4."""
+    accepted_at = uvloop.run(_accept_a_queued_burst("bulk"))
+    assert len(accepted_at) == CONNECTIONS
+    assert max(accepted_at) - min(accepted_at) <= CONNECTIONS // 64, sorted(set(accepted_at))
+
+
+def test_uvloops_own_server_is_what_spreads_the_accepts() -> None:
+    """The reason for BulkAcceptor, checked against the uvloop this project runs on: should a
+    uvloop release accept a queued burst at once, this fails and the acceptor can go."""
+    accepted_at = uvloop.run(_accept_a_queued_burst("uvloop"))
+    assert max(accepted_at) - min(accepted_at) > CONNECTIONS // 4
+
+
+def test_accepting_pauses_when_the_process_is_out_of_descriptors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """EMFILE leaves the listening socket readable: the acceptor stops watching it for a while
+    (no busy loop), then accepts what waited in the kernel's queue."""
+    monkeypatch.setattr(acceptor_module, "PAUSE_S", 0.05)
+
+    class Exhausted:
+        def __init__(self, real: socket.socket) -> None:
+            self.real = real
+            self.failures = 1
+
+        def setblocking(self, flag: bool) -> None:
+            self.real.setblocking(flag)
+
+        def fileno(self) -> int:
+            return self.real.fileno()
+
+        def accept(self) -> tuple[socket.socket, object]:
+            if self.failures:
+                self.failures -= 1
+                raise OSError(errno.EMFILE, "Too many open files")
+            return self.real.accept()
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        made: list[asyncio.BaseTransport] = []
+
+        class Recorder(asyncio.Protocol):
+            def connection_made(self, transport: asyncio.BaseTransport) -> None:
+                made.append(transport)
+
+        listening = socket.socket()
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(16)
+        sock = Exhausted(listening)
+        acceptor = BulkAcceptor(loop, sock, Recorder).start()  # type: ignore[arg-type]
+        client = socket.create_connection(listening.getsockname())
+        try:
+            for _ in range(200):
+                if acceptor.paused:
+                    break
+                await asyncio.sleep(0.005)
+            assert acceptor.paused == 1 and not made and not acceptor._watching
+            for _ in range(200):
+                if made:
+                    break
+                await asyncio.sleep(0.005)
+            assert len(made) == 1 and acceptor.accepted == 1
+        finally:
+            acceptor.close()
+            for transport in made:
+                transport.close()
+            client.close()
+            listening.close()
+
+    uvloop.run(scenario())
