@@ -30,6 +30,7 @@ import functools
 import logging
 import socket
 from collections.abc import Callable
+from typing import Any
 
 import uvicorn
 
@@ -65,8 +66,6 @@ class BulkAcceptor:
         self._watching = False
         self._closed = False
         self._resume: asyncio.TimerHandle | None = None
-        #: connections being handed to their transports (held so that they are not collected)
-        self._handing: set[asyncio.Task[object]] = set()
 
     def start(self) -> BulkAcceptor:
         self.sock.setblocking(False)
@@ -115,19 +114,24 @@ class BulkAcceptor:
         if conn.family in (socket.AF_INET, socket.AF_INET6):
             # what uvloop's and asyncio's own servers set: small SSE writes go out at once
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        task = self.loop.create_task(self.loop.connect_accepted_socket(self.protocol_factory, conn))
-        self._handing.add(task)
-        task.add_done_callback(functools.partial(self._handed, conn))
+        # ``connect_accepted_socket`` only waits for the protocol's ``connection_made``: it is
+        # stepped here, not given a task of its own (a task per connection costs a burst of 1,024
+        # short streams a few percent of its throughput)
+        self._step(conn, self.loop.connect_accepted_socket(self.protocol_factory, conn), None)
 
-    def _handed(self, conn: socket.socket, task: asyncio.Task[object]) -> None:
-        self._handing.discard(task)
-        if task.cancelled():
-            conn.close()
-            return
-        exc = task.exception()
-        if exc is not None:
+    def _step(self, conn: socket.socket, setup: Any, waited: asyncio.Future[Any] | None) -> None:
+        try:
+            if waited is not None and waited.cancelled():
+                waiting = setup.throw(asyncio.CancelledError())
+            else:
+                waiting = setup.send(None)
+        except StopIteration:
+            return  # the connection is set up: its protocol serves it from here
+        except (Exception, asyncio.CancelledError) as exc:  # a failed setup must not stop accepting
             log.warning("could not set up an accepted connection: %s", exc)
             conn.close()
+            return
+        waiting.add_done_callback(functools.partial(self._step, conn, setup))
 
 
 class FrontendServer(uvicorn.Server):
