@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import functools
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import pytest
 import uvloop
@@ -32,6 +34,23 @@ sys.stdin.read()
 """
 
 
+def _listening_socket(backlog: int) -> socket.socket:
+    listening = socket.socket()
+    listening.bind(("127.0.0.1", 0))
+    listening.listen(backlog)
+    return listening
+
+
+class _Recorder(asyncio.Protocol):
+    """Calls ``made(transport)`` on each connection."""
+
+    def __init__(self, made: Callable[[asyncio.BaseTransport], object]) -> None:
+        self.made = made
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.made(transport)
+
+
 async def _accept_a_queued_burst(start_server: str) -> list[int]:
     """Queue ``CONNECTIONS`` connections in the kernel, then serve them while every loop iteration
     also carries 0.5 ms of other work; returns, per connection, the iteration that accepted it."""
@@ -39,13 +58,11 @@ async def _accept_a_queued_burst(start_server: str) -> list[int]:
     iteration = 0
     accepted_at: list[int] = []
 
-    class Recorder(asyncio.Protocol):
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            accepted_at.append(iteration)
+    def record(_: asyncio.BaseTransport) -> None:
+        accepted_at.append(iteration)
 
-    listening = socket.socket()
-    listening.bind(("127.0.0.1", 0))
-    listening.listen(2048)
+    recorder = functools.partial(_Recorder, record)
+    listening = _listening_socket(2048)
     client = subprocess.Popen(
         [sys.executable, "-c", CLIENT, str(listening.getsockname()[1]), str(CONNECTIONS)],
         stdin=subprocess.PIPE,
@@ -67,9 +84,9 @@ async def _accept_a_queued_burst(start_server: str) -> list[int]:
 
         loop.call_soon(busy_iteration)
         if start_server == "bulk":
-            acceptor = BulkAcceptor(loop, listening, Recorder).start()
+            acceptor = BulkAcceptor(loop, listening, recorder).start()
         else:
-            server = await loop.create_server(Recorder, sock=listening)
+            server = await loop.create_server(recorder, sock=listening)
         for _ in range(3000):
             if len(accepted_at) == CONNECTIONS:
                 break
@@ -127,15 +144,9 @@ def test_accepting_pauses_when_the_process_is_out_of_descriptors(monkeypatch: py
         loop = asyncio.get_running_loop()
         made: list[asyncio.BaseTransport] = []
 
-        class Recorder(asyncio.Protocol):
-            def connection_made(self, transport: asyncio.BaseTransport) -> None:
-                made.append(transport)
-
-        listening = socket.socket()
-        listening.bind(("127.0.0.1", 0))
-        listening.listen(16)
+        listening = _listening_socket(16)
         sock = Exhausted(listening)
-        acceptor = BulkAcceptor(loop, sock, Recorder).start()  # type: ignore[arg-type]
+        acceptor = BulkAcceptor(loop, sock, functools.partial(_Recorder, made.append)).start()  # type: ignore[arg-type]
         client = socket.create_connection(listening.getsockname())
         try:
             for _ in range(200):

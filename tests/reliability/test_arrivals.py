@@ -102,15 +102,21 @@ async def _iterations(n: int) -> None:
         await asyncio.sleep(0)
 
 
+async def _with_conversation_a(pacer: ArrivalPacer) -> _Harness:
+    """A harness that has served conversation A once (its next request is warm)."""
+    h = _Harness(pacer)
+    h.release("first")
+    h.send(_post(_body("conversation A", ".first")))
+    await _iterations(5)
+    return h
+
+
 def test_a_follow_up_arriving_last_starts_before_a_burst_of_new_conversations() -> None:
     """The follow-up's task starts in the callback that read it; the new conversations wait until
     it has answered, then start ``per_tick`` per loop iteration, in arrival order, every one."""
 
     async def scenario() -> None:
-        h = _Harness(ArrivalPacer(per_tick=4, per_tick_while_warm=0, max_hold_s=30.0))
-        h.release("first")
-        h.send(_post(_body("conversation A", ".first")))
-        await _iterations(5)
+        h = await _with_conversation_a(ArrivalPacer(per_tick=4, per_tick_while_warm=0, max_hold_s=30.0))
         assert h.started == ["first"] and h.warm_flags["first"] is False
         # a burst: 10 new conversations, then a follow-up of conversation A
         for i in range(10):
@@ -139,10 +145,7 @@ def test_a_follow_up_arriving_last_starts_before_a_burst_of_new_conversations() 
 
 def test_a_held_request_starts_by_its_deadline_while_warm_ones_keep_waiting() -> None:
     async def scenario() -> None:
-        h = _Harness(ArrivalPacer(per_tick=8, per_tick_while_warm=0, max_hold_s=0.05))
-        h.release("first")
-        h.send(_post(_body("conversation A", ".first")))
-        await _iterations(5)
+        h = await _with_conversation_a(ArrivalPacer(per_tick=8, per_tick_while_warm=0, max_hold_s=0.05))
         h.send(_post(_body("conversation A", ".followup")))  # never answers in this test
         h.release("cold")
         h.send(_post(_body("another conversation", ".cold")))
@@ -162,10 +165,7 @@ def test_a_held_request_starts_by_its_deadline_while_warm_ones_keep_waiting() ->
 
 def test_a_held_request_whose_client_left_never_starts() -> None:
     async def scenario() -> None:
-        h = _Harness(ArrivalPacer(per_tick=8, per_tick_while_warm=0, max_hold_s=30.0))
-        h.release("first")
-        h.send(_post(_body("conversation A", ".first")))
-        await _iterations(5)
+        h = await _with_conversation_a(ArrivalPacer(per_tick=8, per_tick_while_warm=0, max_hold_s=30.0))
         h.send(_post(_body("conversation A", ".followup")))
         gone, _ = h.send(_post(_body("a conversation whose client leaves", ".gone")))
         h.release("stays")

@@ -16,6 +16,8 @@ Layout::
                        parser errors, GET /live answered in the connection, warm requests first
     arrivals.py        ArrivalPacer: which arriving POSTs start at once (follow-ups of recent
                        conversations) and the pace at which the rest are started
+    acceptor.py        serve's listening socket, accepted in bulk (FrontendServer: uvicorn's
+                       Server with that acceptor)
     sse.py, errors.py  SSE framing and error bodies, one place each
     metrics.py, logs.py
 
