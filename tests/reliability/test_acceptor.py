@@ -167,3 +167,36 @@ def test_accepting_pauses_when_the_process_is_out_of_descriptors(monkeypatch: py
             listening.close()
 
     uvloop.run(scenario())
+
+
+def test_a_connection_setup_is_stepped_through_futures_and_bare_yields_and_a_failure_closes_it() -> None:
+    """The acceptor steps each connection's setup coroutine itself (no task per connection)."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        listening = _listening_socket(4)
+        acceptor = BulkAcceptor(loop, listening, asyncio.Protocol)
+        steps: list[str] = []
+
+        async def setup(fail: bool) -> None:
+            waiter = loop.create_future()
+            loop.call_soon(waiter.set_result, None)
+            await waiter
+            steps.append("future")
+            await asyncio.sleep(0)
+            steps.append("bare yield")
+            if fail:
+                raise OSError("the transport could not be made")
+
+        kept, other = socket.socketpair()
+        acceptor._step(kept, setup(False), None)
+        failed, other2 = socket.socketpair()
+        acceptor._step(failed, setup(True), None)
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert steps == ["future", "future", "bare yield", "bare yield"]
+        assert kept.fileno() >= 0 and failed.fileno() == -1  # the failed one was closed
+        for sock in (kept, other, other2, listening):
+            sock.close()
+
+    uvloop.run(scenario())

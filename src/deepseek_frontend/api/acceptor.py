@@ -131,7 +131,10 @@ class BulkAcceptor:
             log.warning("could not set up an accepted connection: %s", exc)
             conn.close()
             return
-        waiting.add_done_callback(functools.partial(self._step, conn, setup))
+        if waiting is None:  # a bare yield (``asyncio.sleep(0)``): go on at the next iteration
+            self.loop.call_soon(self._step, conn, setup, None)
+        else:
+            waiting.add_done_callback(functools.partial(self._step, conn, setup))
 
 
 class FrontendServer(uvicorn.Server):
@@ -157,7 +160,13 @@ class FrontendServer(uvicorn.Server):
             server_state=self.server_state,
             app_state=self.lifespan.state,
         )
-        self.acceptors = [BulkAcceptor(loop, sock, make_protocol).start() for sock in self.public]
+        for sock in self.public:
+            acceptor = BulkAcceptor(loop, sock, make_protocol)
+            try:
+                self.acceptors.append(acceptor.start())
+            except NotImplementedError:  # a loop without add_reader (Windows' proactor): uvicorn's way
+                server = await loop.create_server(make_protocol, sock=sock, backlog=self.config.backlog)
+                self.servers.append(server)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         for acceptor in self.acceptors:
