@@ -4,14 +4,16 @@ Under a burst every request's state that only the cyclic garbage collector can f
 cycle, its transport, tasks, a cancelled task's exception and traceback -- piles up between
 collections and makes each collection longer, with the event loop (every stream, ``/live``)
 stopped meanwhile: 30-odd such objects a request were measured before this was fixed. This runs
-the real server stack (uvicorn with the frontend's HTTP protocol, the app, the in-process
-simulated engine) in this process, serves streamed and unstreamed chat completions, and then
+the real server stack as ``serve`` sets it up (its server with the bulk acceptor, the frontend's
+HTTP protocol with warm-first arrivals, the app, the in-process simulated engine) in this process,
+serves streamed and unstreamed chat completions, as new conversations and as follow-ups, and then
 asks the collector what it would have had to free.
 """
 
 from __future__ import annotations
 
 import gc
+import socket
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -20,6 +22,7 @@ import httpx
 import pytest
 import uvicorn
 
+from deepseek_frontend.api.acceptor import FrontendServer
 from deepseek_frontend.api.app import create_app
 from deepseek_frontend.api.config import ServerConfig
 from deepseek_frontend.api.http_protocol import guarded_protocol
@@ -36,19 +39,28 @@ REQUEST_STATE_TYPES = {"RequestResponseCycle", "DisconnectWatch", "TCPTransport"
 def server() -> Iterator[uvicorn.Server]:
     app = create_app(ServerConfig(served_model_name="deepseek-v4-flash", engine="sim"))
     port = free_port()
+    state = app.state.frontend
     config = uvicorn.Config(
         app,
         host="127.0.0.1",
         port=port,
         loop="auto",
-        http=guarded_protocol(header_timeout_s=10.0, max_connections=64, error_body=lambda _p, _e: b"{}"),
+        # as `serve` sets it up: warm-first arrivals, and the listening socket accepted in bulk
+        http=guarded_protocol(
+            header_timeout_s=10.0,
+            max_connections=64,
+            error_body=lambda _p, _e: b"{}",
+            arrivals=state.arrivals,
+            heads=state.recent_heads,
+        ),
         access_log=False,
         log_level="warning",
         lifespan="on",
         log_config=None,
     )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
+    listening = socket.create_server(("127.0.0.1", port), backlog=64)
+    server = FrontendServer(config, public=[listening])
+    thread = threading.Thread(target=server.run, kwargs={"sockets": []}, daemon=True)
     thread.start()
     try:
         wait_until(lambda: server.started, timeout=60, what="the in-process server to start")
@@ -56,13 +68,20 @@ def server() -> Iterator[uvicorn.Server]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+        listening.close()
 
 
-def _garbage_after(requests: int, server: uvicorn.Server, *, stream: bool) -> Counter[str]:
+def _garbage_after(requests: int, server: uvicorn.Server, *, stream: bool, warm: bool) -> Counter[str]:
     url = f"http://127.0.0.1:{server.config.port}"
+    # a long shared system prompt makes every request after the first start like a recent one
+    # (warm: started at once, its answer marked); a short one makes each body new (cold: held)
+    system = "You answer briefly. " * (300 if warm else 1)
     body = {
         "model": "deepseek-v4-flash",
-        "messages": [{"role": "user", "content": "Say something short."}],
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "Say something short."},
+        ],
         "max_tokens": 8,
         "stream": stream,
     }
@@ -88,11 +107,14 @@ def _garbage_after(requests: int, server: uvicorn.Server, *, stream: bool) -> Co
         gc.garbage.clear()
 
 
+@pytest.mark.parametrize("warm", [False, True], ids=["new-conversations", "follow-ups"])
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "unstreamed"])
 def test_served_requests_leave_no_request_state_to_the_cyclic_collector(
-    server: uvicorn.Server, stream: bool
+    server: uvicorn.Server, stream: bool, warm: bool
 ) -> None:
-    _garbage_after(3, server, stream=stream)  # first requests: lazily built state settles
-    garbage = _garbage_after(40, server, stream=stream)
+    _garbage_after(3, server, stream=stream, warm=warm)  # first requests: lazily built state settles
+    garbage = _garbage_after(40, server, stream=stream, warm=warm)
+    arrivals = server.config.http_protocol_class.arrivals  # type: ignore[attr-defined]
+    assert (arrivals.warm if warm else arrivals.cold) >= 40, arrivals  # the path under test was taken
     kept = {name: count for name, count in garbage.items() if name in REQUEST_STATE_TYPES}
     assert not kept, f"requests left reference cycles holding {kept} (all garbage: {garbage.most_common(12)})"
