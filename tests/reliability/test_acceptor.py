@@ -1,7 +1,8 @@
 """``serve`` accepts a burst of connections at once, however busy its event loop is (api/acceptor.py).
 
-uvloop's own server accepts about one connection per loop iteration once the loop is busy, so the
-last of a burst of arrivals waited for hundreds of iterations before it was even accepted.
+uvloop's own server accepts one connection per loop iteration, so on a busy loop the last of a
+burst of arrivals waited for hundreds of iterations before it was even accepted
+(benchmarks/bench_accept.py compares the two).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class _Recorder(asyncio.Protocol):
         self.made(transport)
 
 
-async def _accept_a_queued_burst(start_server: str) -> list[int]:
+async def _accept_a_queued_burst() -> list[int]:
     """Queue ``CONNECTIONS`` connections in the kernel, then serve them while every loop iteration
     also carries 0.5 ms of other work; returns, per connection, the iteration that accepted it."""
     loop = asyncio.get_running_loop()
@@ -83,20 +84,14 @@ async def _accept_a_queued_burst(start_server: str) -> list[int]:
                 loop.call_soon(busy_iteration)
 
         loop.call_soon(busy_iteration)
-        if start_server == "bulk":
-            acceptor = BulkAcceptor(loop, listening, recorder).start()
-        else:
-            server = await loop.create_server(recorder, sock=listening)
+        acceptor = BulkAcceptor(loop, listening, recorder).start()
         for _ in range(3000):
             if len(accepted_at) == CONNECTIONS:
                 break
             await asyncio.sleep(0)
         stop = True
-        if start_server == "bulk":
-            acceptor.close()
-            assert acceptor.accepted == CONNECTIONS
-        else:
-            server.close()
+        acceptor.close()
+        assert acceptor.accepted == CONNECTIONS
         return accepted_at
     finally:
         client.kill()
@@ -106,16 +101,9 @@ async def _accept_a_queued_burst(start_server: str) -> list[int]:
 
 def test_a_queued_burst_is_accepted_per_wake_up_on_a_busy_loop() -> None:
     """``per_wake`` (64) connections at each of the loop's iterations: 200 in 4."""
-    accepted_at = uvloop.run(_accept_a_queued_burst("bulk"))
+    accepted_at = uvloop.run(_accept_a_queued_burst())
     assert len(accepted_at) == CONNECTIONS
     assert max(accepted_at) - min(accepted_at) <= CONNECTIONS // 64, sorted(set(accepted_at))
-
-
-def test_uvloops_own_server_is_what_spreads_the_accepts() -> None:
-    """The reason for BulkAcceptor, checked against the uvloop this project runs on: should a
-    uvloop release accept a queued burst at once, this fails and the acceptor can go."""
-    accepted_at = uvloop.run(_accept_a_queued_burst("uvloop"))
-    assert max(accepted_at) - min(accepted_at) > CONNECTIONS // 4
 
 
 def test_accepting_pauses_when_the_process_is_out_of_descriptors(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -1,12 +1,11 @@
 """``serve``'s listening socket: pending connections accepted in bulk at each wake-up.
 
-uvloop's own server accepts about one connection per event-loop iteration once the loop is busy:
-with 0.5 ms of other work per iteration, 257 connections made at once are accepted over 160 ms
-(over 540 ms with 2 ms per iteration), one more per iteration, while asyncio's server and the
-loop below accept them all in the iteration after they arrive (docs/performance.md, "Burst:
-accepting at once"). Under a burst every iteration carries the steps of the requests accepted
-before, so the last arrival -- often a follow-up whose prompt is in the caches -- was accepted
-100-180 ms after its client connected.
+uvloop's own server accepts one connection per event-loop iteration: with 0.5 ms of other work
+per iteration, 257 connections made at once are accepted over 150 ms (over 540 ms with 2 ms per
+iteration), while asyncio's server and the loop below accept them in a handful of iterations
+(``benchmarks/bench_accept.py``; docs/performance.md, "Burst: accepting at once"). Under a burst
+every iteration carries the steps of the requests accepted before, so the last arrival -- often a
+follow-up whose prompt is in the caches -- was accepted 100-180 ms after its client connected.
 
 :class:`BulkAcceptor` watches the listening socket with ``loop.add_reader`` and, at each
 wake-up, accepts until the kernel's queue is empty or ``per_wake`` (64) connections are in: the
