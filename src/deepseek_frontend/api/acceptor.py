@@ -8,12 +8,12 @@ every iteration carries the steps of the requests accepted before, so the last a
 follow-up whose prompt is in the caches -- was accepted 100-180 ms after its client connected.
 
 :class:`BulkAcceptor` watches the listening socket with ``loop.add_reader`` and, at each
-wake-up, accepts until the kernel's queue is empty or ``per_wake`` (64) connections are in: the
-reader stays ready, so the rest come at the next iteration: one iteration never reads and starts
-thousands of requests (with 2,048 per wake-up, ``/live`` during the 5,000-request burst test had a
-p95 of 36 ms, against 21 ms with 64). It hands
-each socket to the loop's ``connect_accepted_socket`` with uvicorn's protocol factory: the
-connection is then exactly what uvicorn's server would have made. When the process is out of
+wake-up, accepts until the kernel's queue is empty or ``per_wake`` (64) connections are in. The
+reader stays ready, so the rest come at the next iteration, and one iteration never reads and
+starts thousands of requests (with 2,048 per wake-up, ``/live`` during the 5,000-request burst test
+had a p95 of 36 ms, against 21 ms with 64). Each socket goes to the loop's
+``connect_accepted_socket`` with uvicorn's protocol factory: the connection is then what uvicorn's
+server would have made. When the process is out of
 file descriptors (or the kernel of buffers), accepting pauses for ``PAUSE_S`` instead of
 spinning on a socket that stays readable, and the connections wait in the kernel's queue.
 
@@ -42,7 +42,7 @@ _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.E
 
 
 class BulkAcceptor:
-    """Accepts every pending connection of ``sock`` at each wake-up (see the module docstring).
+    """Accepts up to ``per_wake`` pending connections of ``sock`` at each wake-up (module docstring).
 
     ``protocol_factory()`` makes each connection's protocol. ``start()`` begins watching,
     ``close()`` stops (the socket itself stays open: its owner closes it). ``accepted`` counts
@@ -114,8 +114,7 @@ class BulkAcceptor:
             # what uvloop's and asyncio's own servers set: small SSE writes go out at once
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         # ``connect_accepted_socket`` only waits for the protocol's ``connection_made``: it is
-        # stepped here, not given a task of its own (a task per connection costs a burst of 1,024
-        # short streams a few percent of its throughput)
+        # stepped here rather than given a task (and its context and loop steps) per connection
         self._step(conn, self.loop.connect_accepted_socket(self.protocol_factory, conn), None)
 
     def _step(self, conn: socket.socket, setup: Any, waited: asyncio.Future[Any] | None) -> None:

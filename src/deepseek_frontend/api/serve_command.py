@@ -472,7 +472,8 @@ def run(args: argparse.Namespace) -> int:
         app,
         loop="auto",
         http=protocol,
-        backlog=backlog,  # connections the acceptor takes per wake-up (api/acceptor.py)
+        # uvicorn's own servers (the private socket; the public one on a loop without add_reader)
+        backlog=backlog,
         access_log=False,
         log_level=args.log_level,
         lifespan="on",
@@ -480,7 +481,7 @@ def run(args: argparse.Namespace) -> int:
         log_config=None,
     )
     listening = slot.listening if slot is not None and slot.listening is not None else sock
-    # the public socket is accepted by the frontend itself: every pending connection per wake-up
+    # the public socket is accepted by the frontend itself, up to 64 connections per wake-up
     server = FrontendServer(uv_config, public=[listening])
     log.info(
         "listening on http://%s:%d model=%s family=%s engine=%s workers=%s",
