@@ -109,9 +109,12 @@ class RecentHeads:
         self.max_entries = max_entries
         self._seen: OrderedDict[int, None] = OrderedDict()
 
-    def seen_before(self, body: bytes) -> bool:
-        """Whether a recent body started with the same bytes; then remember this one's head."""
-        key = hash(body[:HEAD_BYTES])
+    def seen_before(self, body: bytes | bytearray) -> bool:
+        """Whether a recent body started with the same bytes; then remember this one's head.
+
+        ``body`` may be the HTTP protocol's ``bytearray`` buffer: either way its head is copied
+        once, to be hashed."""
+        key = hash(bytes(memoryview(body)[:HEAD_BYTES]))
         seen = self._seen
         if key in seen:
             seen.move_to_end(key)

@@ -271,7 +271,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         assert arrivals is not None and heads is not None
         warm = False
         if len(body) >= HEAD_BYTES or not cycle.more_body:
-            warm = bool(body) and heads.seen_before(bytes(body[:HEAD_BYTES]))
+            warm = bool(body) and heads.seen_before(body)
             cycle.scope[WARM_KEY] = warm
         # else judged cold without its head; the application judges the whole body when it has it
         if warm:
