@@ -5,6 +5,9 @@
     engine.py    SimulatedEngine: an in-process EngineClient with a prefix cache and fault hooks
     model.py     the "model": deterministic DSV4 output from the prompt by documented rules
     server.py    the engine behind SGLang's HTTP protocol (/generate, /abort_request, /health, ...)
+    prompts.py   a /generate body's ids parsed, packed and page-hashed once per shared prefix
+    behavior.py  what real engines refuse and report, per preset
+    kv.py        the KV cache model and its events; resume.py: continuing its own output
     command.py   ``deepseek-frontend sim-engine``
 """
 

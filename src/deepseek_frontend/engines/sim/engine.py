@@ -23,6 +23,7 @@ event loop (``asyncio.sleep(0)``) so concurrent streams interleave.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import json
 import random
@@ -56,6 +57,7 @@ from deepseek_frontend.engines.sim.model import (
     read_last_turn,
     read_prompt,
 )
+from deepseek_frontend.engines.sim.prompts import ID_WIDTH, INPUT_IDS_ERROR, SimPrompt, prompt_bytes
 from deepseek_frontend.engines.sim.resume import split_continuation
 from deepseek_frontend.errors import (
     EngineRejectedRequestError,
@@ -64,7 +66,15 @@ from deepseek_frontend.errors import (
     RequestError,
 )
 
-__all__ = ["PrefixCache", "SimStats", "SimTokenizer", "SimulatedEngine", "load_sim_tokenizer"]
+__all__ = [
+    "INPUT_IDS_ERROR",
+    "PrefixCache",
+    "SimStats",
+    "SimTokenizer",
+    "SimulatedEngine",
+    "load_sim_tokenizer",
+    "prompt_bytes",
+]
 
 #: tokens per KV page: cached_tokens is reported in whole pages, like a paged prefix cache
 PAGE_SIZE = 16
@@ -78,38 +88,26 @@ IMAGE_TOKEN_ID = 129264
 PLAN_CACHE_SIZE = 512
 #: prompt heads (the text before the last user turn) whose reading is memoised
 HEAD_CACHE_SIZE = 256
-#: bytes per id in :func:`prompt_bytes`
-_ID_WIDTH = 4
-#: the refusal of an ``input_ids`` that is not a non-empty list of ints (SGLang's 400)
-INPUT_IDS_ERROR = "input_ids must be a non-empty list of token ids (the sim serves token mode)"
-
-
-def prompt_bytes(ids: Sequence[int]) -> bytes | None:
-    """``ids`` as 4-byte machine ints -- one C loop; what the engine hashes and searches instead of
-    a Python loop per id of a long prompt -- or None when an id does not fit in 32 bits.
-
-    Raises :class:`RequestError` when an item is not an int (the check a worker makes of
-    ``input_ids``).
-    """
-    try:
-        return array("i", ids).tobytes()
-    except OverflowError:
-        return None
-    except TypeError:
-        raise RequestError(INPUT_IDS_ERROR, param="input_ids") from None
 
 
 def _count_id(data: bytes, token_id: int) -> int:
-    """How many times ``token_id`` occurs in :func:`prompt_bytes` ``data`` (aligned matches only)."""
+    """How many times ``token_id`` occurs in :func:`prompt_bytes` ``data`` (aligned matches only).
+
+    Searched from the end: ``rfind`` screens positions by the needle's first byte, ``find`` by its
+    last, and the last byte of a little-endian id under 2**24 is zero in every fourth byte of the
+    data (a 12K-token prompt: 5 us this way, 50 us the other).
+    """
     needle = array("i", [token_id]).tobytes()
     count = 0
-    at = data.find(needle)
+    end = len(data)
+    at = data.rfind(needle, 0, end)
     while at >= 0:
-        if at % _ID_WIDTH == 0:
+        if at % ID_WIDTH == 0:
             count += 1
-            at = data.find(needle, at + _ID_WIDTH)
+            end = at
         else:
-            at = data.find(needle, at + 1)
+            end = at + len(needle) - 1
+        at = data.rfind(needle, 0, end)
     return count
 
 
@@ -119,9 +117,9 @@ def _last_index(data: bytes, token_id: int) -> int:
     end = len(data)
     while True:
         at = data.rfind(needle, 0, end)
-        if at < 0 or at % _ID_WIDTH == 0:
-            return at // _ID_WIDTH if at >= 0 else -1
-        end = at + _ID_WIDTH - 1
+        if at < 0 or at % ID_WIDTH == 0:
+            return at // ID_WIDTH if at >= 0 else -1
+        end = at + ID_WIDTH - 1
 
 
 class SimTokenizer(Protocol):
@@ -154,15 +152,21 @@ class PrefixCache:
         self.max_pages = max_pages
         self._pages: OrderedDict[int, None] = OrderedDict()
 
-    def lookup_and_insert(self, ids: Sequence[int], data: bytes | None = None) -> int:
+    def lookup_and_insert(
+        self, ids: Sequence[int], data: bytes | None = None, prompt: SimPrompt | None = None
+    ) -> int:
         """Cached prefix length of ``ids`` in tokens (whole pages, < len(ids)); then remember ``ids``.
 
         ``data``: ``ids`` as :func:`prompt_bytes` gives them, when the caller has them already.
+        ``prompt``: the :class:`SimPrompt` of ``ids``, whose known page hashes are reused (only
+        the pages after them are hashed) and which gets this prompt's own.
         """
         size = self.page_size
-        if data is None:
+        if prompt is not None:
+            data = prompt.data
+        elif data is None:
             data = prompt_bytes(ids)
-        width = _ID_WIDTH
+        width = ID_WIDTH
         if data is None:
             data, width = array("q", ids).tobytes(), 8
         pages = self._pages
@@ -170,23 +174,23 @@ class PrefixCache:
         # the last token is always computed (an engine needs its logits), so stop one short;
         # pages hashed as bytes: a slice and a hash in C per page, not a tuple of ints
         chains: list[int] = []
-        chain = 0
-        for at in range(0, ((len(ids) - 1) // size) * step, step):
+        if prompt is not None and width == ID_WIDTH:
+            chains = prompt.chains[: min(prompt.chained_ids // size, (len(ids) - 1) // size)]
+        chain = chains[-1] if chains else 0
+        for at in range(len(chains) * step, ((len(ids) - 1) // size) * step, step):
             chain = hash((chain, data[at : at + step]))
             chains.append(chain)
-        cached = 0
-        for chain in chains:  # the cached run of leading pages
-            if chain not in pages:
-                break
-            cached += 1
+        if prompt is not None:
+            prompt.chains, prompt.chained_ids = chains, len(ids)
         # A prompt's pages go in last page first, so each page is more recently used than every
         # page after it: the LRU end only ever drops pages no cached page follows, and the
-        # cached pages always form whole prefixes (what makes the run above the cached length).
+        # cached pages always form whole prefixes -- so the cached run of leading pages is found
+        # by bisection (10 lookups for a 12K-token prompt, not 750).
+        cached = bisect.bisect_left(chains, True, key=lambda chain: chain not in pages)
         for chain in reversed(chains[cached:]):
             pages[chain] = None
-        touch = pages.move_to_end
-        for chain in reversed(chains[:cached]):
-            touch(chain)
+        # the cached run touched in C (a deque of length 0 drains the map without a Python loop)
+        deque(map(pages.move_to_end, reversed(chains[:cached])), maxlen=0)
         while len(pages) > self.max_pages:
             pages.popitem(last=False)
         return cached * size
@@ -401,7 +405,7 @@ class SimulatedEngine(EngineClient):
             # the turn spells the opener as text (a prompt injection the frontend kept as text):
             # the text reading finds that spelling last; keep the same view
             return read_prompt(decode(list(input_ids), skip_special_tokens=False))
-        key = (last, hash(data[: last * _ID_WIDTH]))  # type: ignore[index]
+        key = (last, hash(data[: last * ID_WIDTH]))  # type: ignore[index]
         heads = self._heads
         head = heads.get(key)
         if head is None:
@@ -445,8 +449,12 @@ class SimulatedEngine(EngineClient):
         """The output still to write: the rest of the engine's own plan when ``input_ids`` continue
         it (a migrated request, see engines/sim/resume.py), else the plan for ``input_ids``."""
         if constraint is None:
+            assistant_id = self._assistant_id()
+            last = None
+            if data is not None and assistant_id is not None:
+                last = _last_index(data, assistant_id)  # a search in C, not a reversed copy
             resumed = split_continuation(
-                input_ids, self._assistant_id(), lambda ids: self.plan_ids(ids, seed, None)
+                input_ids, assistant_id, lambda ids: self.plan_ids(ids, seed, None), last
             )
             if resumed is not None:
                 written, full = resumed
@@ -466,7 +474,14 @@ class SimulatedEngine(EngineClient):
 
     # ------------------------------------------------------------------ EngineClient
 
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
+    async def generate(
+        self, request: GenerateRequest, prompt: SimPrompt | None = None
+    ) -> AsyncIterator[EngineChunk]:
+        """Stream the planned output of ``request`` (see :class:`EngineClient`).
+
+        ``prompt``: the request's ids as :class:`RecentPrompts` read them from a body (their packed
+        bytes and known page hashes); read here when not given.
+        """
         sampling = request.sampling
         behavior = self.behavior
         request_seed = sampling.seed
@@ -479,7 +494,9 @@ class SimulatedEngine(EngineClient):
                 )
             request_seed = behavior.effective_seed(request_seed)
         seed = request_seed if request_seed is not None else self.seed
-        data = prompt_bytes(request.input_ids)
+        if prompt is None or prompt.ids is not request.input_ids:
+            prompt = SimPrompt.of(request.input_ids)
+        data = prompt.data
         sizes, image_tokens = self._read_images(request, data)
         if sizes:
             planned = self.plan_ids(request.input_ids, seed, sampling.constraint, sizes, data)
@@ -493,7 +510,9 @@ class SimulatedEngine(EngineClient):
         )
         # as SGLang reports it: every image placeholder expanded to the image's tokens
         prompt_tokens = len(request.input_ids) + image_tokens
-        cached = self.prefix_cache.lookup_and_insert(request.input_ids, data) if self.kv is None else 0
+        cached = 0
+        if self.kv is None:
+            cached = self.prefix_cache.lookup_and_insert(request.input_ids, prompt=prompt)
         rid = request.request_id
         self.stats.started += 1
         self.stats.running += 1
@@ -503,8 +522,10 @@ class SimulatedEngine(EngineClient):
         try:
             if self.kv is not None:
                 cached = await self.kv.prefill(request.input_ids, self.ttft_s)
-            else:
+            elif self.ttft_s:
                 await asyncio.sleep(self.ttft_s)
+            # (no delay: the first chunk is ready in this step, not one loop iteration later, where
+            # it would wait behind every request that arrived in the same iteration)
             step = self.tokens_per_chunk
             sizes = random.Random(zlib.crc32(rid.encode())) if self.max_tokens_per_chunk > step else None
             total = len(ids)

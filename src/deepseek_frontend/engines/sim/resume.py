@@ -17,19 +17,28 @@ __all__ = ["split_continuation"]
 
 
 def split_continuation(
-    ids: Sequence[int], assistant_id: int | None, plan: Callable[[Sequence[int]], list[int]]
+    ids: Sequence[int],
+    assistant_id: int | None,
+    plan: Callable[[Sequence[int]], list[int]],
+    last: int | None = None,
 ) -> tuple[int, list[int]] | None:
     """``(tokens already written, full plan)`` when ``ids`` = a prompt + a prefix of its own plan.
 
     A plain prompt ends with the assistant opener and one thinking tag; only a longer tail is
     tried (one extra plan for prompts that prefill the assistant turn, which then fail the
     check and are planned as usual). Returns None when ``ids`` is not a continuation.
+
+    ``last``: the index of the last ``assistant_id`` in ``ids`` (-1: there is none), when the
+    caller has found it faster than a scan of the list.
     """
     if assistant_id is None:
         return None
-    try:
-        last = len(ids) - 1 - list(reversed(ids)).index(assistant_id)
-    except ValueError:
+    if last is None:
+        try:
+            last = len(ids) - 1 - list(reversed(ids)).index(assistant_id)
+        except ValueError:
+            return None
+    if last < 0:
         return None
     split = last + 2  # after the opener and its <think> / </think> tag
     written = len(ids) - split

@@ -9,7 +9,8 @@ a :class:`SimulatedEngine`, so the frontend's real SGLang client runs over real 
 * ``POST /abort_request`` ``{"rid"}``; ``GET /health``; ``GET /health_generate`` (503 while
   every request would fail); ``GET /get_model_info``; ``GET /get_server_info``; ``GET /get_load``;
 * test hooks: ``GET /sim/stats`` (started / finished / aborted counters and recent aborted
-  rids -- an abort is an ``/abort_request`` or a client that went away mid-stream) and
+  rids -- an abort is an ``/abort_request`` or a client that went away mid-stream -- and how many
+  prompts were read past a recent one's shared prefix, ``prompts_reused``, or whole) and
   ``POST /sim/fault`` ``{"fail_after": N|null, "fail_mode": ...}`` to change faults live.
 
 Behaviour (:class:`~deepseek_frontend.engines.sim.behavior.SimBehavior`, default: the engine's own,
@@ -51,6 +52,7 @@ from deepseek_frontend.engines.base import (
 )
 from deepseek_frontend.engines.sim.behavior import PRESETS, SimBehavior, SimRefusal
 from deepseek_frontend.engines.sim.engine import INPUT_IDS_ERROR, SimulatedEngine
+from deepseek_frontend.engines.sim.prompts import RecentPrompts, SimPrompt
 from deepseek_frontend.errors import EngineError, EngineUnavailableError, RequestError
 
 __all__ = ["FailMode", "SimFaults", "build_sim_app"]
@@ -75,18 +77,22 @@ class _Disconnect(Exception):
 
 
 async def _batched(events: AsyncGenerator[bytes, None], size: int) -> AsyncIterator[bytes]:
-    """Join up to ``size`` SSE events per body write (events stay separate on the wire format).
+    """Join up to ``size`` SSE events per body write (events stay separate on the wire format),
+    except the first, which is written alone at once.
 
     One socket write per token costs more than the whole simulated engine; batching keeps a
-    zero-delay sim server from being the bottleneck of a load test. Events produced before a
-    simulated disconnect are still delivered.
+    zero-delay sim server from being the bottleneck of a load test. The first token is what a
+    client waits for (time to first token): it never waits for the ones after it. Events
+    produced before a simulated disconnect are still delivered.
     """
     buffer: list[bytes] = []
+    first = True
     try:
         try:
             async for event in events:
                 buffer.append(event)
-                if len(buffer) >= size:
+                if first or len(buffer) >= size:
+                    first = False
                     yield b"".join(buffer)
                     buffer = []
         except _Disconnect:
@@ -301,14 +307,22 @@ def build_sim_app(
     """
     faults = faults or SimFaults()
     behavior = behavior or getattr(engine, "behavior", None) or PRESETS["ideal"]
+    prompts = RecentPrompts()
 
     async def generate(request: Request) -> Response:
-        try:
-            body = orjson.loads(await request.body())
-        except orjson.JSONDecodeError as exc:
-            return _bad_request(f"invalid JSON: {exc}")
-        if not isinstance(body, dict):
-            return _bad_request("body must be an object")
+        raw = await request.body()
+        # a follow-up's ids are parsed, packed and hashed only past what it shares with a recent one
+        read = prompts.read(raw)
+        prompt: SimPrompt | None = None
+        if read is not None:
+            body, prompt = read
+        else:
+            try:
+                body = orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                return _bad_request(f"invalid JSON: {exc}")
+            if not isinstance(body, dict):
+                return _bad_request("body must be an object")
         ids = body.get("input_ids")
         # that every id is an int the engine checks as it packs them (one C loop, not two)
         if not isinstance(ids, list) or not ids:
@@ -340,7 +354,7 @@ def build_sim_app(
         gen_request = GenerateRequest(rid, ids, sampling, images=tuple(images or ()))
         # the engine's own fault setting is off; faults are applied here, per mode
         fail_after, fail_mode = faults.fail_after, faults.fail_mode
-        stream = engine.generate(gen_request)
+        stream = engine.generate(gen_request, prompt)
         try:
             first = await anext(stream)
         except RequestError as exc:
@@ -475,7 +489,8 @@ def build_sim_app(
 
     async def stats(_: Request) -> Response:
         kv = getattr(engine, "kv", None)
-        return JSONResponse({**engine.stats.as_dict(), **(kv.stats() if kv is not None else {})})
+        memo = {"prompts_reused": prompts.reused, "prompts_read_whole": prompts.read_whole}
+        return JSONResponse({**engine.stats.as_dict(), **memo, **(kv.stats() if kv is not None else {})})
 
     async def set_fault(request: Request) -> Response:
         try:
