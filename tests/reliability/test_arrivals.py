@@ -163,6 +163,66 @@ def test_a_held_request_starts_by_its_deadline_while_warm_ones_keep_waiting() ->
     asyncio.run(scenario())
 
 
+def test_new_conversations_wait_while_a_new_connection_has_not_been_judged() -> None:
+    """In a burst the follow-up can be the last connection whose request is read: a new connection
+    holds cold starts until its first request is judged (a follow-up: held on while it waits for
+    its answer), until it closes, or for ``max_hold_s`` at most (a silent client)."""
+
+    async def scenario() -> None:
+        h = await _with_conversation_a(ArrivalPacer(per_tick=8, per_tick_while_warm=0, max_hold_s=30.0))
+        for name in ("cold1", "cold2"):
+            h.release(name)
+        late, _ = h.connect()  # connected, its request not read yet
+        h.send(_post(_body("new conversation 1", ".cold1")))
+        await _iterations(10)
+        assert "cold1" not in h.started and h.pacer.held == 1
+        late.data_received(_post(_body("conversation A", ".followup")))
+        await _iterations(10)
+        assert h.started[1:] == ["followup"], "the late follow-up first; the new one waits on it"
+        h.release("followup")
+        await _iterations(10)
+        assert h.started[1:] == ["followup", "cold1"]
+        # a connection that closes before it sends anything holds nothing
+        gone, _ = h.connect()
+        h.send(_post(_body("new conversation 2", ".cold2")))
+        await _iterations(10)
+        assert "cold2" not in h.started
+        gone.connection_lost(None)
+        await _iterations(10)
+        assert h.started[-1] == "cold2" and h.pacer.held == 0
+        await asyncio.gather(*h.state.tasks)
+
+    asyncio.run(scenario())
+
+
+def test_a_silent_new_connection_holds_new_conversations_for_max_hold_s_at_most() -> None:
+    async def scenario() -> None:
+        h = await _with_conversation_a(ArrivalPacer(per_tick=8, per_tick_while_warm=0, max_hold_s=0.05))
+        silent, _ = h.connect()
+        h.release("cold")
+        h.send(_post(_body("new conversation", ".cold")))
+        await _iterations(10)
+        assert "cold" not in h.started
+        for _ in range(200):  # bounded: the hold is 50 ms
+            if "cold" in h.started:
+                break
+            await asyncio.sleep(0.005)
+        assert "cold" in h.started
+        # a connection that arrives after the silent one stopped counting is still counted
+        held_by, _ = h.connect()
+        h.release("cold again")
+        h.send(_post(_body("another new conversation", ".cold again")))
+        await _iterations(10)
+        assert "cold again" not in h.started
+        held_by.connection_lost(None)
+        silent.connection_lost(None)
+        await _iterations(10)
+        assert h.started[-1] == "cold again"
+        await asyncio.gather(*h.state.tasks)
+
+    asyncio.run(scenario())
+
+
 def test_a_held_request_whose_client_left_never_starts() -> None:
     async def scenario() -> None:
         h = await _with_conversation_a(ArrivalPacer(per_tick=8, per_tick_while_warm=0, max_hold_s=30.0))

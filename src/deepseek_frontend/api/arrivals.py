@@ -19,6 +19,11 @@ request's ASGI task, and judges it with :class:`~deepseek_frontend.api.http.Rece
   ``per_tick_while_warm`` while some are, so a burst's new conversations never fill one iteration
   with their first steps. A request held ``max_hold_s`` goes at the full pace whatever arrives
   after it.
+* **connections still arriving** count like warm requests waiting: a new connection is
+  :meth:`~ArrivalPacer.connection_arrived` until its first request has been judged (or it
+  closes, or ``max_hold_s`` passes), and no cold request starts while one is. In a burst the
+  follow-up may be the last connection accepted; cold requests started before its body is read
+  would sit in front of it.
 
 Nothing is refused or lost here: a held request is only started later, and admission control
 (429) still applies once it starts. A wrong verdict only reorders starts. A held request whose
@@ -29,7 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 
 #: cold requests started per loop iteration while no warm request waits for its answer
@@ -52,6 +57,7 @@ class ArrivalPacer:
     """
 
     __slots__ = (
+        "_arriving",
         "_held",
         "_loop",
         "_scheduled",
@@ -79,6 +85,8 @@ class ArrivalPacer:
         self.warm = 0
         self.cold = 0
         self._held: deque[tuple[float, Start, Alive]] = deque()
+        #: connections whose first request has not been judged yet -> when they stop counting
+        self._arriving: OrderedDict[object, float] = OrderedDict()
         self._loop: asyncio.AbstractEventLoop | None = None
         #: a tick (``call_soon``) or a deadline timer is pending
         self._scheduled: asyncio.Handle | None = None
@@ -102,10 +110,30 @@ class ArrivalPacer:
             if not answered:
                 answered = True
                 self.warm_waiting -= 1
-                if not self.warm_waiting and self._held:
+                if self._held and not self._waiting():
                     self._schedule_tick()
 
         return mark_answered
+
+    def connection_arrived(self, key: object) -> None:
+        """Count a new connection as arriving (until :meth:`connection_settled` or ``max_hold_s``)."""
+        self._arriving[key] = time.monotonic() + self.max_hold_s
+
+    def connection_settled(self, key: object) -> None:
+        """The connection's first request was judged (or it closed): it no longer holds cold starts."""
+        if self._arriving.pop(key, None) is not None and self._held and not self._waiting():
+            self._schedule_tick()
+
+    def _waiting(self, now: float | None = None) -> bool:
+        """Whether cold starts wait: a warm request has not answered, or a connection is arriving."""
+        if self.warm_waiting:
+            return True
+        arriving = self._arriving
+        if arriving:
+            now = time.monotonic() if now is None else now
+            while arriving and next(iter(arriving.values())) <= now:
+                arriving.popitem(last=False)  # counted its max_hold_s: a silent client holds no more
+        return bool(arriving)
 
     def hold(self, start: Start, alive: Alive) -> None:
         """Queue a cold arrival: ``start()`` runs in a later loop iteration (within ``max_hold_s``)
@@ -131,7 +159,8 @@ class ArrivalPacer:
         # never more than ``per_tick`` at once: a whole burst released in one iteration is the
         # stall this is here to prevent.
         overdue = held[0][0] <= now
-        budget = self.per_tick if overdue or not self.warm_waiting else self.per_tick_while_warm
+        waiting = self._waiting(now)
+        budget = self.per_tick if overdue or not waiting else self.per_tick_while_warm
         while held and budget > 0:
             _, start, alive = held.popleft()
             if not alive():
@@ -143,8 +172,12 @@ class ArrivalPacer:
             return
         loop = self._loop
         assert loop is not None
-        if not self.warm_waiting or self.per_tick_while_warm or held[0][0] <= now:
+        if not waiting or self.per_tick_while_warm or held[0][0] <= now:
             self._scheduled = loop.call_soon(self._tick)  # more next iteration
         else:
-            # held until a warm request answers (that schedules a tick) or the oldest deadline
-            self._scheduled = loop.call_later(held[0][0] - now, self._tick)
+            # held until a warm request answers or a connection settles (either schedules a
+            # tick), or the oldest held deadline, or the oldest arriving connection stops counting
+            wake = held[0][0]
+            if self._arriving:
+                wake = min(wake, next(iter(self._arriving.values())))
+            self._scheduled = loop.call_later(max(0.0, wake - now), self._tick)

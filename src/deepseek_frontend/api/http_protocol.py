@@ -181,15 +181,24 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             )
             return
         self._arm_header_timer()
+        if self.arrivals is not None:
+            self.arrivals.connection_arrived(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         self._stop_judging()
+        self._settle()
         super().connection_lost(exc)
+
+    def _settle(self) -> None:
+        """This connection's first request is judged (or it ends): cold starts no longer wait for it."""
+        if self.arrivals is not None:
+            self.arrivals.connection_settled(self)
 
     def on_headers_complete(self) -> None:
         self._cancel_header_timer()
         if self._is_live_probe():
+            self._settle()
             self._answer_live()
             return
         super().on_headers_complete()
@@ -241,6 +250,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
         if self.arrivals is None or self.heads is None or cycle.scope["method"] != "POST":
+            self._settle()
             super()._start_asgi_task(cycle, app)
             return
         self._judging = (cycle, app)
@@ -281,6 +291,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
                 functools.partial(HttpToolsProtocol._start_asgi_task, self, cycle, app),
                 functools.partial(_still_connected, cycle),
             )
+        arrivals.connection_settled(self)  # after a warm verdict is counted: no needless tick
 
     def _stop_judging(self) -> None:
         self._judging = None
