@@ -194,23 +194,45 @@ def slow_start_frontend(slow_start: Server) -> Iterator[Server]:
         yield server
 
 
+def _metric(server: Server, line_start: str) -> float:
+    for line in httpx.get(server.url + "/metrics").text.splitlines():
+        if line.startswith(line_start + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.mark.parametrize("follow_up", [False, True], ids=["new conversation", "follow-up"])
 def test_a_client_leaving_during_a_long_prefill_aborts_before_the_first_token(
-    slow_start: Server, slow_start_frontend: Server
+    slow_start: Server, slow_start_frontend: Server, follow_up: bool
 ) -> None:
+    """Also for a follow-up of a recent conversation, whose engine call runs in the request's own
+    task (``unless_disconnected``): the disconnect still cancels it and aborts the engine request."""
+    content = "hello"
+    if follow_up:
+        # a body whose first 4 KB a recent request had (here one refused at once) arrives warm
+        content = f"Notes {time.monotonic_ns()}: " + "the frontend streams tokens. " * 200
+        refused = {"messages": user(content), "max_tokens": -1}
+        assert httpx.post(slow_start_frontend.url + "/v1/chat/completions", json=refused).status_code == 400
+    warm = 'deepseek_frontend_arrivals_started_total{kind="warm"}'
+    gone = (
+        'deepseek_frontend_requests_total{endpoint="/v1/chat/completions",'
+        'error_type="client_disconnected",status="499"}'
+    )
+    warm_before, gone_before = _metric(slow_start_frontend, warm), _metric(slow_start_frontend, gone)
     before = sim_stats(slow_start)["aborted"]
-    body = {"messages": user("hello"), "stream": True}
+    body = {"messages": user(content), "stream": True}
     started = time.monotonic()
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(
             slow_start_frontend.url + "/v1/chat/completions", json=body, timeout=httpx.Timeout(5, read=0.3)
         )
     # The frontend notices at once (the request is counted as 499 during the 3 s prefill) ...
-    gone = 'requests_total{endpoint="/v1/chat/completions",error_type="client_disconnected",status="499"} 1.0'
     wait_until(
-        lambda: gone in httpx.get(slow_start_frontend.url + "/metrics").text,
+        lambda: _metric(slow_start_frontend, gone) == gone_before + 1,
         "the disconnect was noticed during the prefill",
         timeout=2.5 - (time.monotonic() - started),
     )
+    assert _metric(slow_start_frontend, warm) == warm_before + int(follow_up)
     # ... and the engine sees the abort (the simulated engine acts on it when its prefill ends).
     wait_until(lambda: sim_stats(slow_start)["aborted"] != before, "the engine saw the abort")
     assert sim_stats(slow_start)["aborted"] == before + 1

@@ -18,7 +18,7 @@ import logging
 import os
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -444,13 +444,20 @@ class ClientGoneError(FrontendError):
     error_type = "client_disconnected"
 
 
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
+async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
     """Await ``work`` (e.g. folding a whole non-streaming answer) unless the client leaves first.
 
     The request body must already be read: the next ASGI message is then the disconnect.
     On a disconnect ``work`` is cancelled -- which closes its engine streams and so aborts
     the engine requests -- and ``ClientGoneError`` is raised.
+
+    A warm request (``WARM_KEY``: a follow-up whose prompt came from the caches) runs ``work`` in
+    its own task: its engine request goes out in the step that prepared it. In a task of its own
+    the work would start one loop iteration later, after that iteration's network reads -- during
+    a burst, milliseconds of other connections' requests (bench_burst_stages.py --timeline).
     """
+    if request.scope.get(WARM_KEY):
+        return await _in_this_task_unless_disconnected(request, work)
     task = asyncio.ensure_future(work)
 
     async def wait_disconnect() -> None:
@@ -469,6 +476,45 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     if task.cancelled():
         raise ClientGoneError("the client disconnected before the response was ready")
     return task.result()
+
+
+async def _in_this_task_unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """:func:`unless_disconnected` with ``work`` awaited in the calling task, which a watcher
+    cancels when the client leaves first."""
+    task = asyncio.current_task()
+    assert task is not None
+    finished = False
+    # The request's loop turn is handed on at the next iteration, when a task of its own would
+    # have started the work and given the turn up: ``work`` runs now, but a burst's pacing (at
+    # most ``LOOP_TURN_SLOTS`` requests' prompt work per iteration) stays what it was. Given up
+    # at once instead, twice as many requests' preparing and engine calls ran per iteration and
+    # /live stalled for 300 ms in tests/reliability/test_burst.py.
+    release = CURRENT_TURN.get()
+    if release is not None:
+        CURRENT_TURN.set(None)
+        asyncio.get_running_loop().call_soon(release)
+
+    async def wait_disconnect() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    def on_disconnect(watcher: asyncio.Future[None]) -> None:
+        # Runs as a loop callback, so the task is suspended in ``await work`` -- or done with it
+        if not finished and not watcher.cancelled() and watcher.exception() is None:
+            task.cancel()
+
+    watcher = asyncio.ensure_future(wait_disconnect())
+    watcher.add_done_callback(on_disconnect)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if watcher.done() and not watcher.cancelled() and watcher.exception() is None:
+            task.uncancel()  # this cancellation was ours, not the caller's
+            raise ClientGoneError("the client disconnected before the response was ready") from None
+        raise
+    finally:
+        finished = True
+        watcher.cancel()
 
 
 def stream_error_body(
