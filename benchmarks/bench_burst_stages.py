@@ -210,6 +210,9 @@ def main() -> int:
     parser.add_argument("--probes", type=int, default=16, help="cached-prefix follow-ups per burst")
     parser.add_argument("--burst-words", type=int, default=1500, help="words of each cold prompt")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument(
+        "--timeline", action="store_true", help="also print each follow-up's stamps of the last round"
+    )
     args, rest = parser.parse_known_args()
     if args.traced_serve:
         return traced_serve(args.traced_serve, [a for a in rest if a != "--"])
@@ -225,10 +228,12 @@ def main() -> int:
         target = Target("serve --worker sim-engine (stamped)", "127.0.0.1", port)
         _run(run_burst(target, 0, 1, 10))  # warm up the server and the engine
         collect(serve, dump_path)
+        last_round: list[dict[str, Any]] = []
         for _ in range(args.rounds):
             client: dict[int, tuple[float, float]] = {}
             _run(run_burst(target, args.burst, args.probes, args.burst_words, probe_stamps=client))
-            for stamps in collect(serve, dump_path):
+            last_round = collect(serve, dump_path)
+            for stamps in last_round:
                 connected_received = client.get(stamps["k"])
                 if connected_received is None:
                     continue  # the warm-up's follow-up
@@ -254,7 +259,24 @@ def main() -> int:
         if values:
             p50, p99, worst = (percentile(values, 0.5), percentile(values, 0.99), max(values))
             print(f"| {label} | {p50 * 1e3:.1f} | {p99 * 1e3:.1f} | {worst * 1e3:.1f} |")
+    if args.timeline:
+        print_timeline([stamps for stamps in last_round if "connected" in stamps])
     return 0
+
+
+def print_timeline(probes: list[dict[str, Any]]) -> None:
+    """Each follow-up's stamps in ms from the first follow-up's connection, in order of arrival:
+    shows whether they are served one after another or all at once."""
+    if not probes:
+        return
+    names = ["connected", *(end for _, _, end in STAGES)]
+    zero = min(stamps["connected"] for stamps in probes)
+    print(f"\nlast round, ms from the first follow-up's connection ({len(probes)} follow-ups)")
+    print("| follow-up | " + " | ".join(names) + " |")
+    print("|---:|" + "---:|" * len(names))
+    for stamps in sorted(probes, key=lambda s: s["connected"]):
+        cells = [f"{(stamps[n] - zero) * 1e3:.1f}" if stamps.get(n) is not None else "-" for n in names]
+        print(f"| {stamps['k']} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
