@@ -10,7 +10,6 @@ the first log line says so.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import logging
 import socket
@@ -18,6 +17,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from deepseek_frontend._descriptors import open_files_limit, reserve_descriptor_table
 from deepseek_frontend.api.config import ServingLimits
 from deepseek_frontend.tokenization import CACHE_IDLE_SECONDS, PREFIX_CACHE_BYTES, RUN_CACHE_BYTES
 
@@ -364,14 +364,8 @@ def _connection_limit(wanted: int, log: logging.Logger) -> int:
     The soft limit is raised to the hard one first; a margin of descriptors stays for worker
     connections, the tokenizer files and logs.
     """
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard != resource.RLIM_INFINITY and soft < hard:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-            soft = hard
-    if soft == resource.RLIM_INFINITY:
+    soft = open_files_limit()
+    if soft is None:
         return wanted
     # engine connections (one per in-flight stream, plus control connections) need descriptors too
     room = max(64, soft - 1024 - wanted // 4)
@@ -453,6 +447,10 @@ def run(args: argparse.Namespace) -> int:
         print("deepseek-frontend serve: --workers must be >= 1", file=sys.stderr)
         return 2
 
+    # In each serving process (a forked one starts with a small table again), before the app
+    # starts threads: the descriptors _connection_limit leaves room for (client connections,
+    # engine connections, files), so no accept() waits for the table to grow (_descriptors.py)
+    reserve_descriptor_table(max_connections + max_connections // 4 + 1024)
     app = create_app(config)
     if slot is not None:
         app.state.frontend.extra["process_slot"] = slot

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import uvicorn
 
+from deepseek_frontend._descriptors import reserve_descriptor_table
 from deepseek_frontend.engines.sim.behavior import PRESETS, SimBehavior
 from deepseek_frontend.engines.sim.engine import SimulatedEngine, load_sim_tokenizer
 from deepseek_frontend.engines.sim.kv import add_kv_arguments, kv_cache_from_args
@@ -25,6 +26,8 @@ from deepseek_frontend.engines.sim.server import FAIL_MODES, SimFaults, build_si
 HELP = "run the simulated engine as an HTTP server speaking SGLang's /generate token protocol"
 
 DEFAULT_MODEL_PATH = "deepseek-ai/DeepSeek-V4-Flash"
+#: open files the sim-engine's descriptor table holds from the start (a load test's connections)
+SIM_DESCRIPTORS = 8192
 
 
 def _chunk_range(text: str) -> tuple[int, int]:
@@ -162,6 +165,8 @@ async def _serve(args: argparse.Namespace) -> int:
     )
     faults = SimFaults(args.fail_after, args.fail_mode)
     app = build_sim_app(engine, model_path=args.model_path, cumulative=args.cumulative, faults=faults)
+    # a load test opens thousands of connections at once: grow the descriptor table before it does
+    reserve_descriptor_table(SIM_DESCRIPTORS)
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
