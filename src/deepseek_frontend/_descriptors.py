@@ -6,8 +6,8 @@ RCU grace period (``expand_fdtable`` calls ``synchronize_rcu``): milliseconds ea
 ``accept()`` that needed the slot, with the event loop stopped. ``serve`` has threads (the
 offload pool, the tokenizer's), so its first burst of 256 connections grew the table three times
 (64 -> 512) and the last arrival's first chunk took 23-27 ms against 9-14 ms in every later
-burst (docs/performance.md, "The first burst after start"). The table never shrinks, so doing
-the growth once, at startup, removes that stall from every later burst.
+burst (docs/performance.md, "Burst: a follow-up among 256 arrivals in 9-14 ms", item 4). The
+table never shrinks, so growing it once, at startup, takes that stall out of every burst.
 """
 
 from __future__ import annotations

@@ -451,10 +451,11 @@ async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) ->
     On a disconnect ``work`` is cancelled -- which closes its engine streams and so aborts
     the engine requests -- and ``ClientGoneError`` is raised.
 
-    A warm request (``WARM_KEY``: a follow-up whose prompt came from the caches) runs ``work`` in
-    its own task: its engine request goes out in the step that prepared it. In a task of its own
-    the work would start one loop iteration later, after that iteration's network reads -- during
-    a burst, milliseconds of other connections' requests (bench_burst_stages.py --timeline).
+    A warm request (``WARM_KEY``: a follow-up whose prompt came from the caches) awaits ``work``
+    in the request's own task, so its engine request goes out in the step that prepared it. In a
+    new task the work would start one loop iteration later, after that iteration's network reads
+    -- during a burst, milliseconds of other connections' requests (bench_burst_stages.py
+    --timeline).
     """
     if request.scope.get(WARM_KEY):
         return await _in_this_task_unless_disconnected(request, work)

@@ -16,8 +16,10 @@ as SGLang applies grammars with a reasoning parser; an ``ebnf`` tool-call gramma
 (``fail_after`` output tokens) are configurable.
 
 Cost per request: the output ids are planned once (and memoised per prompt, seed and
-constraint); streaming is slicing a list. With zero delays each chunk still yields to the
-event loop (``asyncio.sleep(0)``) so concurrent streams interleave.
+constraint); streaming is slicing a list. With zero delays the first chunk comes in the
+request's own step, and each later one first yields to the event loop (``asyncio.sleep(0)``) so
+concurrent streams interleave. A long prompt is read once per shared prefix when the server
+hands over its :class:`~deepseek_frontend.engines.sim.prompts.SimPrompt`.
 """
 
 from __future__ import annotations
