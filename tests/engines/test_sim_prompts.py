@@ -11,6 +11,7 @@ import pytest
 
 from deepseek_frontend.engines.sim.engine import PrefixCache
 from deepseek_frontend.engines.sim.prompts import RecentPrompts, SimPrompt, prompt_bytes
+from deepseek_frontend.errors import RequestError
 
 
 def body_of(ids: Any, *, rid: str = "r1", compact: bool = True, **extra: Any) -> bytes:
@@ -135,3 +136,43 @@ def test_the_memo_is_bounded_in_prompts_and_ids() -> None:
         assert len(remembered) <= 4 and sum(len(r.prompt.ids) for r in remembered) <= 2500
     assert recent.read(body_of([1, 2, 3])) is not None  # short prompts are read, not remembered
     assert all(len(r.prompt.ids) == 1000 for r in recent._by_head.values())
+
+
+def test_an_id_past_32_bits_does_not_hide_a_non_int_after_it() -> None:
+    """Packing stops at the first id past 32 bits; the ids after it are still checked."""
+    with pytest.raises(RequestError):
+        prompt_bytes([1, 2**40, 2.5])
+    assert prompt_bytes([1, 2**40, 3]) is None  # ints all: read with 8-byte ids
+    recent = RecentPrompts(min_ids=1)
+    assert recent.read(body_of(list(range(1000, 1300)))) is not None
+    assert recent.read(body_of([*range(1000, 1300), 2**40, 2.5])) is None
+
+
+def test_mutated_bodies_are_read_exactly_as_parsed_or_left_to_the_parse() -> None:
+    """Random byte edits of a remembered body (digits, brackets, quotes, escapes, keys cut):
+    whatever the memo accepts is exactly ``orjson.loads`` of the body, ids all ints."""
+    rng = random.Random(11)
+    recent = RecentPrompts(min_ids=1)
+    base = body_of([rng.randrange(0, 130_000) for _ in range(400)], stream=True)
+    assert recent.read(base) is not None
+    alphabet = b'0123456789,[]{}":-.eEtruefalsn \\u'
+    accepted = 0
+    for _ in range(20_000):
+        body = bytearray(base)
+        for _ in range(rng.randrange(1, 4)):
+            at, op = rng.randrange(len(body)), rng.random()
+            if op < 0.4:
+                body[at] = rng.choice(alphabet)
+            elif op < 0.7:
+                body.insert(at, rng.choice(alphabet))
+            else:
+                del body[at]
+        read = recent.read(bytes(body))
+        if read is None:
+            continue
+        parsed, prompt = read
+        assert parsed == orjson.loads(bytes(body)), bytes(body)
+        assert all(isinstance(i, int) for i in prompt.ids)
+        assert prompt.data == prompt_bytes(prompt.ids)
+        accepted += 1
+    assert accepted > 3000, "most edits outside the ids keep a valid body"

@@ -54,9 +54,12 @@ def prompt_bytes(ids: Sequence[int]) -> bytes | None:
     try:
         return array("i", ids).tobytes()
     except OverflowError:
-        return None
+        pass  # the packing stopped at a large id: the items after it are still to be checked
     except TypeError:
         raise RequestError(INPUT_IDS_ERROR, param="input_ids") from None
+    if not all(isinstance(item, int) for item in ids):
+        raise RequestError(INPUT_IDS_ERROR, param="input_ids")
+    return None
 
 
 @dataclass(slots=True, eq=False)
