@@ -97,7 +97,7 @@ def _count_id(data: bytes, token_id: int) -> int:
 
     Searched from the end: ``rfind`` screens positions by the needle's first byte, ``find`` by its
     last, and the last byte of a little-endian id under 2**24 is zero in every fourth byte of the
-    data (a 12K-token prompt: 5 us this way, 50 us the other).
+    data (a 12K-token prompt: 17 us this way, 40-50 us the other).
     """
     needle = array("i", [token_id]).tobytes()
     count = 0
