@@ -444,6 +444,12 @@ class ClientGoneError(FrontendError):
     error_type = "client_disconnected"
 
 
+async def _disconnected(request: Request) -> None:
+    """Return when the client has gone (its body read, the next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
     """Await ``work`` (e.g. folding a whole non-streaming answer) unless the client leaves first.
 
@@ -460,12 +466,7 @@ async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) ->
     if request.scope.get(WARM_KEY):
         return await _in_this_task_unless_disconnected(request, work)
     task = asyncio.ensure_future(work)
-
-    async def wait_disconnect() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(wait_disconnect())
+    watcher = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -495,16 +496,12 @@ async def _in_this_task_unless_disconnected(request: Request, work: Coroutine[An
         CURRENT_TURN.set(None)
         asyncio.get_running_loop().call_soon(release)
 
-    async def wait_disconnect() -> None:
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-
     def on_disconnect(watcher: asyncio.Future[None]) -> None:
         # Runs as a loop callback, so the task is suspended in ``await work`` -- or done with it
         if not finished and not watcher.cancelled() and watcher.exception() is None:
             task.cancel()
 
-    watcher = asyncio.ensure_future(wait_disconnect())
+    watcher = asyncio.ensure_future(_disconnected(request))
     watcher.add_done_callback(on_disconnect)
     try:
         return await work

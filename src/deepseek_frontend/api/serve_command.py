@@ -358,6 +358,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _descriptors_for(connections: int) -> int:
+    """Open files a process serving ``connections`` client connections needs: the engine
+    connections too (one per in-flight stream, plus control connections), and a margin for the
+    tokenizer files and logs."""
+    return connections + connections // 4 + 1024
+
+
 def _connection_limit(wanted: int, log: logging.Logger) -> int:
     """``wanted`` open connections, or fewer if the open-files limit cannot hold them.
 
@@ -367,8 +374,7 @@ def _connection_limit(wanted: int, log: logging.Logger) -> int:
     soft = open_files_limit()
     if soft is None:
         return wanted
-    # engine connections (one per in-flight stream, plus control connections) need descriptors too
-    room = max(64, soft - 1024 - wanted // 4)
+    room = max(64, soft - (_descriptors_for(wanted) - wanted))
     if wanted > room:
         log.warning("--max-connections %d does not fit the open-files limit %d; using %d", wanted, soft, room)
         return room
@@ -448,9 +454,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     # In each serving process (a forked one starts with a small table again), before the app
-    # starts threads: the descriptors _connection_limit leaves room for (client connections,
-    # engine connections, files), so no accept() waits for the table to grow (_descriptors.py)
-    reserve_descriptor_table(max_connections + max_connections // 4 + 1024)
+    # starts threads, so no accept() waits for the table to grow (_descriptors.py)
+    reserve_descriptor_table(_descriptors_for(max_connections))
     app = create_app(config)
     if slot is not None:
         app.state.frontend.extra["process_slot"] = slot

@@ -172,7 +172,7 @@ class RecentPrompts:
             if not ids or ids.__class__ is not list:
                 return None
             try:
-                prompt = SimPrompt(ids, prompt_bytes(ids))
+                prompt = SimPrompt.of(ids)
             except RequestError:
                 return None
             self.read_whole += 1
