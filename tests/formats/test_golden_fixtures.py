@@ -1,4 +1,4 @@
-"""Golden parity with DeepSeek's reference encoders (``shared/fixtures/dsv4-reference``).
+"""Golden parity with DeepSeek's reference encoders (``tests/fixtures/dsv4-reference``).
 
 Every ``expected`` prompt renders byte for byte (cases tagged ``quirk:*`` may be
 refused instead); every ``error`` case raises FormatError naming where the input

@@ -32,8 +32,6 @@ from deepseek_frontend.parsing import (
 )
 from deepseek_frontend.tokenization import bundled_tokenizer_path
 
-SHARED_DIR = Path(__file__).resolve().parents[2] / ".." / "shared"
-FIXTURES_DIR = SHARED_DIR / "fixtures" / "dsv4-reference"
 
 EOS = "<｜end▁of▁sentence｜>"
 S = "<｜DSML｜"
@@ -213,8 +211,3 @@ def check_invariants(events: list[Event]) -> None:
         assert not markup_in(text, in_arguments=True)
         value = json.loads(text)  # I3: the concatenation is valid JSON ...
         assert isinstance(value, dict), f"call {index}: arguments must be a JSON object"
-
-
-def load_jsonl(name: str) -> list[dict]:
-    with (FIXTURES_DIR / name).open(encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]

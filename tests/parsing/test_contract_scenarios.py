@@ -1,4 +1,4 @@
-"""The streaming contract's scenarios (shared/spec/streaming-contract.md), each replayed under every chunking.
+"""The streaming contract's scenarios (docs/spec/streaming-contract.md), each replayed under every chunking.
 
 Every scenario runs under ``all`` (one chunk), ``char`` (one character per chunk), ``tok`` (the real
 tokenizer's pieces), ``mtp`` (2-6 tokens per chunk, three seeds) and ``split2`` (every 2-way split) -- that

@@ -1,4 +1,4 @@
-"""Parity with DeepSeek's reference parser on the golden fixtures (shared/fixtures/dsv4-reference).
+"""Parity with DeepSeek's reference parser on the golden fixtures (tests/fixtures/dsv4-reference).
 
 For every ``expected`` case, :func:`parse_completion` gives the same content, reasoning_content and tool
 names, and arguments equal as JSON wherever the reference's arguments are valid JSON (where they are not --
@@ -17,7 +17,9 @@ import pytest
 
 from deepseek_frontend.parsing import parse_completion
 
-from .dsml_harness import load_jsonl, run
+from tests.support.golden import load_jsonl
+
+from .dsml_harness import run
 
 _FAMILIES = {"dsv4_parse.jsonl": "deepseek_v4", "dsv32_parse.jsonl": "deepseek_v32"}
 

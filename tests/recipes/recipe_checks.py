@@ -3,7 +3,7 @@
 The tests in this folder call these helpers; they are kept in one module so each rule is written once and
 the tests read as a list of behaviours. Nothing here needs a cluster:
 
-- DynamoGraphDeployment documents validate against the CRD schema in ``../shared/k8s/``, made strict the
+- DynamoGraphDeployment documents validate against the CRD schema in ``tests/fixtures/k8s/``, made strict the
   way kubeconform's ``-strict`` mode does (an object schema that lists ``properties`` rejects unknown fields
   unless it allows them explicitly), plus the CRD's CEL rules re-implemented by hand (a JSON-schema validator
   does not run ``x-kubernetes-validations``).
@@ -27,9 +27,10 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from tests.support.golden import K8S_DIR
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SHARED_DIR = REPO_ROOT.parent / "shared"
-DGD_CRD_PATH = SHARED_DIR / "k8s" / "nvidia.com_dynamographdeployments.yaml"
+DGD_CRD_PATH = K8S_DIR / "nvidia.com_dynamographdeployments.yaml"
 RECIPE_DIR = REPO_ROOT / "recipes" / "deepseek-v4-flash" / "sglang"
 DOCKERFILE_PATH = RECIPE_DIR / "Dockerfile.frontend"
 
@@ -78,7 +79,7 @@ SGLANG_FLAGS: frozenset[str] = frozenset(
         "--kv-events-config",
     }
 )
-#: SGLang endpoints a probe may use (see ../shared/spec/engine-protocols.md).
+#: SGLang endpoints a probe may use (SGLang's HTTP server routes).
 SGLANG_PROBE_PATHS: frozenset[str] = frozenset({"/health", "/health_generate"})
 #: Labels the Dynamo operator puts on every component pod (KubeLabelDynamoGraphDeploymentName /
 #: KubeLabelDynamoComponent in the operator's consts).

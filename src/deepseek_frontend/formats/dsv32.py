@@ -3,7 +3,7 @@
 Mirrors DeepSeek's reference encoder ``encoding/encoding_dsv32.py`` (the one shipped
 with the DeepSeek-V3.2 weights, which uses asserts; SGLang's adapted copy differs in
 error types and template blank lines). The golden cases in
-``shared/fixtures/dsv4-reference/dsv32_*.jsonl`` pin the output byte for byte.
+``tests/fixtures/dsv4-reference/dsv32_*.jsonl`` pin the output byte for byte.
 
 Differences from V4 worth knowing: tool results stay separate ``tool`` messages
 rendered inside ``<function_results>``; the assistant opener is written right

@@ -3,7 +3,7 @@
 Mirrors DeepSeek's reference encoder ``encoding/encoding_dsv4.py`` (V4-Flash / V4-Pro
 April preview; the 0731 refresh differs only in its reasoning-effort texts, selected
 by ``reasoning_effort_profile``). The golden cases in
-``shared/fixtures/dsv4-reference/dsv4_*.jsonl`` pin the output byte for byte.
+``tests/fixtures/dsv4-reference/dsv4_*.jsonl`` pin the output byte for byte.
 
 Every spelling and template text lives in :data:`DSV4_SPELLINGS`. A family variant
 (V4.1 is expected to change a few spellings) is another :class:`V4Spellings` value

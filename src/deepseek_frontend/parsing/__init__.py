@@ -7,7 +7,7 @@ Public entry points:
 * the event vocabulary (:data:`Event` and its members) and :func:`assemble_message`.
 * :data:`GRAMMARS` -- family name -> :class:`DsmlGrammar` (one table of spellings per family).
 
-The behaviour is specified by ``shared/spec/streaming-contract.md``; ``docs/parsing.md`` maps each
+The behaviour is specified by ``docs/spec/streaming-contract.md``; ``docs/parsing.md`` maps each
 scenario to its test.
 """
 
