@@ -6,6 +6,7 @@ import pytest
 
 from deepseek_frontend.tokenization import PromptTokenizer
 
+
 @pytest.fixture(scope="session")
 def prompt_tokenizer() -> PromptTokenizer:
     """The bundled DeepSeek-V4 tokenizer, loaded once per test session."""

@@ -13,7 +13,6 @@ import random
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 from tokenizers import Tokenizer
 
@@ -31,7 +30,6 @@ from deepseek_frontend.parsing import (
     get_grammar,
 )
 from deepseek_frontend.tokenization import bundled_tokenizer_path
-
 
 EOS = "<｜end▁of▁sentence｜>"
 S = "<｜DSML｜"

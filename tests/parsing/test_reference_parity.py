@@ -16,7 +16,6 @@ import json
 import pytest
 
 from deepseek_frontend.parsing import parse_completion
-
 from tests.support.golden import load_jsonl
 
 from .dsml_harness import run

@@ -2,7 +2,7 @@
 
 ``tests/fixtures/dsv4-reference/`` holds DeepSeek's public golden cases (generated from DeepSeek's reference
 encoders; see its README) and ``tests/fixtures/k8s/`` the DynamoGraphDeployment CRD the recipe checks validate
-against (NVIDIA Dynamo, Apache-2.0; see its README). Both live inside the repository so that a fresh clone runs
+against (NVIDIA Dynamo, Apache-2.0; see its README). Both live inside the repository so a fresh clone runs
 the whole suite on its own.
 """
 
