@@ -8,11 +8,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from tokenizers import Tokenizer
 
 from deepseek_frontend.cli import COMMANDS, build_parser, main
 from deepseek_frontend.commands._request import EXAMPLE_REQUEST
 from deepseek_frontend.formats import attach_request_tools, dsv4
-from deepseek_frontend.tokenization import PromptTokenizer
+from deepseek_frontend.tokenization import (
+    PromptTokenizer,
+    bundled_tokenizer_path,
+    v41_stand_in_tokenizer_json,
+)
 
 
 def test_every_command_is_registered_with_its_own_flags() -> None:
@@ -91,3 +96,23 @@ def test_a_file_that_is_not_a_json_object_is_a_clear_error(
     request.write_text("{not json")
     assert main(["tokenize", str(request)]) == 2
     assert "is not valid JSON" in capsys.readouterr().err
+
+
+def test_tokenize_of_a_v41_request_without_a_checkpoint_uses_the_stand_in_and_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    body = json.loads(EXAMPLE_REQUEST.read_text())
+    body["model"] = "deepseek-v4.1-flash"
+    request = tmp_path / "v41.json"
+    request.write_text(json.dumps(body))
+    assert main(["render", str(request)]) == 0
+    prompt = capsys.readouterr().out.removesuffix("\n")
+    assert prompt.startswith("<｜begin▁of▁sentence｜><｜System｜>")
+
+    assert main(["tokenize", "--json", str(request)]) == 0
+    captured = capsys.readouterr()
+    stand_in = Tokenizer.from_str(v41_stand_in_tokenizer_json(bundled_tokenizer_path().read_text("utf-8")))
+    ids = json.loads(captured.out)["ids"]
+    assert ids == stand_in.encode(prompt, add_special_tokens=False).ids
+    assert ids[1] == stand_in.token_to_id("<｜System｜>")
+    assert "stand-in tokenizer" in captured.err and "--model-path" in captured.err

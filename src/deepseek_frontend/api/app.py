@@ -401,36 +401,24 @@ def _malloc_trim() -> Callable[[int], int] | None:
 
 
 def _load_tokenizer(config: ServerConfig) -> Any:
-    """The checkpoint's tokenizer, the bundled V4 one, or (V4.1 without a checkpoint, simulated
-    engine only: ServerConfig refuses real workers) the V4.1 stand-in derived from it."""
-    from pathlib import Path
+    """The tokenizer ``config``'s model renders with (``tokenization.load_for_family``). The V4.1 stand-in
+    (a V4.1 model without a checkpoint: simulated engine only, ServerConfig refuses real workers) is
+    logged."""
+    from deepseek_frontend.tokenization import has_own_tokenizer, load_for_family
 
-    from deepseek_frontend.errors import FormatError, UnsupportedModelError
-    from deepseek_frontend.tokenization import PromptTokenizer, load_v41_stand_in
-
-    sizes = {
-        "run_cache_bytes": config.run_cache_bytes,
-        "prefix_cache_bytes": config.prefix_cache_bytes,
-        "cache_idle_s": config.cache_idle_seconds,
-    }
-    has_own = config.model_path is not None and (
-        Path(config.model_path).is_file() or (Path(config.model_path) / "tokenizer.json").is_file()
+    if config.family == "deepseek_v41" and not has_own_tokenizer(config.model_path):
+        log.warning(
+            "DeepSeek-V4.1 on the simulated engine: using a stand-in tokenizer derived from the bundled "
+            "DeepSeek-V4 tokenizer (ids 128799 and 129264 renamed to <｜System｜> and <｜deepseek_image｜>); "
+            "real workers need the checkpoint's tokenizer (--model-path)"
+        )
+    return load_for_family(
+        config.family,
+        config.model_path,
+        run_cache_bytes=config.run_cache_bytes,
+        prefix_cache_bytes=config.prefix_cache_bytes,
+        cache_idle_s=config.cache_idle_seconds,
     )
-    if config.family == "deepseek_v41" and not has_own:
-        return load_v41_stand_in(**sizes)
-    tok = PromptTokenizer.load(config.model_path, **sizes)
-    if config.family == "deepseek_v41":
-        from deepseek_frontend.formats import dsv41
-
-        for spelling in (dsv41.DSV41_SPELLINGS.system, dsv41.IMAGE_TOKEN):
-            try:
-                tok.token_id(spelling)
-            except FormatError:
-                raise UnsupportedModelError(
-                    f"{tok.source} has no {spelling} token: it is not a DeepSeek-V4.1 tokenizer "
-                    "(pass --model-path of the V4.1 checkpoint)"
-                ) from None
-    return tok
 
 
 def create_app(

@@ -51,8 +51,9 @@ def load_body(file: str) -> dict[str, Any]:
     return parse_json_object(raw, "stdin" if file == "-" else file)
 
 
-def render_request(args: argparse.Namespace) -> list[PromptSegment]:
-    """The prompt segments of the request in ``args.file``, rendered as ``serve`` would."""
+def render_request(args: argparse.Namespace) -> tuple[str, list[PromptSegment]]:
+    """The format family and the prompt segments of the request in ``args.file``, rendered as ``serve``
+    would (the family from ``--model-path``, else the request's ``model``, else DeepSeek-V4)."""
     from deepseek_frontend.api.config import ServerConfig
     from deepseek_frontend.api.openai.chat import to_chat_request
     from deepseek_frontend.formats import default_effort_profile, detect_family
@@ -70,7 +71,7 @@ def render_request(args: argparse.Namespace) -> list[PromptSegment]:
         or default_effort_profile(args.model_path, model),
     )
     req = to_chat_request(body, config, "offline")
-    return PromptRenderer(family, config.reasoning_effort_profile).render(req)
+    return family, PromptRenderer(family, config.reasoning_effort_profile).render(req)
 
 
 def report_error(exc: FrontendError) -> int:

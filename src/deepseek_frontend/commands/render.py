@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        segments = render_request(args)
+        _family, segments = render_request(args)
     except FrontendError as exc:
         return report_error(exc)
     if args.segments:

@@ -19,13 +19,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from deepseek_frontend.tokenization import PromptTokenizer
+    from deepseek_frontend.tokenization import has_own_tokenizer, load_for_family
 
     try:
-        segments = render_request(args)
-        ids = PromptTokenizer.load(args.model_path).encode_segments(segments)
+        family, segments = render_request(args)
+        ids = load_for_family(family, args.model_path).encode_segments(segments)
     except FrontendError as exc:
         return report_error(exc)
+    if family == "deepseek_v41" and not has_own_tokenizer(args.model_path):
+        # the same stand-in `serve --served-model-name deepseek-v4.1-flash` runs the simulated engine on
+        print(
+            "note: DeepSeek-V4.1 without --model-path: these ids are the stand-in tokenizer's (the bundled "
+            "DeepSeek-V4 tokenizer with ids 128799 and 129264 renamed to <｜System｜> and "
+            "<｜deepseek_image｜>), not the checkpoint's; pass --model-path for the real ids",
+            file=sys.stderr,
+        )
     if args.json:
         sys.stdout.write(orjson.dumps({"count": len(ids), "ids": ids}).decode() + "\n")
     else:
