@@ -103,6 +103,27 @@ def test_models_lists_and_retrieves_the_served_model(client: TestClient) -> None
     assert client.get("/v1/models/other").status_code == 404
 
 
+def test_exact_aliases_are_listed_and_every_answered_name_is_retrieved_as_asked(
+    prompt_tokenizer: PromptTokenizer,
+) -> None:
+    served = "deepseek-v4-flash"
+    aliases = tuple(parse_model_alias(a, served) for a in ("claude-*", "gpt-4o", f"old-name={served}"))
+    config = ServerConfig(served_model_name=served, model_aliases=aliases)
+    with TestClient(create_app(config, tokenizer=prompt_tokenizer)) as c:
+        listed = c.get("/v1/models").json()["data"]
+        assert [m["id"] for m in listed] == [served, "gpt-4o", "old-name"]
+        assert [m.get("parent") for m in listed] == [None, served, served]
+        for asked in ("claude-sonnet-4-5", "gpt-4o", served):
+            card = c.get(f"/v1/models/{asked}").json()
+            assert card["id"] == asked and card["object"] == "model"
+        anthropic = {"anthropic-version": "2023-06-01", "x-api-key": "unused"}
+        page = c.get("/v1/models", headers=anthropic).json()
+        assert [m["id"] for m in page["data"]] == [served, "gpt-4o", "old-name"]
+        assert (page["first_id"], page["last_id"]) == (served, "old-name")
+        missing = c.get("/v1/models/gemini-pro")
+        assert missing.status_code == 404 and "gemini-pro" in missing.json()["error"]["message"]
+
+
 def test_context_length_is_checked_against_the_configured_window(client: TestClient) -> None:
     r = chat(client, max_tokens=9000)
     assert r.status_code == 400

@@ -25,7 +25,9 @@ SUITE_TIMEOUT_S = 240.0
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
     """Base URL of a frontend serving the simulated engine, requiring ``API_KEY``."""
-    with start_frontend("--served-model-name", MODEL, "--api-key", API_KEY) as frontend:
+    with start_frontend(
+        "--served-model-name", MODEL, "--api-key", API_KEY, "--model-alias", "claude-*"
+    ) as frontend:
         yield frontend.url
 
 
@@ -70,6 +72,19 @@ def test_every_protocol_check_passes_against_the_frontend_with_the_simulated_eng
     assert not_passed == {}, result.stdout
     assert report["protocol_ok"] is True
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_protocol_check_passes_against_a_glob_alias_of_the_model(server: str) -> None:
+    """A name the server answers to through ``--model-alias 'claude-*'`` is a valid model for the suite."""
+    alias = "claude-sonnet-4-5"
+    result = run_e2e("--base-url", server, "--model", alias, "--api-key", API_KEY, "--json", "-")
+    statuses = {
+        r["name"]: (r["status"], r["detail"]) for r in json_results(result) if r["category"] == "protocol"
+    }
+    failed = {name: s for name, s in statuses.items() if s[0] != "pass" and name not in IMAGE_CHECKS}
+    assert failed == {}, result.stderr
+    assert "answered by GET /v1/models/{id}" in statuses["models_list"][1]
+    assert result.returncode == 0
 
 
 def test_json_output_lists_every_check_with_status_latency_and_category(full_run) -> None:

@@ -7,8 +7,8 @@ Routes::
 
     POST /v1/chat/completions   openai.chat.chat_completions
     POST /v1/completions        completions.completions
-    GET  /v1/models             the served model (aliases are accepted, not listed); Anthropic's
-                                shape (type, display_name, created_at) for Anthropic clients
+    GET  /v1/models             the served model and its exact aliases (a glob is answered, not listed);
+                                Anthropic's shape (type, display_name, created_at) for Anthropic clients
     GET  /health                JSON with worker states; 503 when no worker is healthy
     GET  /live                  process liveness (never touches workers)
     GET  /metrics               Prometheus text
@@ -236,43 +236,47 @@ def _anthropic_model(name: str, created: int) -> dict[str, Any]:
     return {"type": "model", "id": name, "display_name": name, "created_at": stamp}
 
 
-async def list_models(request: Request) -> Response:
-    """The served model, in OpenAI's list shape -- or Anthropic's for an Anthropic client."""
-    state: FrontendState = request.app.state.frontend
-    cfg = state.config
-    if _is_anthropic_client(request):
-        entry = _anthropic_model(cfg.served_model_name, state.extra.get("started_at", 0))
-        page = {"data": [entry], "has_more": False, "first_id": entry["id"], "last_id": entry["id"]}
-        return Response(orjson.dumps(page), media_type="application/json")
-    model = {
-        "id": cfg.served_model_name,
+def _openai_model(name: str, created: int, cfg: ServerConfig) -> dict[str, Any]:
+    """A model in the shape of OpenAI's ``GET /v1/models`` (vLLM's card: ``max_model_len``, and for a
+    name answered by the served model under another name, ``parent``: the served model)."""
+    card: dict[str, Any] = {
+        "id": name,
         "object": "model",
-        "created": state.extra.get("started_at", 0),
+        "created": created,
         "owned_by": "deepseek-frontend",
         "max_model_len": cfg.context_length,
     }
-    return Response(orjson.dumps({"object": "list", "data": [model]}), media_type="application/json")
+    if name != cfg.served_model_name:
+        card["parent"] = cfg.served_model_name
+    return card
+
+
+async def list_models(request: Request) -> Response:
+    """The served model and its exact aliases (``ServerConfig.listed_model_names``), in OpenAI's list
+    shape -- or Anthropic's for an Anthropic client."""
+    state: FrontendState = request.app.state.frontend
+    cfg = state.config
+    created = state.extra.get("started_at", 0)
+    names = cfg.listed_model_names()
+    if _is_anthropic_client(request):
+        entries = [_anthropic_model(name, created) for name in names]
+        page = {"data": entries, "has_more": False, "first_id": names[0], "last_id": names[-1]}
+        return Response(orjson.dumps(page), media_type="application/json")
+    models = [_openai_model(name, created, cfg) for name in names]
+    return Response(orjson.dumps({"object": "list", "data": models}), media_type="application/json")
 
 
 async def retrieve_model(request: Request) -> Response:
+    """``GET /v1/models/{id}``: any name the server answers to (the served name, an exact alias, a name a
+    glob alias matches) comes back under the name asked for, as every response echoes it; others 404."""
     state: FrontendState = request.app.state.frontend
     cfg = state.config
-    name = cfg.resolve_model(request.path_params["model"])
+    asked = request.path_params["model"]
+    cfg.resolve_model(asked)  # ModelNotFoundError -> 404 in the client's error shape
+    created = state.extra.get("started_at", 0)
     if _is_anthropic_client(request):
-        # the name asked for (an alias such as claude-*), as every response echoes it
-        entry = _anthropic_model(request.path_params["model"], state.extra.get("started_at", 0))
-        return Response(orjson.dumps(entry), media_type="application/json")
-    return Response(
-        orjson.dumps(
-            {
-                "id": name,
-                "object": "model",
-                "created": state.extra.get("started_at", 0),
-                "owned_by": "deepseek-frontend",
-            }
-        ),
-        media_type="application/json",
-    )
+        return Response(orjson.dumps(_anthropic_model(asked, created)), media_type="application/json")
+    return Response(orjson.dumps(_openai_model(asked, created, cfg)), media_type="application/json")
 
 
 def _worker_json(status: Any) -> dict[str, Any]:

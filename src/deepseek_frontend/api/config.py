@@ -46,8 +46,13 @@ class ModelAlias:
     pattern: str
     target: str
 
+    @property
+    def is_glob(self) -> bool:
+        """Whether the pattern matches many names (``claude-*``) rather than being one name."""
+        return any(c in self.pattern for c in "*?[")
+
     def matches(self, name: str) -> bool:
-        if any(c in self.pattern for c in "*?["):
+        if self.is_glob:
             return fnmatch.fnmatchcase(name, self.pattern)
         return name == self.pattern
 
@@ -167,6 +172,15 @@ class ServerConfig:
             f"The model {name!r} does not exist; this server serves {self.served_model_name!r}",
             param="model",
         )
+
+    def listed_model_names(self) -> list[str]:
+        """The names ``GET /v1/models`` lists: the served name, then every exact (non-glob) alias in flag
+        order. A glob such as ``claude-*`` is a set of names, not one, so it is answered but not listed."""
+        names = [self.served_model_name]
+        for alias in self.model_aliases:
+            if not alias.is_glob and alias.pattern not in names:
+                names.append(alias.pattern)
+        return names
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerConfig:
