@@ -304,6 +304,11 @@ def _tool_anchors(full: list[_Msg]) -> list[int]:
 _V32 = V32ChatFormat(DSV32_SPELLINGS)
 FAMILY = _V32.family
 SPECIAL_SPELLINGS: frozenset[str] = _V32.special_spellings
+TOOL_REFERENCE_TEMPLATE = (
+    "Here are the functions available in JSONSchema format:\n<functions>\n{schemas}\n</functions>"
+)
+"""How a tool result lists the tools it loads (``formats.request.expand_tool_references``): the
+schema part of :data:`_TOOLS_TEMPLATE`, word for word (V4 and V4.1 use ``request``'s default)."""
 
 
 # The module is the format object the registry hands out: its three entry points

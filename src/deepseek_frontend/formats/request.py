@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from deepseek_frontend.errors import RequestError
+from deepseek_frontend.formats._common import to_json
 
 
 def _check_tools(tools: Any) -> list[dict[str, Any]]:
@@ -51,10 +52,68 @@ def _schema_to_attach(response_format: Any) -> Any | None:
     return schema
 
 
+# --------------------------------------------------------------------------- tool references
+
+TOOL_REFERENCE_TEMPLATE = (
+    "### Available Tool Schemas\n\n{schemas}\n\n"
+    "You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls."
+)
+"""How V4 and V4.1 list the schemas of tools a tool result loads (``str.format``, ``{schemas}``).
+
+The schema part of the family's tools appendix, word for word: the model reads loaded
+tools exactly as it reads the system prompt's. No special token is in it, so it is
+plain text in the tool result. V3.2 has its own (``dsv32.TOOL_REFERENCE_TEMPLATE``)."""
+
+
+def expand_tool_references(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    template: str = TOOL_REFERENCE_TEMPLATE,
+) -> list[dict[str, Any]]:
+    """A new message list where each ``tool`` message's ``tool_references`` are written out.
+
+    ``tool_references`` (a list of tool names, from Anthropic's ``tool_reference``
+    blocks) makes those tools available from that tool result on. Their function
+    objects, one JSON line each (``json.dumps(function, ensure_ascii=False)``, as the
+    system prompt lists them), are written by ``template`` after the result's text,
+    separated by a blank line, inside the result: ``<tool_result>{text}\\n\\n### Available
+    Tool Schemas\\n\\n{...}\\n\\nYou MUST ...</tool_result>`` on V4. Every reference
+    is written where it stands, so a message renders the same whatever comes after it
+    (the prompt prefix, and the engine's prefix cache, stay valid across turns).
+
+    A name not among ``tools`` is skipped (the API layer refuses it first; here it can
+    only mean ``tool_choice: none`` removed the tools). A content given as parts gets a
+    text part. The ``tool_references`` key is dropped; inputs are never mutated.
+    """
+    if not any(isinstance(m, dict) and m.get("tool_references") for m in messages):
+        return list(messages)
+    by_name = {t["function"]["name"]: t["function"] for t in tools}
+    out: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        names = message.get("tool_references") if isinstance(message, dict) else None
+        if not names:
+            out.append(message)
+            continue
+        message = {k: v for k, v in message.items() if k != "tool_references"}
+        where = f"messages[{i}].tool_references"
+        lines = [to_json(by_name[name], where) for name in names if name in by_name]
+        if lines:
+            section = template.format(schemas="\n".join(lines))
+            content = message.get("content")
+            if isinstance(content, list):
+                message["content"] = [*content, {"type": "text", "text": section}]
+            else:
+                message["content"] = f"{content}\n\n{section}" if content else section
+        out.append(message)
+    return out
+
+
 def attach_request_tools(
     messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None,
     response_format: dict[str, Any] | None = None,
+    *,
+    tool_reference_template: str = TOOL_REFERENCE_TEMPLATE,
 ) -> list[dict[str, Any]]:
     """A new message list with request-level ``tools`` / JSON schema where the encoders read them.
 
@@ -62,11 +121,19 @@ def attach_request_tools(
     no system message, an empty-content one is inserted at index 0: that renders
     ``BOS + "\\n\\n## Tools ..."`` before the first user turn, exactly what DeepSeek's
     official renderer produces for a request with tools and no system prompt.
+
+    A tool with ``defer_loading: true`` is left out of the system message: it is
+    written only where a ``tool`` message's ``tool_references`` names it (see
+    :func:`expand_tool_references`, applied here with ``tool_reference_template``, the
+    family's schema-list text), so the system prompt is the same whichever deferred
+    tools a conversation loads later.
+
     The input list and its dicts are never mutated. Raises :class:`RequestError`
     naming ``tools[i]`` / ``response_format`` for shapes the format cannot use.
     """
-    out = list(messages)
     checked = _check_tools(tools) if tools else []
+    out = expand_tool_references(messages, checked, tool_reference_template)
+    checked = [t for t in checked if t.get("defer_loading") is not True]
     schema = _schema_to_attach(response_format)
     if not checked and schema is None:
         return out

@@ -277,7 +277,7 @@ class PromptRenderer:
 
     def __init__(self, family: str, reasoning_effort_profile: str) -> None:
         from deepseek_frontend.formats import attach_request_tools, get_chat_format, place_instructions
-        from deepseek_frontend.formats.request import normalize_tools
+        from deepseek_frontend.formats.request import TOOL_REFERENCE_TEMPLATE, normalize_tools
 
         self.chat_format = get_chat_format(family)
         self.reasoning_effort_profile = reasoning_effort_profile
@@ -289,6 +289,10 @@ class PromptRenderer:
         # A family with a system token usable anywhere (V4.1's <｜System｜>) renders mid-conversation
         # instructions itself; V4 and V3.2 get them as tagged user text (formats.request).
         self._native_system_role = bool(getattr(self.chat_format, "NATIVE_SYSTEM_ROLE", False))
+        # How a tool result lists the deferred tools it loads (Anthropic tool_reference blocks).
+        self._tool_reference_template: str = getattr(
+            self.chat_format, "TOOL_REFERENCE_TEMPLATE", TOOL_REFERENCE_TEMPLATE
+        )
         params = inspect.signature(self.chat_format.render_prompt_segments).parameters
         # V3.2's renderer has no effort arguments; decided once here rather than per request.
         self._takes_effort = "reasoning_effort" in params
@@ -305,8 +309,11 @@ class PromptRenderer:
         messages = self._place_instructions(list(req.messages), native_system_role=self._native_system_role)
         if tools and self._normalize_tools is not None:
             tools = self._normalize_tools(tools)
-        if tools or req.response_format is not None:
-            messages = self._attach_request_tools(messages, tools or [], req.response_format)
+        # Always: besides tools and the response format, this writes out (or, without tools,
+        # drops) the tool references of tool results.
+        messages = self._attach_request_tools(
+            messages, tools or [], req.response_format, tool_reference_template=self._tool_reference_template
+        )
         thinking_mode = "thinking" if req.thinking else "chat"
         if self.takes_images:
             return self.chat_format.render_prompt_segments(

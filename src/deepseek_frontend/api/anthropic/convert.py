@@ -133,11 +133,19 @@ def _unsupported_block(block_type: str, param: str) -> UnsupportedFeatureError:
 # --------------------------------------------------------------------------- content
 
 
-def _text_of_blocks(content: Any, param: str, *, what: str, image_placeholder: bool = False) -> str:
+def _text_of_blocks(
+    content: Any,
+    param: str,
+    *,
+    what: str,
+    image_placeholder: bool = False,
+    references: list[tuple[str, str]] | None = None,
+) -> str:
     """Text of a string or a list of ``text`` blocks, blocks joined by a blank line.
 
     With ``image_placeholder`` an ``image`` block becomes :data:`IMAGE_PLACEHOLDER`
-    instead of an error (used for tool results, see the module docstring).
+    instead of an error (used for tool results, see the module docstring). With
+    ``references`` a ``tool_reference`` block adds ``(tool_name, path)`` to it instead.
     """
     if isinstance(content, str):
         return content
@@ -145,6 +153,9 @@ def _text_of_blocks(content: Any, param: str, *, what: str, image_placeholder: b
     for bparam, block, block_type in _blocks(content, param):
         if block_type == "image" and image_placeholder:
             texts.append(IMAGE_PLACEHOLDER)
+            continue
+        if block_type == "tool_reference" and references is not None:
+            references.append(_tool_reference(block, bparam))
             continue
         if block_type != "text":
             if block_type in ("image", "document"):
@@ -172,7 +183,9 @@ def _image_part(block: Mapping[str, Any], param: str) -> Any:
     )
 
 
-def _parts_of_blocks(content: Any, param: str, *, what: str) -> str | list[Any]:
+def _parts_of_blocks(
+    content: Any, param: str, *, what: str, references: list[tuple[str, str]] | None = None
+) -> str | list[Any]:
     """Like :func:`_text_of_blocks`, but ``image`` blocks become image parts (a model that reads
     images): a list of ``{"type": "text"}`` dicts and image parts when there is an image."""
     if isinstance(content, str):
@@ -180,7 +193,9 @@ def _parts_of_blocks(content: Any, param: str, *, what: str) -> str | list[Any]:
     parts: list[Any] = []
     has_image = False
     for bparam, block, block_type in _blocks(content, param):
-        if block_type == "image":
+        if block_type == "tool_reference" and references is not None:
+            references.append(_tool_reference(block, bparam))
+        elif block_type == "image":
             parts.append(_image_part(block, bparam))
             has_image = True
         elif block_type == "text":
@@ -189,12 +204,19 @@ def _parts_of_blocks(content: Any, param: str, *, what: str) -> str | list[Any]:
             raise _unsupported_block(block_type, bparam)
         else:
             raise RequestError(
-                f"{bparam}: {what} takes only text and image blocks, got {block_type!r}",
+                f"{bparam}: {what} takes only text, image and tool_reference blocks, got {block_type!r}",
                 param=f"{bparam}.type",
             )
     if has_image:
         return parts
     return "\n\n".join(p["text"] for p in parts)
+
+
+def _tool_reference(block: Mapping[str, Any], param: str) -> tuple[str, str]:
+    """A ``tool_reference`` block's ``(tool_name, path of tool_name)``; the name is checked against
+    ``tools`` once they are read (:func:`_available_tools`)."""
+    where = f"{param}.tool_name"
+    return check_string(block.get("tool_name"), where, non_empty=True), where
 
 
 def _convert_system(system: Any) -> str | None:
@@ -205,7 +227,11 @@ def _convert_system(system: Any) -> str | None:
 
 
 def _tool_result_message(
-    block: Mapping[str, Any], param: str, known_ids: Mapping[str, int], read_images: bool = False
+    block: Mapping[str, Any],
+    param: str,
+    known_ids: Mapping[str, int],
+    read_images: bool = False,
+    references: list[tuple[str, str]] | None = None,
 ) -> ChatMessage:
     tool_use_id = check_string(block.get("tool_use_id"), f"{param}.tool_use_id")
     if tool_use_id not in known_ids:
@@ -216,13 +242,14 @@ def _tool_result_message(
         )
     content = block.get("content", "")
     text: str | list[Any]
+    named: list[tuple[str, str]] = []  # this result's tool_reference blocks
     if content is None:
         text = ""
     elif read_images:
-        text = _parts_of_blocks(content, f"{param}.content", what="tool_result content")
+        text = _parts_of_blocks(content, f"{param}.content", what="tool_result content", references=named)
     else:
         text = _text_of_blocks(
-            content, f"{param}.content", what="tool_result content", image_placeholder=True
+            content, f"{param}.content", what="tool_result content", image_placeholder=True, references=named
         )
     if check_boolean(block.get("is_error", False), f"{param}.is_error"):
         if isinstance(text, str):
@@ -231,11 +258,21 @@ def _tool_result_message(
             text = [{"type": "text", "text": TOOL_ERROR_PREFIX + text[0]["text"]}, *text[1:]]
         else:  # parts starting with an image
             text = [{"type": "text", "text": TOOL_ERROR_PREFIX.rstrip()}, *text]
-    return {"role": "tool", "tool_call_id": tool_use_id, "content": text}
+    message: ChatMessage = {"role": "tool", "tool_call_id": tool_use_id, "content": text}
+    if named:
+        # formats.request.expand_tool_references writes the named tools' schemas into this result
+        message["tool_references"] = [name for name, _ in named]
+        if references is not None:
+            references.extend(named)
+    return message
 
 
 def _convert_user(
-    content: Any, param: str, pending_tool_ids: Mapping[str, int], read_images: bool = False
+    content: Any,
+    param: str,
+    pending_tool_ids: Mapping[str, int],
+    read_images: bool = False,
+    references: list[tuple[str, str]] | None = None,
 ) -> list[ChatMessage]:
     """One user message -> tool messages (in block order) then one user message with the text
     (and, with ``read_images``, its images: then the content is a list of parts)."""
@@ -251,7 +288,9 @@ def _convert_user(
         elif block_type == "image" and read_images:
             parts.append(_image_part(block, bparam))
         elif block_type == "tool_result":
-            tool_messages.append(_tool_result_message(block, bparam, pending_tool_ids, read_images))
+            tool_messages.append(
+                _tool_result_message(block, bparam, pending_tool_ids, read_images, references)
+            )
         elif block_type in ("thinking", "redacted_thinking", "tool_use"):
             raise RequestError(
                 f"{bparam}: {block_type!r} blocks belong to assistant messages", param=f"{bparam}.type"
@@ -310,7 +349,10 @@ def _convert_assistant(content: Any, param: str) -> tuple[ChatMessage, dict[str,
     return message, ids
 
 
-def _convert_messages(raw: Any, read_images: bool = False) -> list[ChatMessage]:
+def _convert_messages(
+    raw: Any, read_images: bool = False, references: list[tuple[str, str]] | None = None
+) -> list[ChatMessage]:
+    """The messages; ``references`` collects every ``tool_reference`` block's ``(name, path)``."""
     messages = check_array(raw, "messages", non_empty=True)
     out: list[ChatMessage] = []
     pending_tool_ids: dict[str, int] = {}
@@ -322,7 +364,7 @@ def _convert_messages(raw: Any, read_images: bool = False) -> list[ChatMessage]:
             raise RequestError(f"{param}.content: required", param=f"{param}.content")
         content = message["content"]
         if role == "user":
-            out.extend(_convert_user(content, f"{param}.content", pending_tool_ids, read_images))
+            out.extend(_convert_user(content, f"{param}.content", pending_tool_ids, read_images, references))
             pending_tool_ids = {}
         elif role == "assistant":
             converted, pending_tool_ids = _convert_assistant(content, f"{param}.content")
@@ -363,6 +405,45 @@ def _tool_schema(tool: Mapping[str, Any], param: str) -> dict[str, Any]:
         )
     schema = check_json_schema(tool.get("input_schema"), f"{param}.input_schema", object_root=True)
     return {"parameters": schema}
+
+
+def _available_tools(
+    raw: Any, tools: list[dict[str, Any]] | None, references: list[tuple[str, str]]
+) -> list[dict[str, Any]] | None:
+    """The tools the model may call: those loaded up front, and the deferred ones referenced.
+
+    ``raw`` is the request's ``tools`` and ``tools`` their conversion (same order). A tool with
+    ``defer_loading: true`` is kept, marked ``"defer_loading": True`` (so
+    ``formats.request.attach_request_tools`` leaves it out of the system prompt), only when a
+    ``tool_reference`` names it; otherwise it is not in the prompt, the grammar or the parser.
+    Raises for a reference to a tool not in ``tools`` (at its ``tool_name``) and for a request
+    whose tools are all deferred (the model would not know how to call any tool).
+    """
+    declared = {t["function"]["name"] for t in tools or ()}
+    for name, where in references:
+        if name not in declared:
+            raise RequestError(
+                f"{where}: tool_reference names {name!r}, which is not in 'tools'", param=where
+            )
+    if not tools:
+        return tools
+    referenced = {name for name, _ in references}
+    out: list[dict[str, Any]] = []
+    deferred = 0
+    for i, (spec, tool) in enumerate(zip(raw, tools, strict=True)):
+        if not check_boolean(spec.get("defer_loading", False), f"tools[{i}].defer_loading"):
+            out.append(tool)
+            continue
+        deferred += 1
+        if tool["function"]["name"] in referenced:
+            out.append({**tool, "defer_loading": True})
+    if deferred == len(tools):
+        raise RequestError(
+            "tools: every tool has defer_loading: true; at least one tool (such as the one that "
+            "searches the others) must be loaded up front",
+            param="tools",
+        )
+    return out
 
 
 def _convert_tool_choice(
@@ -475,12 +556,13 @@ def convert_messages_request(
 
     # read_images: the model reads images (V4.1): image blocks, also inside tool_result content,
     # become image parts (images.py resolves them); otherwise they are refused / placeheld.
-    messages = _convert_messages(body.get("messages"), read_images)
+    references: list[tuple[str, str]] = []  # (tool_name, path) of every tool_reference block
+    messages = _convert_messages(body.get("messages"), read_images, references)
     system = _convert_system(body.get("system"))
     if system is not None:
         messages.insert(0, {"role": "system", "content": system})
 
-    tools = function_tools(body.get("tools"), _tool_schema)
+    tools = _available_tools(body.get("tools"), function_tools(body.get("tools"), _tool_schema), references)
     tool_choice, parallel = _convert_tool_choice(body.get("tool_choice"), tools)
     top_k = check_integer(body.get("top_k"), "top_k", minimum=1, default=None)
     stream = check_boolean(body.get("stream", False), "stream")

@@ -22,6 +22,16 @@ Rules (documented in the README; tests rely on them):
   start a sentence (``Paris``, ``Tokyo``), used as that call's location-like argument.
 * **Arguments** come from the tool's JSON schema (:func:`example_value`): they are valid
   against it (types, enums, const, bounds, required, nested objects and arrays).
+* **Loaded tools.** JSON lines ``{"name": ...}`` inside a tool result of the last user turn are
+  tools that result loaded (a deferred tool an Anthropic ``tool_reference`` named: the frontend
+  writes its schema there, see docs/apis.md); from then on they are declared tools. A tool
+  result that loads tools gets a call to the first of them (the model searched for a tool and
+  now uses it), with schema-valid arguments.
+* **Tool search.** When no declared tool is asked for, a declared tool whose name is made of
+  the words "tool" and "search" (``ToolSearch``, ``tool_search``) is called when the turn holds
+  a tool-like word -- CamelCase with two or more capitals (``TaskList``) or with an underscore
+  (``get_weather``) -- that names no declared tool: its first required string argument (the
+  query) is ``select:<word>``, the other arguments come from its schema.
 * **Tool results.** A ``<tool_result>`` / ``<function_results>`` after the last user turn
   means a tool already answered: reply in text that quotes the result.
 * **Text answers.** "Reply with exactly: X" -> ``X`` (to the end of the line);
@@ -121,6 +131,8 @@ class PromptView:
     open_block: bool = False
     #: ``(width, height, colour name)`` of the prompt's images, in placeholder order (the image input)
     images: tuple[tuple[int, int, str], ...] = ()
+    #: tools the last turn's tool results loaded (also in ``tools``), in order
+    loaded_tools: tuple[str, ...] = ()
 
 
 #: context blocks agents put into user turns: Claude Code's (and our mid-conversation system
@@ -138,10 +150,10 @@ class PromptHead:
     response_schema: dict[str, Any] | None
 
 
-def read_head(head: str) -> PromptHead:
-    """Tools, the calls block name and the response schema of the text before the last user turn."""
+def _schema_lines(text: str) -> list[tuple[str, dict[str, Any]]]:
+    """``(name, parameters)`` of each line of ``text`` that is a JSON tool schema ``{"name": ...}``."""
     tools: list[tuple[str, dict[str, Any]]] = []
-    for line in head.split("\n"):
+    for line in text.split("\n"):
         if not line.startswith('{"name"'):
             continue
         try:
@@ -151,6 +163,12 @@ def read_head(head: str) -> PromptHead:
         if isinstance(obj, dict) and isinstance(obj.get("name"), str):
             params = obj.get("parameters")
             tools.append((obj["name"], params if isinstance(params, dict) else {}))
+    return tools
+
+
+def read_head(head: str) -> PromptHead:
+    """Tools, the calls block name and the response schema of the text before the last user turn."""
+    tools = _schema_lines(head)
     block = "function_calls" if f"<{_DSML}function_calls>" in head else "tool_calls"
     if f"<{_DSML} calls>" in head:
         block = " calls"  # DeepSeek-V4.1
@@ -170,18 +188,27 @@ def read_last_turn(head: PromptHead, turn: str | None, whole: str = "") -> Promp
     # mid-conversation system messages as formats/request.py renders them) are not the user's words.
     user = _REMINDER.sub("", tail.split(_ASSISTANT, 1)[0])
     result = None
+    tools = head.tools
+    loaded: tuple[str, ...] = ()
     if "<tool_result>" in tail or "<function_results>" in tail:
         # parallel calls come back as several results: quote them all, in order
-        result = "; ".join(r.strip() for r in _RESULT.findall(tail))
+        results = _RESULT.findall(tail)
+        result = "; ".join(r.strip() for r in results)
+        # schemas a result carries are tools it loaded (Anthropic tool_reference, docs/apis.md)
+        new = [t for r in results if '{"name"' in r for t in _schema_lines(r)]
+        if new:
+            tools = [*tools, *new]
+            loaded = tuple(name for name, _ in new)
     open_block = ending.endswith(_OPEN_BLOCKS)
     return PromptView(
-        head.tools,
+        tools,
         user,
         ending.endswith("<think>"),
         result,
         head.block_name,
         head.response_schema,
         open_block,
+        loaded_tools=loaded,
     )
 
 
@@ -235,7 +262,9 @@ def _first_words(text: str, n: int) -> str:
 
 
 def _tools_asked_for(view: PromptView) -> list[str]:
-    if view.tool_result is not None or not view.tools:
+    if view.tool_result is not None:
+        return list(view.loaded_tools[:1])  # a result that loaded tools: use the first one
+    if not view.tools:
         return []
     lower = view.last_user.lower()
     words = set(re.findall(r"[a-z0-9]+", lower))
@@ -244,9 +273,56 @@ def _tools_asked_for(view: PromptView) -> list[str]:
         parts = [p for p in re.split(r"[_\-.]", name.lower()) if len(p) >= 4]
         if name.lower() in lower or name.lower().replace("_", " ") in lower or words.intersection(parts):
             asked.append(name)
+    if not asked and _search_for(view) is not None:
+        return asked  # the tool search rule (plan_output) looks the tool up first
     if not asked and _USE_TOOL.search(view.last_user):
         asked.append(view.tools[0][0])
     return asked
+
+
+#: a tool-like word: CamelCase with two or more capitals, or holding an underscore
+_TOOL_WORD = re.compile(r"\b(?:[A-Z][a-z0-9]+(?:[A-Z][A-Za-z0-9]*)+|[A-Za-z][A-Za-z0-9]*_[A-Za-z0-9_]+)\b")
+
+
+def _is_search_tool(name: str) -> bool:
+    """``ToolSearch``, ``tool_search``, ``tool-search``: a name made of the words tool and search."""
+    words = re.findall(r"[A-Z]?[a-z0-9]+|[A-Z]+(?![a-z])", name)
+    return [w.lower() for w in words] == ["tool", "search"]
+
+
+def _search_for(view: PromptView) -> tuple[str, str] | None:
+    """``(search tool, word)`` when the tool search rule applies to a fresh user turn, else None."""
+    if view.tool_result is not None or not view.tools:
+        return None
+    search = next((name for name, _ in view.tools if _is_search_tool(name)), None)
+    if search is None:
+        return None
+    declared = {name for name, _ in view.tools}
+    word = next((w for w in _TOOL_WORD.findall(view.last_user) if w not in declared), None)
+    return None if word is None else (search, word)
+
+
+def _search_call(view: PromptView, seed: int) -> tuple[str, dict[str, Any], dict[str, Any]] | None:
+    """The tool search call (module docstring, "Tool search"), or None when the rule does not apply."""
+    found = _search_for(view)
+    if found is None:
+        return None
+    name, word = found
+    schema = dict(view.tools)[name]
+    args = tool_arguments(schema, _Hints("Paris", word, seed))
+    props = schema.get("properties") if isinstance(schema.get("properties"), Mapping) else {}
+    required = schema.get("required") if isinstance(schema.get("required"), list) else []
+    query = next(
+        (
+            k
+            for k in [*required, *props]
+            if isinstance(props.get(k), Mapping) and props[k].get("type") == "string"
+        ),
+        None,
+    )
+    if query is not None:
+        args[query] = f"select:{word}"
+    return name, args, schema
 
 
 def _place_hints(text: str) -> list[str]:
@@ -452,7 +528,8 @@ def plan_tool_calls(view: PromptView, names: list[str], seed: int) -> list[tuple
     schemas = dict(view.tools)
     topic = _first_words(view.last_user, 8) or "query"
     places = _place_hints(view.last_user)
-    parallel = bool(_PARALLEL.search(view.last_user))
+    # (a call after a tool result -- a loaded tool -- is one call: the turn is the result's text)
+    parallel = view.tool_result is None and bool(_PARALLEL.search(view.last_user))
     calls = []
     if parallel and len(names) == 1 and len(places) >= 2:
         for place in places:
@@ -514,9 +591,10 @@ def plan_output(
         opening = f"<{_DSML}{view.block_name}>\n"
         return [Piece(block[block.index(opening) + len(opening) :], markup=True)]
     tool_names = [] if json_schema is not None else _tools_asked_for(view)
+    search = _search_call(view, seed) if json_schema is None and not tool_names else None
     pieces: list[Piece] = []
     if view.thinking:
-        pieces.append(Piece(reasoning_text(view, tool_names)))
+        pieces.append(Piece(reasoning_text(view, tool_names or ([search[0]] if search else []))))
         pieces.append(Piece(_THINK_END, markup=True))
     if json_schema is not None:
         hints = _Hints(
@@ -528,6 +606,8 @@ def plan_output(
         pieces.append(
             Piece(dsml_block(view.block_name, plan_tool_calls(view, tool_names, seed)), markup=True)
         )
+    elif search is not None:
+        pieces.append(Piece(dsml_block(view.block_name, [search]), markup=True))
     else:
         pieces.append(Piece(_text_answer(view, seed)))
     return pieces
