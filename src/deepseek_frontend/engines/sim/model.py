@@ -574,7 +574,8 @@ def _text_answer(view: PromptView, seed: int) -> str:
 def reasoning_text(view: PromptView, tool_names: list[str]) -> str:
     """The one-sentence reasoning written in thinking mode (without ``</think>``)."""
     if view.tool_result is not None:
-        return f"The tool returned: {_first_words(view.tool_result, 8) or 'nothing'}. I can answer now."
+        then = f"I should call {', '.join(tool_names)}." if tool_names else "I can answer now."
+        return f"The tool returned: {_first_words(view.tool_result, 8) or 'nothing'}. {then}"
     topic = _first_words(view.last_user, 8)
     plan = f"I should call {', '.join(tool_names)}." if tool_names else "I will answer directly."
     return f"The user wrote: {topic or 'nothing'}. {plan}"
