@@ -70,6 +70,31 @@ def cli_path(name: str) -> str:
     return found
 
 
+def claude_installs() -> list[str]:
+    """The Claude Code executables to test: ``$CLAUDE_CODE_BINS`` (paths joined by ``os.pathsep``;
+    the stage sets it to one install per pinned version), else ``claude`` on PATH."""
+    listed = os.environ.get("CLAUDE_CODE_BINS", "")
+    return [path for path in listed.split(os.pathsep) if path] or ["claude"]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test taking ``claude_bin`` runs once per Claude Code install (:func:`claude_installs`),
+    with the install's folder as the test id (``claude-code-2.1.332``)."""
+    if "claude_bin" in metafunc.fixturenames:
+        installs = claude_installs()
+        ids = [Path(path).parent.parent.name if os.sep in path else path for path in installs]
+        metafunc.parametrize("claude_bin", installs, ids=ids)
+
+
+def claude_path(claude_bin: str) -> str:
+    """``claude_bin`` as an executable path; a missing one fails (the stage installs it)."""
+    if os.sep not in claude_bin:
+        return cli_path(claude_bin)
+    if not os.access(claude_bin, os.X_OK):
+        pytest.fail(f"{claude_bin!r} is not an executable: run .ci/stage-agent-clis.sh, which installs it")
+    return claude_bin
+
+
 def offline_env(home: Path) -> dict[str, str]:
     """A minimal environment: PATH, a private HOME, loopback-only networking, no telemetry."""
     closed = f"http://127.0.0.1:{free_port()}"  # nothing listens: any non-loopback request fails at once

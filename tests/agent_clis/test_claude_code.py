@@ -1,12 +1,18 @@
 """Claude Code (``claude -p``) runs a whole tool loop against the frontend's Anthropic API.
 
-Claude Code is pointed at the server root (``ANTHROPIC_BASE_URL`` without ``/v1``: it appends
-``/v1/messages`` itself) under a ``claude-*`` model alias, with its default tool set. The prompt
-names Claude Code's ``TaskList`` tool, which makes the simulated model call it
-(engines/sim/model.py rules: a prompt naming a declared tool gets a call with schema-valid
-arguments). TaskList takes no arguments and needs no permission in print mode, so the call
-succeeds whatever the simulated model writes. The run must go: tool call -> Claude Code runs
-TaskList -> its ``tool_result`` comes back in the next request -> a text answer -> exit 0.
+Every test runs once per pinned Claude Code install (``claude_bin``, see conftest: the stage
+installs the newest release and the older one users still run). Claude Code is pointed at the
+server root (``ANTHROPIC_BASE_URL`` without ``/v1``: it appends ``/v1/messages`` itself) under a
+``claude-*`` model alias, with its default tool set. The prompt names Claude Code's ``TaskList``
+tool (no arguments, no permission needed in print mode), which makes the simulated model call it
+(engines/sim/model.py rules). The run must go: tool call -> Claude Code runs TaskList -> its
+``tool_result`` comes back in the next request -> a text answer -> exit 0.
+
+With tool search (``ENABLE_TOOL_SEARCH=true``; 2.1.332 uses it by default) TaskList is a
+deferred tool: only its name is in a ``<system-reminder>``, so the simulated model calls
+``ToolSearch`` with ``select:TaskList`` ("Tool search" rule); Claude Code answers with a
+``tool_reference`` block and declares TaskList with ``defer_loading: true``; the frontend writes
+TaskList's schema into that tool result and the model calls it ("Loaded tools" rule).
 """
 
 from __future__ import annotations
@@ -15,9 +21,9 @@ import json
 
 import pytest
 
-from tests.support.logging_proxy import LoggingProxy
+from tests.support.logging_proxy import Exchange, LoggingProxy
 
-from .conftest import API_KEY, cli_path, offline_env, run_cli
+from .conftest import API_KEY, claude_path, offline_env, run_cli
 
 pytestmark = pytest.mark.agent_cli
 
@@ -25,8 +31,8 @@ MODEL = "claude-sonnet-4-5"
 TIMEOUT_S = 180
 
 
-def test_claude_code_print_mode_completes_a_tool_loop(proxy: LoggingProxy, sandbox: dict) -> None:
-    claude = cli_path("claude")
+def claude_env(sandbox: dict, proxy: LoggingProxy) -> dict[str, str]:
+    """Claude Code's environment: the proxy as its API, every model name the alias, no telemetry."""
     env = offline_env(sandbox["home"])
     env.update(
         {
@@ -48,17 +54,32 @@ def test_claude_code_print_mode_completes_a_tool_loop(proxy: LoggingProxy, sandb
             "IS_SANDBOX": "1",
         }
     )
+    return env
+
+
+def run_task_list(claude_bin: str, proxy: LoggingProxy, sandbox: dict, **extra_env: str) -> tuple[list, str]:
+    """``claude -p TaskList`` to the end: its stream-json events and the failure context."""
+    env = claude_env(sandbox, proxy)
+    env.update(extra_env)
     proc, context = run_cli(
         "claude",
-        [claude, "-p", "TaskList", "--output-format", "stream-json", "--verbose"],
+        [claude_path(claude_bin), "-p", "TaskList", "--output-format", "stream-json", "--verbose"],
         sandbox["work"],
         env,
         proxy,
         TIMEOUT_S,
     )
     assert proc.returncode == 0, context
-    events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")], context
 
+
+def message_posts(proxy: LoggingProxy) -> list[Exchange]:
+    return [e for e in proxy.exchanges if e.path.startswith("/v1/messages") and e.method == "POST"]
+
+
+def assert_task_list_loop(events: list, proxy: LoggingProxy, context: str) -> None:
+    """TaskList was called and ran, its result went back, the run ended in success, every
+    request got 200 and every answer echoes the alias."""
     # the model's call, executed by Claude Code, and its result accepted as the next turn's input
     calls = [
         block
@@ -79,7 +100,7 @@ def test_claude_code_print_mode_completes_a_tool_loop(proxy: LoggingProxy, sandb
     final = [e for e in events if e.get("type") == "result"]
     assert final and final[-1].get("subtype") == "success" and not final[-1].get("is_error"), context
 
-    messages = [e for e in proxy.exchanges if e.path.startswith("/v1/messages") and e.method == "POST"]
+    messages = message_posts(proxy)
     assert all(e.status == 200 for e in messages), context
     # the request after the call carries the tool_result for the call's id
     call_ids = {c["id"] for c in calls}
@@ -98,3 +119,67 @@ def test_claude_code_print_mode_completes_a_tool_loop(proxy: LoggingProxy, sandb
         for e in messages
         if e.body and e.body.get("model") == MODEL
     ), context
+
+
+def test_claude_code_print_mode_completes_a_tool_loop(
+    claude_bin: str, proxy: LoggingProxy, sandbox: dict
+) -> None:
+    events, context = run_task_list(claude_bin, proxy, sandbox)
+    assert_task_list_loop(events, proxy, context)
+
+
+def _tool_references(exchange: Exchange) -> list[str]:
+    """Tool names of the ``tool_reference`` blocks inside the request's tool results."""
+    return [
+        ref.get("tool_name")
+        for m in (exchange.body or {}).get("messages", [])
+        if isinstance(m.get("content"), list)
+        for block in m["content"]
+        if isinstance(block, dict)
+        and block.get("type") == "tool_result"
+        and isinstance(block.get("content"), list)
+        for ref in block["content"]
+        if isinstance(ref, dict) and ref.get("type") == "tool_reference"
+    ]
+
+
+def _usage(exchange: Exchange) -> dict:
+    """The usage of the answer's ``message_start`` event (streamed) or of the message."""
+    for line in exchange.response_text.splitlines():
+        if line.startswith("data: ") and '"message_start"' in line:
+            return json.loads(line[6:])["message"]["usage"]
+    return json.loads(exchange.response_text).get("usage", {})
+
+
+def test_claude_code_tool_search_loads_and_calls_a_deferred_tool(
+    claude_bin: str, proxy: LoggingProxy, sandbox: dict
+) -> None:
+    events, context = run_task_list(claude_bin, proxy, sandbox, ENABLE_TOOL_SEARCH="true")
+    assert_task_list_loop(events, proxy, context)
+    posts = message_posts(proxy)
+    first = posts[0].body or {}
+    deferred = {t["name"] for t in first.get("tools", []) if t.get("defer_loading")}
+    declared = {t["name"] for t in first.get("tools", [])}
+    # TaskList is deferred: not among the first request's loaded tools; ToolSearch is
+    assert "ToolSearch" in declared and "TaskList" not in declared - deferred, context
+    calls = [
+        block
+        for e in events
+        if e.get("type") == "assistant"
+        for block in e["message"]["content"]
+        if block.get("type") == "tool_use"
+    ]
+    assert calls[0]["name"] == "ToolSearch" and calls[0]["input"]["query"] == "select:TaskList", context
+    # the request after the search carries a tool_reference to TaskList, declared deferred: 200
+    referencing = [e for e in posts if "TaskList" in _tool_references(e)]
+    assert referencing and all(e.status == 200 for e in referencing), context
+    tools = {t["name"]: t for t in (referencing[0].body or {}).get("tools", [])}
+    assert tools["TaskList"].get("defer_loading") is True, context
+    # ... and its prompt extends the previous one: nearly all of it came from the prefix cache
+    before = posts[posts.index(referencing[0]) - 1]
+    previous = _usage(before)
+    prompt_before = previous["input_tokens"] + previous.get("cache_read_input_tokens", 0)
+    assert _usage(referencing[0]).get("cache_read_input_tokens", 0) >= 0.9 * prompt_before, context
+    # the model then called the loaded tool, and no request fell back to removing the references
+    assert any(c["name"] == "TaskList" for c in calls[1:]), context
+    assert not any("Tool references removed" in json.dumps(e.body) for e in posts), context

@@ -21,7 +21,12 @@ Translation rules (each one is pinned by a test in ``tests/api_anthropic``):
   come first, and DeepSeek's format renders them at the start of the turn).
   A result with ``is_error: true`` is prefixed with :data:`TOOL_ERROR_PREFIX`
   so the model can tell a failed call from a successful one. Result content is a
-  string or text blocks (joined with a blank line).
+  string or text blocks (joined with a blank line), and ``tool_reference`` blocks.
+* Tool search: a tool with ``defer_loading: true`` is left out of the request's tools
+  until a ``tool_reference`` block names it; then it is kept, marked ``defer_loading``,
+  and the referencing tool message lists it in ``tool_references`` --
+  ``formats.request`` writes its schema into that result, not into the system prompt
+  (see :func:`_available_tools` and docs/apis.md, "Tool search").
 * ``tool_choice``: ``auto`` -> ``"auto"``, ``any`` -> ``"required"``,
   ``tool`` -> ``{"type": "function", "function": {"name": ...}}``,
   ``none`` -> ``"none"``; ``disable_parallel_tool_use`` -> ``parallel_tool_calls=False``.
