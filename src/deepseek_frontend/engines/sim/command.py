@@ -19,8 +19,21 @@ import uvicorn
 
 from deepseek_frontend._descriptors import reserve_descriptor_table
 from deepseek_frontend.engines.sim.behavior import PRESETS, SimBehavior
-from deepseek_frontend.engines.sim.engine import SimulatedEngine, load_sim_tokenizer
+from deepseek_frontend.engines.sim.disagg import (
+    DEFAULT_BOOTSTRAP_PORT,
+    DISAGG_MODES,
+    SGLANG_BOOTSTRAP_TIMEOUT_S,
+    SGLANG_HANDSHAKE_TIMEOUT_S,
+    SGLANG_WAITING_TIMEOUT_S,
+    DisaggSettings,
+)
+from deepseek_frontend.engines.sim.engine import (
+    DEFAULT_CHUNKED_PREFILL_SIZE,
+    SimulatedEngine,
+    load_sim_tokenizer,
+)
 from deepseek_frontend.engines.sim.kv import add_kv_arguments, kv_cache_from_args
+from deepseek_frontend.engines.sim.pd_roles import SimDisagg
 from deepseek_frontend.engines.sim.server import FAIL_MODES, SimFaults, build_sim_app
 
 HELP = "run the simulated engine as an HTTP server speaking SGLang's /generate token protocol"
@@ -84,6 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="default seed when a request has none")
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     add_kv_arguments(parser)
+    _add_disagg_arguments(parser)
     real = parser.add_argument_group(
         "real-engine behaviour",
         "refuse and report what SGLang 0.5.23 launched this way would (flags named as SGLang's; "
@@ -128,6 +142,88 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_disagg_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "prefill scheduling and PD disaggregation",
+        "flags named as SGLang's (engines/sim/clock.py, disagg.py, pd_roles.py)",
+    )
+    group.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=DEFAULT_CHUNKED_PREFILL_SIZE,
+        help="uncached tokens per prefill chunk; each chunk holds the decode steps of the other running "
+        "streams for its prefill time (needs --prefill-us-per-token); -1: one chunk (default %(default)s, "
+        "SGLang's on an 80-141 GB GPU)",
+    )
+    group.add_argument(
+        "--enable-mixed-chunk",
+        action="store_true",
+        help="one decode step rides on each prefill chunk (default: chunks run back to back, decode waits)",
+    )
+    group.add_argument("--disaggregation-mode", choices=DISAGG_MODES, default="null", help="PD role")
+    group.add_argument(
+        "--disaggregation-bootstrap-port",
+        type=int,
+        default=DEFAULT_BOOTSTRAP_PORT,
+        help="a prefill worker's bootstrap port (0: a free one, reported in /server_info) "
+        "(default %(default)s)",
+    )
+    group.add_argument(
+        "--kv-bytes-per-token",
+        type=int,
+        default=64,
+        help="bytes of KV a prefill worker sends per prompt token (default %(default)s)",
+    )
+    group.add_argument(
+        "--transfer-bandwidth-mbps",
+        type=float,
+        default=0.0,
+        help="pace KV transfers to this many megabits/s (default 0: as fast as the socket)",
+    )
+    group.add_argument(
+        "--disaggregation-bootstrap-timeout",
+        type=float,
+        default=SGLANG_BOOTSTRAP_TIMEOUT_S,
+        metavar="S",
+        help="prefill: seconds a prefilled room waits for a decode worker "
+        "(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, default %(default)g)",
+    )
+    group.add_argument(
+        "--disaggregation-waiting-timeout",
+        type=float,
+        default=SGLANG_WAITING_TIMEOUT_S,
+        metavar="S",
+        help="decode: seconds to wait for a room's KV (SGLANG_DISAGGREGATION_WAITING_TIMEOUT, "
+        "default %(default)g)",
+    )
+    group.add_argument(
+        "--disaggregation-handshake-timeout",
+        type=float,
+        default=SGLANG_HANDSHAKE_TIMEOUT_S,
+        metavar="S",
+        help="decode: seconds to keep retrying an unreachable bootstrap port (SGLang: 15 tries 1 s apart, "
+        "default %(default)g)",
+    )
+
+
+def disagg_from_args(args: argparse.Namespace) -> SimDisagg | None:
+    """The PD role the flags ask for (None: aggregated); raises ValueError naming a bad flag."""
+    mode = getattr(args, "disaggregation_mode", "null")
+    if mode == "null":
+        return None
+    return SimDisagg(
+        DisaggSettings(
+            mode=mode,
+            bootstrap_port=args.disaggregation_bootstrap_port,
+            kv_bytes_per_token=args.kv_bytes_per_token,
+            transfer_bandwidth_mbps=args.transfer_bandwidth_mbps,
+            bootstrap_timeout_s=args.disaggregation_bootstrap_timeout,
+            waiting_timeout_s=args.disaggregation_waiting_timeout,
+            handshake_timeout_s=args.disaggregation_handshake_timeout,
+        )
+    )
+
+
 def behavior_from_args(args: argparse.Namespace) -> SimBehavior:
     """The ``--behave`` preset with every explicitly given real-engine flag applied over it."""
     delay = getattr(args, "health_delay_ms", None)
@@ -149,6 +245,7 @@ def behavior_from_args(args: argparse.Namespace) -> SimBehavior:
 async def _serve(args: argparse.Namespace) -> int:
     try:
         kv = kv_cache_from_args(args)
+        disagg = disagg_from_args(args)
     except ValueError as exc:
         print(f"deepseek-frontend sim-engine: {exc}", file=sys.stderr)
         return 2
@@ -162,9 +259,19 @@ async def _serve(args: argparse.Namespace) -> int:
         name=f"sim-engine:{args.port}",
         behavior=behavior_from_args(args),
         kv=kv,
+        chunked_prefill_size=getattr(args, "chunked_prefill_size", DEFAULT_CHUNKED_PREFILL_SIZE),
+        enable_mixed_chunk=getattr(args, "enable_mixed_chunk", False),
     )
     faults = SimFaults(args.fail_after, args.fail_mode)
-    app = build_sim_app(engine, model_path=args.model_path, cumulative=args.cumulative, faults=faults)
+    app = build_sim_app(
+        engine, model_path=args.model_path, cumulative=args.cumulative, faults=faults, disagg=disagg
+    )
+    if disagg is not None:
+        try:
+            await disagg.start(args.host)
+        except OSError as exc:
+            print(f"deepseek-frontend sim-engine: bootstrap port: {exc}", file=sys.stderr)
+            return 1
     # a load test opens thousands of connections at once: grow the descriptor table before it does
     reserve_descriptor_table(SIM_DESCRIPTORS)
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
@@ -184,7 +291,11 @@ async def _serve(args: argparse.Namespace) -> int:
         print(f"sim-engine listening on http://{host}:{port}", flush=True)
         if kv is not None and kv.publisher is not None:
             print(f"sim-engine KV events on {kv.publisher.endpoint}", flush=True)
+        if disagg is not None and disagg.bootstrap is not None:
+            print(f"sim-engine bootstrap port {disagg.bootstrap.port}", flush=True)
     await serving
+    if disagg is not None:
+        await disagg.aclose()
     return 0 if server.started else 1
 
 

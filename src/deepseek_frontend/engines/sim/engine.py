@@ -47,6 +47,7 @@ from deepseek_frontend.engines.base import (
     WorkerCapabilities,
 )
 from deepseek_frontend.engines.sim.behavior import PRESETS, SIM_CONSTRAINT_KINDS, SimBehavior
+from deepseek_frontend.engines.sim.clock import StepClock
 from deepseek_frontend.engines.sim.kv import SimKvCache
 from deepseek_frontend.engines.sim.model import (
     USER_TURN,
@@ -90,6 +91,9 @@ IMAGE_TOKEN_ID = 129264
 PLAN_CACHE_SIZE = 512
 #: prompt heads (the text before the last user turn) whose reading is memoised
 HEAD_CACHE_SIZE = 256
+#: uncached tokens per prefill chunk: SGLang's default on an H100/H200-class GPU (4096 below 60 GB,
+#: 16384 from 160 GB; memory_hook.py)
+DEFAULT_CHUNKED_PREFILL_SIZE = 8192
 
 
 def _positions_from_end(data: bytes, token_id: int) -> Iterator[int]:
@@ -198,6 +202,12 @@ class SimStats:
     failed: int = 0
     running: int = 0
     aborted_ids: deque[str] = field(default_factory=lambda: deque(maxlen=1000))
+    #: prefill chunks run (of at most ``chunked_prefill_size`` uncached tokens each)
+    prefill_chunks: int = 0
+    #: of those, the chunks that ran while other streams were decoding (each held their steps)
+    prefill_chunks_holding_decode: int = 0
+    #: total time decode steps were held by prefill chunks, in seconds
+    decode_held_s: float = 0.0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -207,77 +217,10 @@ class SimStats:
             "failed": self.failed,
             "running": self.running,
             "aborted_ids": list(self.aborted_ids),
+            "prefill_chunks": self.prefill_chunks,
+            "prefill_chunks_holding_decode": self.prefill_chunks_holding_decode,
+            "decode_held_ms": round(self.decode_held_s * 1000, 3),
         }
-
-
-class _StepClock:
-    """One decode-step timer shared by all running streams of an engine.
-
-    A real engine decodes its whole batch in lockstep: every running request gets its next
-    chunk at the same step boundary, one step every ``period`` seconds. Waiting here instead of
-    ``asyncio.sleep(itl)`` per stream gives that cadence (a late loop does not stretch each
-    stream's interval: the next step is due one period after the previous one, or at once
-    when the loop is more than a period behind) and costs one timer per step, not one per
-    stream and token -- at 256 streams the per-stream timers were a large part of the sim's
-    CPU per token. A clock is bound to the event loop that last used it.
-
-    :meth:`steps` counts the step boundaries passed so far on the clock's grid of times -- also
-    those a late loop fired as one, and those that passed while no stream waited -- so a stream
-    knows how many steps of output are ready when it comes back late. After an idle spell (no
-    step for two periods) the grid restarts a full period after the next waiter arrives.
-    """
-
-    __slots__ = ("_handle", "_index", "_last", "_loop", "_period", "_waiters")
-
-    def __init__(self, period: float) -> None:
-        if period <= 0:
-            raise ValueError("a step clock needs a positive period")
-        self._period = period
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._handle: asyncio.TimerHandle | None = None
-        self._waiters: list[asyncio.Future[None]] = []
-        #: boundaries counted up to the grid time ``_last``
-        self._index = 0
-        self._last = 0.0
-
-    def _bound(self) -> asyncio.AbstractEventLoop:
-        loop = asyncio.get_running_loop()
-        if loop is not self._loop:
-            self._loop, self._handle, self._waiters, self._index = loop, None, [], 0
-            self._last = loop.time()
-        return loop
-
-    def steps(self) -> int:
-        """Step boundaries passed by now (monotonic; differences count the steps between two calls)."""
-        now = self._bound().time()
-        return self._index + max(0, int((now - self._last) / self._period))
-
-    def next_step(self) -> asyncio.Future[None]:
-        """A future resolved at the next step boundary."""
-        loop = self._bound()
-        waiter: asyncio.Future[None] = loop.create_future()
-        self._waiters.append(waiter)
-        if self._handle is None:
-            now = loop.time()
-            period = self._period
-            if now - self._last > 2 * period:
-                # idle for a while: count the steps that passed, then the next is a full period away
-                self._index = self.steps()
-                self._last = now
-            self._handle = loop.call_at(max(self._last + period, now), self._step)
-        return waiter
-
-    def _step(self) -> None:
-        self._handle = None
-        assert self._loop is not None
-        # a late loop fires several boundaries at once: all of them count
-        passed = max(1, int((self._loop.time() - self._last) / self._period))
-        self._index += passed
-        self._last += passed * self._period
-        waiters, self._waiters = self._waiters, []
-        for waiter in waiters:
-            if not waiter.done():  # a cancelled stream's waiter
-                waiter.set_result(None)
 
 
 class SimulatedEngine(EngineClient):
@@ -302,6 +245,8 @@ class SimulatedEngine(EngineClient):
         name: str = "sim",
         behavior: SimBehavior | None = None,
         kv: SimKvCache | None = None,
+        chunked_prefill_size: int = DEFAULT_CHUNKED_PREFILL_SIZE,
+        enable_mixed_chunk: bool = False,
     ) -> None:
         if tokens_per_chunk < 1:
             raise ValueError("tokens_per_chunk must be >= 1")
@@ -331,7 +276,13 @@ class SimulatedEngine(EngineClient):
         self._special_ids: dict[str, int | None] = {}
         #: the decode-step clock every running stream of this engine waits on between chunks (None
         #: at zero delay: each chunk only yields to the loop)
-        self._clock = _StepClock(self.itl_s) if self.itl_s > 0 else None
+        self._clock = StepClock(self.itl_s) if self.itl_s > 0 else None
+        #: uncached prompt tokens per prefill chunk (<= 0: one chunk per prompt, SGLang's -1)
+        self.chunked_prefill_size = chunked_prefill_size
+        #: one decode step rides on each prefill chunk (SGLang's --enable-mixed-chunk)
+        self.enable_mixed_chunk = enable_mixed_chunk
+        #: streams past their prefill, writing output (what a prefill chunk holds up)
+        self._decoding = 0
         self._capabilities: tuple[SimBehavior, WorkerCapabilities] | None = None
         self._running: set[str] = set()
         self._abort_requested: set[str] = set()
@@ -467,12 +418,18 @@ class SimulatedEngine(EngineClient):
     # ------------------------------------------------------------------ EngineClient
 
     async def generate(
-        self, request: GenerateRequest, prompt: SimPrompt | None = None
+        self,
+        request: GenerateRequest,
+        prompt: SimPrompt | None = None,
+        *,
+        transferred_cached: int | None = None,
     ) -> AsyncIterator[EngineChunk]:
         """Stream the planned output of ``request`` (see :class:`EngineClient`).
 
         ``prompt``: the request's ids as :class:`RecentPrompts` read them from a body (their packed
-        bytes and known page hashes); read here when not given.
+        bytes and known page hashes); read here when not given. ``transferred_cached``: the prompt's
+        KV came from a prefill worker (a decode role, engines/sim/disagg.py): nothing is prefilled
+        here, the first chunk is ready at once, and ``cached_tokens`` is the prefill's figure.
         """
         sampling = request.sampling
         behavior = self.behavior
@@ -503,7 +460,9 @@ class SimulatedEngine(EngineClient):
         # as SGLang reports it: every image placeholder expanded to the image's tokens
         prompt_tokens = len(request.input_ids) + image_tokens
         cached = 0
-        if self.kv is None:
+        if transferred_cached is not None:
+            cached = transferred_cached
+        elif self.kv is None:
             cached = self.prefix_cache.lookup_and_insert(request.input_ids, prompt=prompt)
         rid = request.request_id
         self.stats.started += 1
@@ -511,11 +470,16 @@ class SimulatedEngine(EngineClient):
         self._running.add(rid)
         done = False
         emitted = 0
+        decoding = False
         try:
-            if self.kv is not None:
-                cached = await self.kv.prefill(request.input_ids, self.ttft_s)
+            if transferred_cached is not None:
+                pass
+            elif self.kv is not None:
+                cached = await self.kv.prefill(request.input_ids, self.ttft_s, self._occupy)
             elif self.ttft_s:
                 await asyncio.sleep(self.ttft_s)
+            decoding = True
+            self._decoding += 1
             # (no delay: the first chunk is ready in this step, not one loop iteration later, where
             # it would wait behind every request that arrived in the same iteration)
             step = self.tokens_per_chunk
@@ -587,6 +551,8 @@ class SimulatedEngine(EngineClient):
                 else:
                     await asyncio.sleep(0)
         finally:
+            if decoding:
+                self._decoding -= 1
             self._running.discard(rid)
             self._abort_requested.discard(rid)
             self.stats.running -= 1
@@ -595,6 +561,25 @@ class SimulatedEngine(EngineClient):
             elif not done:
                 # closed early (client disconnect, cancellation): the engine drops the request
                 self._count_abort(rid)
+
+    async def _occupy(self, tokens: int, seconds_per_token: float) -> None:
+        """Run a prefill of ``tokens`` uncached tokens, chunk by chunk, on this worker.
+
+        Each chunk takes ``chunk x seconds_per_token`` and, while streams are decoding, holds their
+        decode steps for that long (a prefill batch runs instead of a decode step); chunks follow
+        one another without a decode step between them, as SGLang schedules a waiting prefill
+        first -- unless ``enable_mixed_chunk``, where each chunk carries one decode step.
+        """
+        size = self.chunked_prefill_size if self.chunked_prefill_size > 0 else max(tokens, 1)
+        clock, stats = self._clock, self.stats
+        for start in range(0, tokens, size):
+            seconds = min(size, tokens - start) * seconds_per_token
+            stats.prefill_chunks += 1
+            if clock is not None and self._decoding:
+                clock.hold(seconds, carries_step=self.enable_mixed_chunk)
+                stats.prefill_chunks_holding_decode += 1
+                stats.decode_held_s += seconds
+            await asyncio.sleep(seconds)
 
     def _read_images(
         self, request: GenerateRequest, data: bytes | None

@@ -11,9 +11,12 @@
   are evicted before their parents (a radix tree evicts leaves only).
 * **prefill cost**: time to first token is ``ttft_ms + U x uncached prompt tokens``, and
   prefills run one at a time per worker (prefill is compute-bound: a queue of long prefills
-  delays every first token behind it). Decoding is not slowed by concurrency.
+  delays every first token behind it).
 * **what SGLang caches**: the prompt's pages at prefill, the prompt plus the output at the end of
   a request (``cache_finished_req``).
+* **prefill interference**: the engine passes an ``occupy`` hook to :meth:`SimKvCache.prefill`
+  that runs the prefill chunk by chunk and holds the worker's decode steps meanwhile
+  (engines/sim/clock.py).
 
 :class:`KvEventPublisher` publishes each change as SGLang does with ``--kv-events-config``: a
 ZMQ PUB socket sending ``[topic, 8-byte big-endian sequence, msgpack [ts, events,
@@ -31,7 +34,7 @@ import json
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 import zmq
@@ -246,17 +249,30 @@ class SimKvCache:
         if self.publisher is not None:
             self.publisher.publish([AllBlocksCleared()])
 
-    async def prefill(self, ids: Sequence[int], base_ttft_s: float = 0.0) -> int:
+    async def prefill(
+        self,
+        ids: Sequence[int],
+        base_ttft_s: float = 0.0,
+        occupy: Callable[[int, float], Awaitable[None]] | None = None,
+    ) -> int:
         """Admit a prompt: wait for the worker's prefill slot, cache it, sleep its prefill time.
 
-        Returns the cached prompt tokens (what SGLang reports as ``cached_tokens``).
+        ``occupy(uncached_tokens, seconds_per_token)``: runs the compute part of the prefill instead
+        of one sleep (the engine runs it chunk by chunk, holding its decode steps); the fixed
+        ``base_ttft_s`` is waited first. Returns the cached prompt tokens (what SGLang reports as
+        ``cached_tokens``).
         """
         async with self._prefill_lock:
             cached = self.insert(ids)
             self.prompt_tokens += len(ids)
             self.cached_tokens += cached
-            delay = base_ttft_s + (len(ids) - cached) * self.prefill_s_per_token
-            await asyncio.sleep(delay)
+            uncached = len(ids) - cached
+            if occupy is None or not self.prefill_s_per_token:
+                await asyncio.sleep(base_ttft_s + uncached * self.prefill_s_per_token)
+            else:
+                if base_ttft_s:
+                    await asyncio.sleep(base_ttft_s)
+                await occupy(uncached, self.prefill_s_per_token)
         return cached
 
     def finished(self, ids: Sequence[int]) -> None:

@@ -13,6 +13,10 @@ a :class:`SimulatedEngine`, so the frontend's real SGLang client runs over real 
   prompts were read past a recent one's shared prefix, ``prompts_reused``, or whole) and
   ``POST /sim/fault`` ``{"fail_after": N|null, "fail_mode": ...}`` to change faults live.
 
+A prefill or decode role (``disagg``, engines/sim/pd_roles.py) answers ``/generate`` as SGLang's
+PD workers do; ``/server_info`` reports ``disaggregation_mode`` and ``disaggregation_bootstrap_port``
+(``"null"`` and 8998 on an aggregated worker, as SGLang does) and ``chunked_prefill_size``.
+
 Behaviour (:class:`~deepseek_frontend.engines.sim.behavior.SimBehavior`, default: the engine's own,
 else ``ideal``): what SGLang would refuse is refused the way SGLang does -- a grammar without a grammar
 backend as one abort chunk with ``status_code`` 400, an over-long request (context length with the
@@ -51,7 +55,9 @@ from deepseek_frontend.engines.base import (
     SamplingParams,
 )
 from deepseek_frontend.engines.sim.behavior import PRESETS, SimBehavior, SimRefusal
+from deepseek_frontend.engines.sim.disagg import DEFAULT_BOOTSTRAP_PORT
 from deepseek_frontend.engines.sim.engine import INPUT_IDS_ERROR, SimulatedEngine
+from deepseek_frontend.engines.sim.pd_roles import PdLeg, SimDisagg
 from deepseek_frontend.engines.sim.prompts import RecentPrompts, SimPrompt
 from deepseek_frontend.errors import EngineError, EngineUnavailableError, RequestError
 
@@ -300,10 +306,12 @@ def build_sim_app(
     cumulative: bool = False,
     faults: SimFaults | None = None,
     behavior: SimBehavior | None = None,
+    disagg: SimDisagg | None = None,
 ) -> Starlette:
     """The Starlette app serving ``engine`` over SGLang's protocol (see module docstring).
 
     ``behavior``: what the worker refuses and reports (default: ``engine.behavior``, else ``ideal``).
+    ``disagg``: a prefill or decode role (engines/sim/pd_roles.py); None for an aggregated worker.
     """
     faults = faults or SimFaults()
     behavior = behavior or getattr(engine, "behavior", None) or PRESETS["ideal"]
@@ -352,6 +360,8 @@ def build_sim_app(
         ):
             return _bad_request("image_data must be a list of data: URLs or base64 strings")
         gen_request = GenerateRequest(rid, ids, sampling, images=tuple(images or ()))
+        if disagg is not None:
+            return await disagg.generate(body, gen_request, _pd_leg(rid, prompt, sampling.logprobs))
         # the engine's own fault setting is off; faults are applied here, per mode
         fail_after, fail_mode = faults.fail_after, faults.fail_mode
         stream = engine.generate(gen_request, prompt)
@@ -372,6 +382,24 @@ def build_sim_app(
         if engine.itl_s == 0:
             return _SseResponse(_batched(events, ZERO_DELAY_BATCH))
         return _SseResponse(events)
+
+    def _pd_leg(rid: str, prompt: SimPrompt | None, logprobs: bool) -> PdLeg:
+        """The aggregated answer's parts, for a PD role to run after (decode) or around (prefill) it."""
+        fail_after, fail_mode = faults.fail_after, faults.fail_mode
+
+        def open_stream(request: GenerateRequest, transferred: int | None) -> AsyncIterator[EngineChunk]:
+            return engine.generate(request, prompt, transferred_cached=transferred)
+
+        async def respond(first: EngineChunk, stream: AsyncIterator[EngineChunk]) -> Response:
+            return await _non_streaming(rid, first, stream, fail_after)
+
+        def events(first: EngineChunk, stream: AsyncIterator[EngineChunk]) -> AsyncGenerator[bytes, None]:
+            return _sse(rid, first, stream, fail_after, fail_mode, logprobs)
+
+        def sse(body: AsyncGenerator[bytes, None]) -> Response:
+            return _SseResponse(_batched(body, ZERO_DELAY_BATCH) if engine.itl_s == 0 else body)
+
+        return PdLeg(open_stream, respond, events, sse)
 
     async def _non_streaming(
         rid: str, first: EngineChunk | None, stream: AsyncIterator[EngineChunk], fail_after: int | None
@@ -461,6 +489,8 @@ def build_sim_app(
         rid = body.get("rid") if isinstance(body, dict) else None
         if isinstance(rid, str):
             await engine.abort(rid)
+            if disagg is not None:
+                await disagg.abort(rid)  # a leg still fetching or holding its room
         return Response(status_code=200)
 
     async def health(_: Request) -> Response:
@@ -482,6 +512,13 @@ def build_sim_app(
         info["internal_states"] = [{"num_reqs": engine.stats.running}]
         if getattr(engine, "kv", None) is not None:
             info.update(engine.kv.server_info())  # page_size, kv_events_config (engines/sim/kv.py)
+        info["chunked_prefill_size"] = getattr(engine, "chunked_prefill_size", None)
+        info["enable_mixed_chunk"] = getattr(engine, "enable_mixed_chunk", False)
+        # SGLang's PD keys: "null" and the default port on an aggregated worker
+        info["disaggregation_mode"] = "null"
+        info["disaggregation_bootstrap_port"] = DEFAULT_BOOTSTRAP_PORT
+        if disagg is not None:
+            info.update(disagg.server_info())
         return JSONResponse(info)
 
     async def load(_: Request) -> Response:
@@ -490,7 +527,9 @@ def build_sim_app(
     async def stats(_: Request) -> Response:
         kv = getattr(engine, "kv", None)
         memo = {"prompts_reused": prompts.reused, "prompts_read_whole": prompts.read_whole}
-        return JSONResponse({**engine.stats.as_dict(), **memo, **(kv.stats() if kv is not None else {})})
+        cache = kv.stats() if kv is not None else {}
+        pd = disagg.stats() if disagg is not None else {}
+        return JSONResponse({**engine.stats.as_dict(), **memo, **cache, **pd})
 
     async def set_fault(request: Request) -> Response:
         try:

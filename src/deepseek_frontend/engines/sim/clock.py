@@ -1,0 +1,110 @@
+"""The simulated engine's decode-step clock, and what a prefill does to it.
+
+A real engine decodes its whole running batch in lockstep, one step at a time, and runs a
+prefill batch *instead of* a decode step: SGLang's scheduler picks a new prefill batch first
+whenever one is ready (``get_next_batch_to_run``: "Run prefill first if possible"), so while a
+prompt's chunks are being prefilled no running stream gets a token. :class:`StepClock` models
+that: :meth:`StepClock.hold` makes the worker busy for a prefill chunk's time, and every step
+boundary that would have fallen inside it moves past it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+__all__ = ["StepClock"]
+
+
+class StepClock:
+    """One decode-step timer shared by all running streams of an engine.
+
+    A real engine decodes its whole batch in lockstep: every running request gets its next
+    chunk at the same step boundary, one step every ``period`` seconds. Waiting here instead of
+    ``asyncio.sleep(itl)`` per stream gives that cadence (a late loop does not stretch each
+    stream's interval: the next step is due one period after the previous one, or at once
+    when the loop is more than a period behind) and costs one timer per step, not one per
+    stream and token -- at 256 streams the per-stream timers were a large part of the sim's
+    CPU per token. A clock is bound to the event loop that last used it.
+
+    :meth:`steps` counts the step boundaries passed so far on the clock's grid of times -- also
+    those a late loop fired as one, and those that passed while no stream waited -- so a stream
+    knows how many steps of output are ready when it comes back late. After an idle spell (no
+    step for two periods) the grid restarts a full period after the next waiter arrives.
+
+    :meth:`hold` occupies the worker with something else (a prefill chunk): no boundary passes
+    until it ends, and the grid restarts from its end.
+    """
+
+    __slots__ = ("_handle", "_index", "_last", "_loop", "_period", "_waiters")
+
+    def __init__(self, period: float) -> None:
+        if period <= 0:
+            raise ValueError("a step clock needs a positive period")
+        self._period = period
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: asyncio.TimerHandle | None = None
+        self._waiters: list[asyncio.Future[None]] = []
+        #: boundaries counted up to the grid time ``_last``
+        self._index = 0
+        self._last = 0.0
+
+    @property
+    def period(self) -> float:
+        return self._period
+
+    def _bound(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop, self._handle, self._waiters, self._index = loop, None, [], 0
+            self._last = loop.time()
+        return loop
+
+    def steps(self) -> int:
+        """Step boundaries passed by now (monotonic; differences count the steps between two calls)."""
+        now = self._bound().time()
+        return self._index + max(0, int((now - self._last) / self._period))
+
+    def next_step(self) -> asyncio.Future[None]:
+        """A future resolved at the next step boundary."""
+        loop = self._bound()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(waiter)
+        if self._handle is None:
+            now = loop.time()
+            period = self._period
+            if now - self._last > 2 * period:
+                # idle for a while: count the steps that passed, then the next is a full period away
+                self._index = self.steps()
+                self._last = now
+            self._handle = loop.call_at(max(self._last + period, now), self._step)
+        return waiter
+
+    def hold(self, seconds: float, *, carries_step: bool = False) -> None:
+        """The worker is busy for ``seconds`` from now (a prefill chunk): no step boundary passes
+        before it ends. ``carries_step``: one decode step rides on the busy time and completes at
+        its end (SGLang's ``--enable-mixed-chunk`` puts the running batch into each prefill chunk);
+        otherwise the next step completes a full period after it.
+
+        The step in progress when the hold begins is lost, as when a prefill batch is scheduled
+        ahead of the decode batch.
+        """
+        loop = self._bound()
+        now = loop.time()
+        self._index = self.steps()
+        end = now + max(seconds, 0.0)
+        self._last = end - self._period if carries_step else end
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = loop.call_at(max(self._last + self._period, now), self._step)
+
+    def _step(self) -> None:
+        self._handle = None
+        assert self._loop is not None
+        # a late loop fires several boundaries at once: all of them count
+        passed = max(1, int((self._loop.time() - self._last) / self._period))
+        self._index += passed
+        self._last += passed * self._period
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            if not waiter.done():  # a cancelled stream's waiter
+                waiter.set_result(None)
