@@ -308,3 +308,28 @@ def test_a_decode_leg_whose_prompt_is_not_the_rooms_fails_the_kv_check(
     pre, dec = asyncio.run(scenario())
     assert dec.status_code == 500 and dec.json()["message"].endswith("KV checksum mismatch")
     assert pre.status_code == 500 and pre.json()["message"].endswith("Aborted by AbortReq.")
+
+
+def test_dp_rank_hints_are_checked_against_the_one_rank_a_sim_has(
+    aggregated: Server, prefill: Server, decode: Server
+) -> None:
+    ids = prompt_ids("Hello")
+    fine = httpx.post(aggregated.url + "/generate", json=body_for(ids, routed_dp_rank=0), timeout=30)
+    assert fine.status_code == 200, "rank 0 of one is ignored"
+    wrong = httpx.post(aggregated.url + "/generate", json=body_for(ids, routed_dp_rank=1), timeout=30)
+    assert (wrong.status_code, wrong.json()) == (
+        400,
+        {"error": {"message": "routed_dp_rank=1 out of range [0, 1)"}},
+    )
+    # the decode leg's hint names the prefill worker's rank holding the room: a rank it lacks fails
+    body = body_for(ids, rid="rank-1", stream=True, disagg_prefill_dp_rank=1, **trio(prefill, 4001))
+    (event,) = events(httpx.post(decode.url + "/generate", json=body, timeout=30).text)
+    assert event["meta_info"]["finish_reason"]["message"] == (
+        "Decode handshake failed for request rank=0 decode_req.req.rid='rank-1' "
+        "decode_req.req.bootstrap_room=4001 with exception KVTransferError(bootstrap_room=4001): "
+        "Could not fetch bootstrap info for: prefill_dp_rank: 1 prefill_cp_rank: 0 target_tp_rank: 0 "
+        "and target_pp_rank 0"
+    )
+    ok = body_for(ids, disagg_prefill_dp_rank=0, routed_dp_rank=0, **trio(prefill, 4002))
+    pre, dec = asyncio.run(both_legs(prefill, decode, ok))
+    assert pre.status_code == dec.status_code == 200

@@ -8,6 +8,9 @@
     prompts.py   a /generate body's ids parsed, packed and page-hashed once per shared prefix
     behavior.py  what real engines refuse and report, per preset
     kv.py        the KV cache model and its events; resume.py: continuing its own output
+    clock.py     the decode-step clock, held by prefill chunks (prefill interference)
+    disagg.py    PD rooms: a prefill worker's bootstrap port, a decode worker's KV fetch
+    pd_roles.py  /generate on a prefill or decode worker, as SGLang's PD mode answers it
     command.py   ``deepseek-frontend sim-engine``
 """
 

@@ -15,9 +15,9 @@ frontend sees follows SGLang 0.5.23's PD mode (the facts are listed in docs/rout
   ``transfer_bandwidth_mbps`` -- so the transfer's time grows with the prompt.
 
 The wire (ours): each message is a 4-byte big-endian length and a JSON object. The decode side
-sends ``{"room", "rid"}``; the prefill side answers, once the room is ready, ``{"ok": true,
+sends ``{"room", "rid", "prefill_dp_rank"}``; the prefill side answers, once the room is ready, ``{"ok": true,
 "tokens", "bytes", "cached_tokens", "first_token"}`` followed by ``bytes`` raw bytes (the prompt's
-ids as 4-byte little-endian ints, then zeros), or ``{"ok": false, "reason"}``; the decode side
+ids as 4-byte little-endian ints, then zeros), or ``{"ok": false, "reason", "stage"?}``; the decode side
 then sends ``{"ok": true}`` (received) or ``{"abort": reason}`` (it gave up: the room fails).
 """
 
@@ -277,6 +277,15 @@ class BootstrapServer:
         try:
             ask = await _receive(reader)
             room = int(ask["room"])
+            rank = ask.get("prefill_dp_rank")
+            if rank not in (None, 0):
+                # one DP rank here: SGLang's bootstrap server has no route for another
+                reason = (
+                    f"Could not fetch bootstrap info for: prefill_dp_rank: {rank} prefill_cp_rank: 0 "
+                    "target_tp_rank: 0 and target_pp_rank 0"
+                )
+                await _send(writer, {"ok": False, "reason": reason, "stage": "handshake"})
+                return
             entry = await self._wait_for_room(room, reader)
             if entry is None:
                 return
@@ -362,19 +371,22 @@ async def fetch_kv(
     rid: str,
     ids: Sequence[int],
     settings: DisaggSettings,
+    prefill_dp_rank: int | None = None,
 ) -> KvArrival:
     """Receive ``room``'s KV from the prefill worker at ``host:port`` (see the module docstring).
 
     Raises :class:`KvTransferError`: "handshake" when the bootstrap port cannot be reached within
     ``handshake_timeout_s``; "transfer" when the room does not arrive within ``waiting_timeout_s``
-    of connecting, the prefill worker reports it failed, or its KV is not this prompt's. Cancelling
+    of connecting, the prefill worker reports it failed, or its KV is not this prompt's;
+    ``prefill_dp_rank`` (the request's ``disagg_prefill_dp_rank``) names the prefill worker's DP rank
+    holding the room, and a rank it does not have fails the handshake. Cancelling
     the call (an ``/abort_request``) tells the prefill worker the room is given up.
     """
     reader, writer = await _connect(host, port, room, settings.handshake_timeout_s)
     started = time.monotonic()
     received = False
     try:
-        await _send(writer, {"room": room, "rid": rid})
+        await _send(writer, {"room": room, "rid": rid, "prefill_dp_rank": prefill_dp_rank})
         try:
             header = await asyncio.wait_for(_receive(reader), settings.waiting_timeout_s)
         except TimeoutError:
@@ -384,7 +396,8 @@ async def fetch_kv(
             ) from None
         if header.get("ok") is not True:
             received = True  # the prefill side failed the room itself: nothing to tell it
-            raise KvTransferError(room, str(header.get("reason") or ABORTED))
+            stage = "handshake" if header.get("stage") == "handshake" else "transfer"
+            raise KvTransferError(room, str(header.get("reason") or ABORTED), stage)
         nbytes = int(header["bytes"])
         begun = time.monotonic()
         payload = await reader.readexactly(nbytes)

@@ -68,6 +68,10 @@ class PdLeg:
     sse: Callable[[AsyncGenerator[bytes, None]], Response]
 
 
+#: where a decode leg's KV is: (bootstrap_room, bootstrap_host, bootstrap_port, disagg_prefill_dp_rank)
+_Source = tuple[int, str | None, int | None, int | None]
+
+
 @dataclass(frozen=True, slots=True)
 class _Abort:
     message: str
@@ -166,6 +170,9 @@ class SimDisagg:
         rid, stream = request.request_id, bool(body.get("stream", False))
         try:
             room, host, port = _room_fields(body)
+            rank = body.get("disagg_prefill_dp_rank")
+            if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int)):
+                raise ValueError("disagg_prefill_dp_rank must be an integer")
         except ValueError as exc:
             return JSONResponse({"error": {"message": str(exc)}}, status_code=400)
         if room is None:
@@ -176,7 +183,7 @@ class SimDisagg:
             return _abort_response(abort)
         if self.bootstrap is not None:
             return await self._prefill(request, room, stream, leg)
-        return await self._decode(request, room, host, port, stream, leg)
+        return await self._decode(request, (room, host, port, rank), stream, leg)
 
     # ------------------------------------------------------------------ prefill
 
@@ -239,18 +246,10 @@ class SimDisagg:
 
     # ------------------------------------------------------------------ decode
 
-    async def _decode(
-        self,
-        request: GenerateRequest,
-        room: int,
-        host: str | None,
-        port: int | None,
-        stream: bool,
-        leg: PdLeg,
-    ) -> Response:
+    async def _decode(self, request: GenerateRequest, source: _Source, stream: bool, leg: PdLeg) -> Response:
         if stream:
-            return leg.sse(self._decode_events(request, room, host, port, leg))
-        outcome = await self._fetch(request, room, host, port)
+            return leg.sse(self._decode_events(request, source, leg))
+        outcome = await self._fetch(request, source)
         if isinstance(outcome, _Abort):
             return _abort_response(outcome)
         chunks = leg.open(request, outcome)
@@ -261,9 +260,9 @@ class SimDisagg:
         return await leg.respond(first, chunks)
 
     async def _decode_events(
-        self, request: GenerateRequest, room: int, host: str | None, port: int | None, leg: PdLeg
+        self, request: GenerateRequest, source: _Source, leg: PdLeg
     ) -> AsyncGenerator[bytes, None]:
-        outcome = await self._fetch(request, room, host, port)
+        outcome = await self._fetch(request, source)
         if isinstance(outcome, _Abort):
             for event in _abort_event(request.request_id, outcome, len(request.input_ids)):
                 yield event
@@ -283,13 +282,13 @@ class SimDisagg:
         finally:
             await events.aclose()
 
-    async def _fetch(
-        self, request: GenerateRequest, room: int, host: str | None, port: int | None
-    ) -> int | _Abort:
+    async def _fetch(self, request: GenerateRequest, source: _Source) -> int | _Abort:
         """The room's KV received (the prefill's cached tokens) or the abort SGLang's decode sends."""
         rid = request.request_id
+        room, host, port, rank = source
         started = time.monotonic()
-        task = asyncio.ensure_future(fetch_kv(host, port, room, rid, request.input_ids, self.settings))
+        fetch = fetch_kv(host, port, room, rid, request.input_ids, self.settings, rank)
+        task = asyncio.ensure_future(fetch)
         self._fetches[rid] = task
         try:
             arrival = await task

@@ -205,6 +205,17 @@ def _refusal_events(rid: str, refusal: SimRefusal, prompt_tokens: int) -> list[b
     return [b"data: " + event + b"\n\n", b"data: [DONE]\n\n"]
 
 
+def _dp_rank_refusal(body: dict[str, Any]) -> SimRefusal | None:
+    """SGLang's tokenizer-manager check of ``routed_dp_rank`` (or its deprecated alias
+    ``data_parallel_rank``) on a worker with one DP rank: 0 is ignored, anything else refused."""
+    rank = body.get("routed_dp_rank")
+    if rank is None:
+        rank = body.get("data_parallel_rank")
+    if rank is None or rank == 0 or not isinstance(rank, int):
+        return None
+    return SimRefusal("error", f"routed_dp_rank={rank} out of range [0, 1)")
+
+
 def _sampling_from(body: dict[str, Any]) -> SamplingParams:
     """SGLang ``sampling_params`` -> :class:`SamplingParams` (raises RequestError)."""
     params = body.get("sampling_params") or {}
@@ -343,7 +354,7 @@ def build_sim_app(
         except (RequestError, ValueError, TypeError) as exc:
             return _bad_request(str(exc))
         rid = str(body.get("rid") or uuid.uuid4().hex)
-        refusal = behavior.refusal(len(ids), sampling)
+        refusal = _dp_rank_refusal(body) or behavior.refusal(len(ids), sampling)
         if refusal is not None:
             if not body.get("stream", False):
                 return JSONResponse({"error": {"message": refusal.message}}, status_code=refusal.status_code)
