@@ -1,21 +1,24 @@
 """``serve --workers N``: several frontend processes on one port, one supervisor (api/processes.py).
 
 End to end over real HTTP: the processes share the port and both answer requests, ``/metrics``
-from any of them covers all of them, and the supervisor stops them all on SIGTERM (exit 0) or
-when one of them dies (exit 1).
+from any of them covers all of them, the supervisor stops them all on SIGTERM (exit 0), and a
+process that dies is forked again (backing off while it keeps dying) while the port keeps accepting.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
+import shutil
 import signal
 from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from deepseek_frontend.api.processes import merge_expositions
+from deepseek_frontend.api.processes import RESTART_MAX_S, merge_expositions, restart_delay
+from deepseek_frontend.tokenization import bundled_tokenizer_path
 from tests.support.servers import Server, start_frontend
 from tests.support.waiting import wait_until
 
@@ -93,14 +96,83 @@ def test_two_processes_share_the_port_report_all_metrics_and_stop_cleanly() -> N
         server.stop()
 
 
-def test_a_dying_process_stops_the_group_with_an_error_status() -> None:
+def _restarts(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    for family in text_string_to_metric_families(text):
+        if family.name == "deepseek_frontend_process_restarts":
+            return {s.labels["worker"]: s.value for s in family.samples if s.name.endswith("_total")}
+    raise AssertionError("no deepseek_frontend_process_restarts in /metrics")
+
+
+def _accept_queued(url: str) -> int:
+    """Connections waiting in the accept queues of the sockets listening on ``url``'s port (Linux)."""
+    port = int(url.rsplit(":", 1)[1])
+    queued = 0
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # LISTEN on the port
+            queued += int(fields[4].split(":")[1], 16)  # rx_queue of a listener: its accept queue
+    return queued
+
+
+def test_a_killed_process_is_restarted_and_the_port_never_stops_accepting() -> None:
     server = start_frontend("--workers", "2")
     try:
+        victim, survivor = _children(server.proc.pid)
+        assert _restarts(server.url) == {"0": 0, "1": 0}
+        # Stop the victim so the connections the kernel gives it wait in its accept queue, then kill
+        # it: those connections must be served by its replacement, not reset with the dead process.
+        os.kill(victim, signal.SIGSTOP)
+        with concurrent.futures.ThreadPoolExecutor(24) as pool:
+            queued = [pool.submit(_chat, server.url, i) for i in range(24)]
+            wait_until(
+                lambda: _accept_queued(server.url) >= 2,
+                "connections wait in the stopped process's accept queue",
+                timeout=30,
+            )
+            os.kill(victim, signal.SIGKILL)
+            wait_until(lambda: victim not in _children(server.proc.pid), "the supervisor saw the death")
+            # new connections meanwhile: none refused, none reset, all answered
+            after = [pool.submit(_chat, server.url, 100 + i) for i in range(24)]
+            for future in queued + after:
+                assert future.result(timeout=60)
         children = _children(server.proc.pid)
-        os.kill(children[0], signal.SIGKILL)
-        assert server.proc.wait(timeout=60) == 1, server.log()
-        assert not _alive(children[1])
-        assert "exited with" in server.log()
+        assert survivor in children and len(children) == 2, server.log()
+        assert sum(_restarts(server.url).values()) == 1
+        assert server.proc.poll() is None  # the supervisor stays up
+        assert "restarting it in 0.5 s" in server.log()
+        assert _stop(server) == 0, server.log()
+        assert not any(_alive(pid) for pid in children)
+    finally:
+        server.stop()
+
+
+def test_a_process_that_dies_at_start_is_restarted_with_a_growing_bounded_delay(tmp_path: Path) -> None:
+    model = tmp_path / "deepseek-v4-flash"
+    model.mkdir()
+    shutil.copy(bundled_tokenizer_path(), model / "tokenizer.json")
+    server = start_frontend("--workers", "2", "--model-path", str(model))
+    try:
+        victim, survivor = _children(server.proc.pid)
+        (model / "tokenizer.json").write_text("{", encoding="utf-8")  # a replacement cannot start now
+        os.kill(victim, signal.SIGKILL)
+        delays: list[float] = []
+
+        def three_more_deaths() -> bool:
+            delays[:] = [float(d) for d in re.findall(r"restarting it in ([0-9.]+) s", server.log())]
+            return len(delays) >= 4
+
+        wait_until(three_more_deaths, "the replacement died at start three times", timeout=90, interval=0.2)
+        # each quick death doubles the wait before the next fork, up to the cap: no busy loop
+        assert delays[:4] == [0.5, 1.0, 2.0, 4.0], server.log()
+        assert all(d <= RESTART_MAX_S for d in delays)
+        assert [restart_delay(n) for n in (1, 2, 3, 8, 60)] == [0.5, 1.0, 2.0, RESTART_MAX_S, RESTART_MAX_S]
+        # meanwhile the other process serves every request, and the restarts are counted
+        for i in range(8):
+            assert _chat(server.url, i)
+        assert sum(_restarts(server.url).values()) >= 3
+        assert survivor in _children(server.proc.pid)
+        assert server.proc.poll() is None
     finally:
         server.stop()
 

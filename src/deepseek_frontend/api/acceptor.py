@@ -142,10 +142,13 @@ class FrontendServer(uvicorn.Server):
     public ones start accepting once the application has started, and stop first at shutdown.
     """
 
-    def __init__(self, config: uvicorn.Config, public: list[socket.socket]) -> None:
+    def __init__(self, config: uvicorn.Config, public: list[socket.socket], slot: Any = None) -> None:
         super().__init__(config)
         self.public = public
+        #: ``serve --workers N``'s ProcessSlot: this process also accepts on a dead sibling's socket
+        self.slot = slot
         self.acceptors: list[BulkAcceptor] = []
+        self._standby: asyncio.Task[None] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets=sockets if sockets is not None else [])
@@ -165,8 +168,19 @@ class FrontendServer(uvicorn.Server):
             except NotImplementedError:  # a loop without add_reader (Windows' proactor): uvicorn's way
                 server = await loop.create_server(make_protocol, sock=sock, backlog=self.config.backlog)
                 self.servers.append(server)
+        if self.slot is not None and self.acceptors:
+
+            def adopt(sock: socket.socket) -> Callable[[], None]:
+                acceptor = BulkAcceptor(loop, sock, make_protocol).start()
+                self.acceptors.append(acceptor)
+                return acceptor.close
+
+            self.slot.mark_accepting()
+            self._standby = loop.create_task(self.slot.watch_siblings(adopt))
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._standby is not None:
+            self._standby.cancel()
         for acceptor in self.acceptors:
             acceptor.close()
         await super().shutdown(sockets=sockets)

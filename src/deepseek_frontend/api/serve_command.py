@@ -150,9 +150,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="other workers to try when one fails before the first token (default: 2)",
     )
 
-    from deepseek_frontend.routing.options import add_routing_arguments
+    from deepseek_frontend.routing.options import add_pd_arguments, add_routing_arguments
 
     add_routing_arguments(parser)
+    add_pd_arguments(parser)
 
     sim = parser.add_argument_group("built-in simulated engine (no --worker)")
     sim.add_argument("--sim-ttft-ms", type=float, default=0.0, help="simulated time to first token")
@@ -485,7 +486,7 @@ def run(args: argparse.Namespace) -> int:
     )
     listening = slot.listening if slot is not None and slot.listening is not None else sock
     # the public socket is accepted by the frontend itself, up to 64 connections per wake-up
-    server = FrontendServer(uv_config, public=[listening])
+    server = FrontendServer(uv_config, public=[listening], slot=slot)
     log.info(
         "listening on http://%s:%d model=%s family=%s engine=%s workers=%s",
         config.host,
@@ -493,7 +494,12 @@ def run(args: argparse.Namespace) -> int:
         config.served_model_name,
         config.family,
         config.engine,
-        ",".join(config.workers) or "-",
+        ",".join(config.workers)
+        or (
+            f"prefill={','.join(config.prefill_workers)} decode={','.join(config.decode_workers)}"
+            if config.prefill_workers
+            else "-"
+        ),
     )
     try:
         # applies loop="auto" (uvloop when installed); a forked process also serves its private socket
