@@ -109,3 +109,67 @@ def test_the_answer_rules_read_the_last_turn_whatever_its_case(turn: str, answer
         assert text.endswith(": Tell me about the frontend.")
     else:
         assert text == answer
+
+
+# --------------------------------------------------------------------------- tool search rules
+
+
+def _tool_search_prompt(family: str, n: int) -> str:
+    """The rendered prompt of the tool-search conversation of tests/api_anthropic (first ``n``
+    messages), its tool results alone in their user turns (no text after them: on V3.2 user
+    text after a result opens a new user turn, and the model reads that turn instead)."""
+    from tests.api_anthropic.test_tool_search import convert, render, turn
+
+    messages = turn(n)
+    for m in messages[2:]:
+        if m["role"] == "user":
+            m["content"] = [b for b in m["content"] if b["type"] == "tool_result"]
+    profile = {"deepseek_v4": "preview", "deepseek_v41": "release", "deepseek_v32": ""}[family]
+    return render(family, profile, convert(messages), thinking=False)
+
+
+@pytest.mark.parametrize("family", ["deepseek_v4", "deepseek_v41", "deepseek_v32"])
+def test_a_tool_search_for_an_undeclared_tool_word_then_a_call_to_the_loaded_tool(family: str) -> None:
+    from deepseek_frontend.engines.sim import model
+
+    first = read_prompt(_tool_search_prompt(family, 1))
+    assert [name for name, _ in first.tools] == ["ToolSearch"]  # get_weather is deferred
+    call = model.plan_output(first, seed=0)[-1].text
+    assert 'name="ToolSearch"' in call and ">select:get_weather<" in call
+
+    loaded = read_prompt(_tool_search_prompt(family, 3))
+    assert loaded.loaded_tools == ("get_weather",)
+    assert "get_weather" in dict(loaded.tools)
+    call = model.plan_output(loaded, seed=0)[-1].text
+    assert call.count("invoke name=") == 1 and 'name="get_weather"' in call
+
+    answered = read_prompt(_tool_search_prompt(family, 5))
+    assert answered.loaded_tools == () and "get_weather" in dict(answered.tools)  # now in the head
+    assert model.plan_output(answered, seed=0)[-1].text.startswith("Based on the tool result: Sunny")
+
+
+@pytest.mark.parametrize(
+    ("name", "is_search"),
+    [
+        ("ToolSearch", True),
+        ("tool_search", True),
+        ("tool-search", True),
+        ("search_tools", False),
+        ("Search", False),
+    ],
+)
+def test_which_tool_names_are_a_tool_search(name: str, is_search: bool) -> None:
+    from deepseek_frontend.engines.sim.model import _is_search_tool
+
+    assert _is_search_tool(name) is is_search
+
+
+def test_no_search_without_a_search_tool_or_without_a_tool_word() -> None:
+    from deepseek_frontend.engines.sim import model
+
+    # the default tools have no search tool: a tool-like word gets the usual answer
+    view = read_prompt(render_prompt("Tell me about TaskList", tools=TOOLS))
+    assert "DSML" not in model.plan_output(view, seed=0)[-1].text
+    search = {"type": "function", "function": {"name": "ToolSearch", "parameters": {"type": "object"}}}
+    view = read_prompt(render_prompt("Tell me about lists", tools=[search]))
+    assert "DSML" not in model.plan_output(view, seed=0)[-1].text

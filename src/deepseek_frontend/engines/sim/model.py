@@ -33,7 +33,8 @@ Rules (documented in the README; tests rely on them):
   (``get_weather``) -- that names no declared tool: its first required string argument (the
   query) is ``select:<word>``, the other arguments come from its schema.
 * **Tool results.** A ``<tool_result>`` / ``<function_results>`` after the last user turn
-  means a tool already answered: reply in text that quotes the result.
+  means a tool already answered: reply in text that quotes the newest results (those after
+  the turn's last assistant message).
 * **Text answers.** "Reply with exactly: X" -> ``X`` (to the end of the line);
   "write N words" -> N words; otherwise an echo of the turn's first words.
 * **Seeds** rotate the opener wording and enum picks; the same seed gives the same output.
@@ -68,6 +69,7 @@ USER_TURN = "<｜User｜>"
 _ASSISTANT = "<｜Assistant｜>"
 _DSML = "｜DSML｜"
 _THINK_END = "</think>"
+_EOS = "<｜end▁of▁sentence｜>"
 
 _OPENERS = ("You said: ", "Echo: ", "Noted: ", "Here is what I read: ")
 _WORDS = [
@@ -191,14 +193,19 @@ def read_last_turn(head: PromptHead, turn: str | None, whole: str = "") -> Promp
     tools = head.tools
     loaded: tuple[str, ...] = ()
     if "<tool_result>" in tail or "<function_results>" in tail:
+        # The newest results: those after the turn's last assistant message (V3.2 keeps a loop's
+        # results in the user turn that started it, each block after the call it answers).
+        cut = tail.rfind(_EOS)
+        results = _RESULT.findall(tail if cut < 0 else tail[cut:])
         # parallel calls come back as several results: quote them all, in order
-        results = _RESULT.findall(tail)
         result = "; ".join(r.strip() for r in results)
-        # schemas a result carries are tools it loaded (Anthropic tool_reference, docs/apis.md)
-        new = [t for r in results if '{"name"' in r for t in _schema_lines(r)]
+        # schemas a result carries are tools it loaded (Anthropic tool_reference, docs/apis.md):
+        # declared from then on; the newest results' are the ones just loaded
+        earlier = _RESULT.findall(tail[:cut]) if cut >= 0 else []
+        new = [t for r in (*earlier, *results) if '{"name"' in r for t in _schema_lines(r)]
         if new:
             tools = [*tools, *new]
-            loaded = tuple(name for name, _ in new)
+            loaded = tuple(name for r in results if '{"name"' in r for name, _ in _schema_lines(r))
     open_block = ending.endswith(_OPEN_BLOCKS)
     return PromptView(
         tools,
