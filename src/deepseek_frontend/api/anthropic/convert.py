@@ -165,8 +165,9 @@ def _text_of_blocks(
         if block_type != "text":
             if block_type in ("image", "document"):
                 raise _unsupported_block(block_type, bparam)
+            allowed = "text" if references is None else "text and tool_reference"
             raise RequestError(
-                f"{bparam}: {what} takes only text blocks, got {block_type!r}", param=f"{bparam}.type"
+                f"{bparam}: {what} takes only {allowed} blocks, got {block_type!r}", param=f"{bparam}.type"
             )
         texts.append(check_string(block.get("text"), f"{bparam}.text"))
     return "\n\n".join(texts)
