@@ -10,7 +10,14 @@ from deepseek_frontend.errors import EngineStreamError, NoHealthyWorkerError
 from deepseek_frontend.tokenization import PromptTokenizer
 from tests.support.scripted import MODEL, scripted_client, scripted_stream
 
-BODY = {"model": MODEL, "max_tokens": 50, "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+BODY = {
+    "model": MODEL,
+    "max_tokens": 50,
+    "stream": True,
+    # thinking shown: the scripted reasoning opens a content block before the failure
+    "thinking": {"type": "enabled", "budget_tokens": 1024},
+    "messages": [{"role": "user", "content": "hi"}],
+}
 
 
 def test_failure_before_the_first_token_is_an_overloaded_error_status(

@@ -26,9 +26,12 @@ def blocks(message: Any, kind: str) -> list[Any]:
     return [b for b in message.content if b.type == kind]
 
 
-def test_plain_text_answer_with_thinking_by_default(client: anthropic.Anthropic) -> None:
+def test_plain_text_answer_with_thinking_enabled(client: anthropic.Anthropic) -> None:
     message = client.messages.create(
-        model=MODEL, max_tokens=200, messages=[{"role": "user", "content": "Reply with exactly: hello there"}]
+        model=MODEL,
+        max_tokens=200,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        messages=[{"role": "user", "content": "Reply with exactly: hello there"}],
     )
     assert [b.type for b in message.content] == ["thinking", "text"]
     thinking, text = message.content
@@ -112,6 +115,7 @@ def test_stream_event_order_follows_the_messages_protocol(client: anthropic.Anth
         model=MODEL,
         max_tokens=400,
         tools=[WEATHER],
+        thinking={"type": "adaptive"},
         messages=[{"role": "user", "content": "Check the weather in Paris and Tokyo, both please."}],
     )
     kinds = [e.type for e in events]
@@ -165,6 +169,7 @@ def test_streamed_text_answer_reassembles_with_thinking_signature(client: anthro
     with client.messages.stream(
         model=MODEL,
         max_tokens=200,
+        thinking={"type": "enabled", "budget_tokens": 1024},
         messages=[{"role": "user", "content": "Reply with exactly: streamed words"}],
     ) as stream:
         message = stream.get_final_message()

@@ -139,6 +139,16 @@ MESSAGES_AGREE: dict[str, dict[str, Any]] = {
         "thinking": {"type": "disabled"},
         "messages": [ASK, CALLS, {"role": "user", "content": [RESULT_1, RESULT_2]}],
     },
+    # a client that never saw the reasoning (no `thinking` field) replays the turn without it;
+    # with ids the server does not know, the turn renders with an empty reasoning, as here
+    "tool round trip without thinking blocks": {
+        "tools": [WEATHER],
+        "messages": [
+            ASK,
+            {"role": "assistant", "content": CALLS["content"][1:]},
+            {"role": "user", "content": [RESULT_1, RESULT_2]},
+        ],
+    },
     "tool results out of call order": {
         "tools": [WEATHER],
         "messages": [ASK, CALLS, {"role": "user", "content": [RESULT_2, RESULT_1]}],

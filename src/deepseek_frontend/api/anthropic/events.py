@@ -37,6 +37,8 @@ from ..event_stream import EventEncoder, Section, SSEEvent
 if TYPE_CHECKING:
     from deepseek_frontend.pipeline.chat import StreamEnd
 
+    from .hidden_thinking import HiddenReasoning
+
 __all__ = [
     "MessageAccumulator",
     "MessagesStreamEncoder",
@@ -146,6 +148,11 @@ class MessagesStreamEncoder(EventEncoder):
     then :meth:`finish` (or :meth:`end_stream`) once. Calls after ``finish`` raise
     ``RuntimeError``. Tool-call ``index`` values are the parser's; the encoder
     assigns content-block indexes and ``toolu_`` ids itself.
+
+    With ``show_thinking=False`` (a request without ``thinking`` enabled, as Anthropic's
+    API answers it) reasoning produces no events at all; the usage still counts its
+    tokens, and an answer that calls tools leaves its reasoning in ``hidden_reasoning``
+    under the calls' ids, so the replayed turn renders as the model generated it.
     """
 
     def __init__(
@@ -155,8 +162,16 @@ class MessagesStreamEncoder(EventEncoder):
         input_tokens: int,
         cache_read_input_tokens: int = 0,
         message_id: str | None = None,
+        show_thinking: bool = True,
+        hidden_reasoning: HiddenReasoning | None = None,
     ) -> None:
         super().__init__()
+        #: False: reasoning opens no block and sends no delta (the request did not enable thinking)
+        self.show_thinking = show_thinking
+        #: where the reasoning of a hidden-thinking answer that calls tools is kept for the next turn
+        self._store = hidden_reasoning
+        #: reasoning text withheld from the client (when ``show_thinking`` is off)
+        self._hidden: list[str] = []
         self.message_id = message_id or new_message_id()
         self.model = model
         self.input_tokens = input_tokens
@@ -221,6 +236,8 @@ class MessagesStreamEncoder(EventEncoder):
         self._check_open()
         out = self._close()
         self._finished = True
+        if self._store is not None and self._hidden and self.tool_ids:
+            self._store.remember(self.tool_ids.values(), "".join(self._hidden))
         out.append(
             (
                 "message_delta",
@@ -261,6 +278,14 @@ class MessagesStreamEncoder(EventEncoder):
         return [("error", anthropic_error_body(err))]
 
     # -- sections: content blocks ---------------------------------------------------------
+
+    def reasoning(self, text: str) -> list[SSEEvent]:
+        """A piece of reasoning: a thinking block's delta, or withheld when thinking is not shown."""
+        if self.show_thinking:
+            return super().reasoning(text)
+        self._check_open()
+        self._hidden.append(text)
+        return []
 
     def _start_section(self, kind: Literal["reasoning", "text"]) -> list[SSEEvent]:
         return [self._open_block(dict(_EMPTY_BLOCKS[kind]))]

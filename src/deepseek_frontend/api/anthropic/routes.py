@@ -11,6 +11,12 @@ are Anthropic's shape -- ``{"type": "error", "error": {"type": ..., "message": .
 -- via :data:`ERROR_RENDERERS`; a failure after the stream started is an
 ``event: error`` with the same body. ``anthropic-version`` and ``anthropic-beta``
 headers are accepted and not interpreted.
+
+Thinking blocks are returned only when the request enables thinking (``thinking.type``
+``enabled`` / ``adaptive``), as Anthropic's API does; without a ``thinking`` field the
+model still thinks per ``--default-thinking`` and the reasoning is withheld (its tokens are
+in ``output_tokens``). The withheld reasoning of a tool-calling answer is restored into
+the replayed turn (:mod:`.hidden_thinking`), so the tool loop renders as it was generated.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from ..errors import ErrorBodyRenderer
 from ..http import RequestTracker, api_route, get_state, read_json
 from .convert import convert_messages_request
 from .events import MessagesStreamEncoder, accumulate_message, anthropic_error_body
+from .hidden_thinking import HIDDEN_REASONING
 
 __all__ = ["ERROR_RENDERERS", "ROUTES", "count_tokens", "create_message"]
 
@@ -35,12 +42,22 @@ __all__ = ["ERROR_RENDERERS", "ROUTES", "count_tokens", "create_message"]
 async def create_message(request: Request, tracker: RequestTracker) -> Response:
     """``POST /v1/messages`` (streaming with ``"stream": true``, else one JSON message)."""
     body = await read_json(request, get_state(request).config.max_body_bytes)
+    converted = convert_messages_request(
+        body, read_images=family_reads_images(get_state(request).config.family)
+    )
+    HIDDEN_REASONING.restore(converted.messages)
+    # Anthropic's semantics: thinking blocks only when the request enables thinking. Without a
+    # `thinking` field the model still runs in the server's default mode; its reasoning is withheld.
+    show_thinking = converted.thinking is True
     return await respond_with_events(
         request,
         tracker,
-        convert_messages_request(body, read_images=family_reads_images(get_state(request).config.family)),
+        converted,
         lambda req, prepared: MessagesStreamEncoder(
-            model=req.response_model, input_tokens=prepared.prompt_tokens
+            model=req.response_model,
+            input_tokens=prepared.prompt_tokens,
+            show_thinking=show_thinking,
+            hidden_reasoning=HIDDEN_REASONING,
         ),
         lambda _encoder, events: accumulate_message(events),
     )
@@ -58,6 +75,7 @@ async def count_tokens(request: Request, tracker: RequestTracker) -> Response:
     converted = convert_messages_request(
         body, require_max_tokens=False, read_images=family_reads_images(state.config.family)
     )
+    HIDDEN_REASONING.restore(converted.messages)
     req = to_chat_request(converted, state.config, tracker.request_id)
     # images are resolved (read, limited) as for /v1/messages: their token counts are part of the answer
     await resolve_request_images(state, req.messages)
