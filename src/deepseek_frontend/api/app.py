@@ -132,6 +132,10 @@ def build_backend(config: ServerConfig, tokenizer: Any) -> _Backend:
     from deepseek_frontend.engines.pool import from_urls
     from deepseek_frontend.routing import Router, RouterConfig
 
+    if config.prefill_workers:
+        from deepseek_frontend.routing.pd import build_disaggregated
+
+        return _Backend(build_disaggregated(config, stream_limits(config, tokenizer)), config.engine)
     pool = from_urls(
         config.engine,
         config.workers,
@@ -292,7 +296,7 @@ def _worker_json(status: Any) -> dict[str, Any]:
 
 
 #: WorkerStatus.extra entries /health shows per worker
-_WORKER_EXTRA_KEYS = frozenset({"requests", "failures", "capabilities"})
+_WORKER_EXTRA_KEYS = frozenset({"requests", "failures", "capabilities", "role"})
 
 
 def _presents_key(request: Request, api_key: str | None) -> bool:
@@ -452,6 +456,10 @@ def create_app(
         from deepseek_frontend.routing.metrics import RoutingCollector
 
         metrics.registry.register(RoutingCollector(router))
+    if hasattr(back.target, "pd_stats"):
+        from deepseek_frontend.routing.pd_metrics import PdCollector
+
+        metrics.registry.register(PdCollector(back.target))
     pipeline = ChatPipeline(config, tok, back, metrics)
     state = FrontendState(config=config, pipeline=pipeline, tokenizer=tok, metrics=metrics, backend=back)
     state.extra["started_at"] = int(time.time())

@@ -138,6 +138,14 @@ class ServerConfig:
     router: RouterConfig | None = None
     #: times a response broken mid-stream continues on another worker (``--migration-limit``)
     migration_limit: int = 0
+    #: prefill and decode workers (``--prefill-worker`` / ``--decode-worker``): when set, the model
+    #: is served disaggregated (routing/pd.py) and ``workers`` is empty
+    prefill_workers: tuple[str, ...] = ()
+    decode_workers: tuple[str, ...] = ()
+    #: seconds from the prefill leg's end to the decode's first token (``--pd-transfer-timeout``; None: none)
+    pd_transfer_timeout: float | None = 60.0
+    #: bootstrap port sent for every prefill worker (``--disaggregation-bootstrap-port``; None: its own)
+    disaggregation_bootstrap_port: int | None = None
     sim_ttft_ms: float = 0.0
     sim_itl_ms: float = 0.0
     sim_tokens_per_chunk: int = 1
@@ -215,13 +223,30 @@ class ServerConfig:
             context_length = FAMILY_CONTEXT_LENGTH.get(family, DEFAULT_CONTEXT_LENGTH)
 
         workers = tuple(w.rstrip("/") for w in args.worker)
-        engine = args.engine or ("sglang" if workers else "sim")
+        prefill_workers = tuple(w.rstrip("/") for w in getattr(args, "prefill_worker", None) or ())
+        decode_workers = tuple(w.rstrip("/") for w in getattr(args, "decode_worker", None) or ())
+        if prefill_workers or decode_workers:
+            if not (prefill_workers and decode_workers):
+                raise ValueError(
+                    "prefill/decode disaggregation needs both --prefill-worker and --decode-worker URLs"
+                )
+            if workers:
+                raise ValueError(
+                    "--worker (aggregated workers) cannot be combined with --prefill-worker / "
+                    "--decode-worker: a model is served either aggregated or disaggregated"
+                )
+            if args.engine == "sim":
+                raise ValueError(
+                    "--engine sim takes no --prefill-worker / --decode-worker; run `deepseek-frontend "
+                    "sim-engine --disaggregation-mode prefill|decode` servers and pass --engine sglang"
+                )
+        engine = args.engine or ("sglang" if workers or prefill_workers else "sim")
         if engine == "sim" and workers:
             raise ValueError(
                 "--engine sim runs the simulated engine in-process and takes no --worker; "
                 "to use a `deepseek-frontend sim-engine` server pass --engine sglang --worker URL"
             )
-        if engine != "sim" and not workers:
+        if engine != "sim" and not workers and not prefill_workers:
             raise ValueError(f"--engine {engine} needs at least one --worker URL")
         if (
             family == "deepseek_v41"
@@ -267,6 +292,10 @@ class ServerConfig:
             max_retries=args.max_retries,
             router=router_config_from_args(args),
             migration_limit=getattr(args, "migration_limit", 0),
+            prefill_workers=prefill_workers,
+            decode_workers=decode_workers,
+            pd_transfer_timeout=getattr(args, "pd_transfer_timeout", 60.0) or None,
+            disaggregation_bootstrap_port=getattr(args, "disaggregation_bootstrap_port", None),
             sim_ttft_ms=args.sim_ttft_ms,
             sim_itl_ms=args.sim_itl_ms,
             sim_tokens_per_chunk=args.sim_tokens_per_chunk,

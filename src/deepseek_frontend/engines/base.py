@@ -18,9 +18,9 @@ do that in ``finally``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 EngineFinishReason = Literal["stop", "length", "abort"]
 ConstraintKind = Literal["ebnf", "json_schema", "regex", "structural_tag"]
@@ -65,6 +65,10 @@ class GenerateRequest:
     #: order. The worker expands each placeholder itself (SGLang ``image_data``, vLLM
     #: ``content_parts``); the frontend never pre-expands.
     images: tuple[str, ...] = ()
+    #: top-level body fields the engine client adds as they are: the prefill/decode orchestrator's
+    #: (SGLang ``bootstrap_host`` / ``bootstrap_port`` / ``bootstrap_room`` and DP rank hints, vLLM
+    #: ``kv_transfer_params``; routing/pd.py). None for an ordinary request.
+    extra_fields: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -57,7 +57,7 @@ import logging
 import socket
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
@@ -360,6 +360,27 @@ class WorkerPool:
     @property
     def in_flight(self) -> int:
         return sum(w.in_flight for w in self._workers)
+
+    def choose_url(self, request: GenerateRequest, avoid: Collection[str] = ()) -> str | None:
+        """The worker the router would give ``request`` now, among admitted ones not in ``avoid``
+        (None: none); nothing is started. The prefill/decode orchestrator (routing/pd.py) picks
+        each leg's worker with this, then runs the leg there with :meth:`generate_on`."""
+        constraint = request.sampling.constraint
+        tried = {id(w) for w in self._workers if w.url in avoid}
+        worker = self._pick(tried, constraint.kind if constraint is not None else None, request)
+        return None if worker is None else worker.url
+
+    def generate_on(self, url: str, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
+        """Stream ``request`` on worker ``url`` alone, with the pool's limits, deadlines, output checks
+        and health accounting; a failure before the first chunk raises (no other worker is tried)."""
+        return self._generate_once(request, frozenset(w.url for w in self._workers if w.url != url))
+
+    def client_of(self, url: str) -> tuple[EngineClient, WorkerCapabilities | None] | None:
+        """Worker ``url``'s client and what discovery learned about it (None: no such worker)."""
+        for w in self._workers:
+            if w.url == url:
+                return w.client, w.capabilities
+        return None
 
     def add_client(self, client: EngineClient) -> None:
         """Admit a new worker (discovery uses this)."""

@@ -94,6 +94,8 @@ _EXTRA_FIELDS = (
     "kv_events_config",
     "kv_events",
     "dp_size",  # routing: one KV event publisher per data-parallel rank
+    "disaggregation_mode",  # "null", "prefill" or "decode": PD serving checks each worker's role
+    "disaggregation_bootstrap_port",  # where a prefill worker's bootstrap server listens
     "speculative_algorithm",
     "speculative_num_steps",
     "speculative_eagle_topk",
@@ -313,6 +315,9 @@ class SGLangClient(HTTPEngineClient):
         if request.images:
             # one data: URL per image placeholder id of input_ids, in order; SGLang expands them
             body["image_data"] = list(request.images)
+        if request.extra_fields:
+            # prefill/decode legs: the bootstrap trio and DP rank hints (routing/pd.py)
+            body.update(request.extra_fields)
         return body
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]:

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -60,6 +61,7 @@ from deepseek_frontend.engines._http import (
     StreamProgress,
     StreamSession,
     drain_events,
+    is_client_status,
     open_event_stream,
     read_chunks,
     sampling_fields,
@@ -73,7 +75,11 @@ from deepseek_frontend.engines.base import (
     TokenLogprob,
     WorkerCapabilities,
 )
-from deepseek_frontend.errors import UnsupportedFeatureError
+from deepseek_frontend.errors import (
+    EngineRejectedRequestError,
+    EngineUnavailableError,
+    UnsupportedFeatureError,
+)
 
 __all__ = [
     "COMPLETIONS_PATH",
@@ -278,6 +284,8 @@ class VLLMClient(HTTPEngineClient):
         structured = self._structured_outputs(s)
         if structured is not None:
             body["structured_outputs"] = structured
+        if request.extra_fields:
+            body.update(request.extra_fields)  # a decode leg's kv_transfer_params (routing/pd.py)
         return body
 
     def generate_body(self, request: GenerateRequest) -> dict[str, Any]:
@@ -309,6 +317,8 @@ class VLLMClient(HTTPEngineClient):
             # vLLM's raw multimodal input (GenerateRequest.content_parts): it resolves the media and
             # expands the one placeholder id per image itself
             body["content_parts"] = [{"type": "image_url", "url": url} for url in request.images]
+        if request.extra_fields:
+            body.update(request.extra_fields)  # a decode leg's kv_transfer_params (routing/pd.py)
         return body
 
     # ------------------------------------------------------------------ generation
@@ -408,6 +418,52 @@ class VLLMClient(HTTPEngineClient):
             # /v1/completions has no abort endpoint: closing its stream is the abort
             if running and not finished and not completions:
                 await self._abort_unfinished(engine_id, consumer_left=consumer_left)
+
+    async def remote_prefill(self, request: GenerateRequest) -> dict[str, Any]:
+        """The prefill leg of vLLM's disaggregated flow (NixlConnector and kin); the answer's
+        ``kv_transfer_params``, which the decode leg must carry verbatim.
+
+        ``request`` (its ``extra_fields`` holding ``kv_transfer_params`` with ``do_remote_decode``
+        true) goes out unstreamed with ``max_tokens`` 1, on the endpoint :meth:`generate` would use.
+        Failures follow the client contract: a refusal (4xx) is ``EngineRejectedRequestError``,
+        anything else (no connection, 5xx, an answer without ``kv_transfer_params``)
+        ``EngineUnavailableError``.
+        """
+        await self._ensure_protocol()
+        one = dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, max_new_tokens=1))
+        if self.uses_completions(one):
+            path, body = COMPLETIONS_PATH, self.request_body(one)
+            body.pop("stream_options", None)
+        else:
+            path, body = GENERATE_PATH, self.generate_body(one)
+            body.pop("stream_options", None)
+        body["stream"] = False
+        try:
+            response = await self._http.post(
+                self.base_url + path,
+                content=orjson.dumps(body),
+                headers={"content-type": "application/json"},
+                timeout=None,  # a long prompt's prefill takes minutes; the orchestrator bounds it
+            )
+        except httpx.HTTPError as exc:
+            raise EngineUnavailableError(f"{self.name}: prefill request failed: {exc!r}") from exc
+        if is_client_status(response.status_code):
+            raise EngineRejectedRequestError(
+                f"the engine rejected the request: {response.text[:500]}", status_code=response.status_code
+            )
+        if response.status_code != 200:
+            raise EngineUnavailableError(f"{self.name}: prefill answered HTTP {response.status_code}")
+        try:
+            answer = orjson.loads(response.content)
+        except orjson.JSONDecodeError as exc:
+            raise EngineUnavailableError(f"{self.name}: prefill answer is not JSON") from exc
+        params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+        if not isinstance(params, dict) or not params:
+            raise EngineUnavailableError(
+                f"{self.name}: the prefill answer carries no kv_transfer_params "
+                "(is the worker started with a KV connector, --kv-transfer-config?)"
+            )
+        return params
 
     async def _send_abort(self, engine_id: str) -> None:
         """``/inference/v1/abort_requests`` for the id vLLM runs the request under."""

@@ -6,7 +6,7 @@ import argparse
 
 from deepseek_frontend.routing.router import ROUTER_MODES, RouterConfig
 
-__all__ = ["DEFAULT_MIGRATION_LIMIT", "add_routing_arguments", "router_config_from_args"]
+__all__ = ["DEFAULT_MIGRATION_LIMIT", "add_pd_arguments", "add_routing_arguments", "router_config_from_args"]
 
 #: times one request may move to another worker after its stream broke
 DEFAULT_MIGRATION_LIMIT = 3
@@ -112,4 +112,43 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
         session_tolerance=getattr(args, "session_tolerance", defaults.session_tolerance),
         approx_ttl_s=getattr(args, "kv_approx_ttl", defaults.approx_ttl_s),
         kv_event_endpoints=endpoints,
+    )
+
+
+def add_pd_arguments(parser: argparse.ArgumentParser) -> None:
+    """Register the prefill/decode disaggregation flags on ``parser`` (routing/pd.py)."""
+    from deepseek_frontend.routing.pd import TRANSFER_TIMEOUT_S
+
+    group = parser.add_argument_group("prefill/decode disaggregation (docs/routing.md)")
+    group.add_argument(
+        "--prefill-worker",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a prefill worker (SGLang --disaggregation-mode prefill, or a vLLM KV producer); "
+        "dns+http:// as for --worker; repeatable. With --decode-worker, instead of --worker",
+    )
+    group.add_argument(
+        "--decode-worker",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a decode worker (SGLang --disaggregation-mode decode, or a vLLM KV consumer); repeatable",
+    )
+    group.add_argument(
+        "--pd-transfer-timeout",
+        type=float,
+        default=TRANSFER_TIMEOUT_S,
+        metavar="SECONDS",
+        help="seconds a decode worker may take to its first token once the prefill leg has ended "
+        f"(the KV transfer); then both legs are aborted and the client gets a 504 "
+        f"(0: no limit; default {TRANSFER_TIMEOUT_S:g})",
+    )
+    group.add_argument(
+        "--disaggregation-bootstrap-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="the bootstrap port sent to decode workers for every prefill worker (default: the port "
+        "each prefill worker reports as disaggregation_bootstrap_port in /server_info, else 8998)",
     )

@@ -280,12 +280,15 @@ class Router:
 
     def _choose(self, candidates: Sequence[WorkerView], request: GenerateRequest) -> WorkerView:
         self._last = None
-        self._rr += 1
         if len(candidates) == 1:
+            # no rotation step: a leg pinned to its worker (PD pairs) must not skew the rotation
             chosen, reason = candidates[0], "single-candidate"
             if self.kv_aware:
                 self._score(candidates, request)  # keeps the ticket's prediction honest
-        elif self.mode == "round-robin":
+            self.decisions[reason] += 1
+            return chosen
+        self._rr += 1
+        if self.mode == "round-robin":
             chosen, reason = candidates[self._rr % len(candidates)], "round-robin"
         elif self.mode == "least-outstanding":
             chosen, reason = self._least_outstanding(candidates), "least-outstanding"
@@ -368,6 +371,27 @@ class Router:
         if session is not None:
             self._stick(session, chosen.url)
         return chosen, "kv-overlap" if overlaps[chosen.url] > 0 else "kv-load"
+
+    def best_rank(self, url: str, request: GenerateRequest) -> int | None:
+        """The data-parallel rank of worker ``url`` caching most of ``request``'s prompt, or None.
+
+        None unless the worker publishes KV events per DP rank (more than one source) and some rank
+        holds at least one leading block: the worker's own DP balancing then stays in charge. The
+        prefill/decode orchestrator sends the rank as SGLang's ``routed_dp_rank`` hint.
+        """
+        keys = self._sources.get(url)
+        if not keys or len(keys) < 2 or not self.kv_aware:
+            return None
+        if self._hasher is None:
+            self._hasher = PrefixHashCache(self.page_size)
+        hashes = self._hasher.hashes(request.input_ids)
+        now = self._clock()
+        best, rank = 0, None
+        for key in keys:
+            held = self.index.overlap(key, hashes, now)
+            if held > best:
+                best, rank = held, key[1]
+        return rank
 
     # ------------------------------------------------------------------ request lifecycle
 

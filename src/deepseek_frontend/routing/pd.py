@@ -1,0 +1,704 @@
+"""Prefill/decode disaggregation: one request, two workers (``--prefill-worker``, ``--decode-worker``).
+
+:class:`DisaggregatedPool` looks like one engine to the pipeline (``generate``, ``abort``,
+``statuses``, ...) and runs two :class:`~deepseek_frontend.engines.pool.WorkerPool` s, one per role,
+each with its own :class:`~deepseek_frontend.routing.router.Router` (so ``--router-mode`` and
+session affinity apply to each role). Per request it picks a pair -- the prefill worker by the
+prefill router (KV overlap from the prefill workers' events, plus load), the decode worker by the
+decode router (load, plus overlap where decode workers publish a cache) -- and runs the two legs:
+
+* **SGLang** (its gateway's ``pd_router`` flow): a random ``bootstrap_room`` (0..2**63-1, drawn
+  with :mod:`secrets` and never one drawn recently, :class:`Rooms`), ``bootstrap_host`` = the
+  prefill worker's host, ``bootstrap_port`` = its ``/server_info`` ``disaggregation_bootstrap_port``
+  (:data:`DEFAULT_BOOTSTRAP_PORT` when it does not say; ``--disaggregation-bootstrap-port``
+  overrides it). The same ``/generate`` body, token ids included, goes to both legs at once. With
+  data-parallel attention the router's best rank on the prefill worker goes out as
+  ``routed_dp_rank`` on the prefill leg and ``disagg_prefill_dp_rank`` on both legs (SGLang then
+  neither asks the prefill's bootstrap server for the rank nor applies its
+  ``follow_bootstrap_room`` check, ``room % dp_size``); the decode router's rank, if any, is the
+  decode leg's ``routed_dp_rank``.
+* **vLLM** (NixlConnector's sequential flow): the prefill leg is a non-streamed request with
+  ``max_tokens`` 1 and ``kv_transfer_params`` ``{"do_remote_decode": true, "do_remote_prefill":
+  false, "remote_engine_id": null, "remote_block_ids": null, "remote_host": null, "remote_port":
+  null}``; its answer's ``kv_transfer_params`` go verbatim into the decode request.
+
+The client's stream is the decode leg's. The prefill leg's answer is read to the end and checked
+(a finish that is not an abort); a bad answer after the decode's first token is logged and counted.
+
+Faults (no leg outlives the client's request: every exit path closes both):
+
+* prefill leg fails before the decode's first token -> the decode leg is aborted (SGLang
+  ``/abort_request`` with its rid, by closing its stream) and the pair retried once, on other
+  workers where there are any, with a new room and rid;
+* decode leg fails before its first token -> the prefill leg is aborted, the pair retried once;
+  after the first token -> the prefill leg is aborted and the error propagates to migration
+  (routing/migration.py) as for aggregated workers: a new pair continues the stream;
+* no first token within ``transfer_timeout_s`` of the prefill leg's end (``--pd-transfer-timeout``)
+  -> both legs aborted, :class:`~deepseek_frontend.errors.EngineTimeoutError` (504, the APIs'
+  worker-fault shape);
+* a refusal (4xx) by either leg is the client's error: both legs aborted, no retry;
+* the client leaves -> both legs aborted.
+
+Each request ends with one log line (logger ``deepseek_frontend.routing.pd``) naming both workers,
+the room, the outcome and the transfer time; :class:`PdStats` feeds ``routing/pd_metrics.py``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import secrets
+from bisect import bisect_left
+from collections import Counter, deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from deepseek_frontend.engines.base import (
+    ConstraintKind,
+    EngineChunk,
+    GenerateRequest,
+    WorkerCapabilities,
+    WorkerStatus,
+)
+from deepseek_frontend.engines.pool import WorkerPool
+from deepseek_frontend.errors import (
+    EngineError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+    FrontendError,
+    NoHealthyWorkerError,
+    RequestError,
+)
+
+__all__ = [
+    "DEFAULT_BOOTSTRAP_PORT",
+    "TRANSFER_TIMEOUT_S",
+    "DisaggregatedPool",
+    "PdConfig",
+    "PdStats",
+    "RoleMismatchError",
+    "Rooms",
+    "build_disaggregated",
+]
+
+logger = logging.getLogger("deepseek_frontend.routing.pd")
+
+#: SGLang's default ``--disaggregation-bootstrap-port``
+DEFAULT_BOOTSTRAP_PORT = 8998
+#: bootstrap rooms are drawn from ``0 .. ROOM_LIMIT - 1`` (SGLang keeps them in an int64 buffer)
+ROOM_LIMIT = 1 << 63
+#: rooms remembered so that none is drawn twice (a bounded cache; a repeat of a random 63-bit number
+#: beyond it is as likely as a hardware fault)
+RECENT_ROOMS = 1 << 16
+#: default seconds from the prefill leg's end to the decode's first token (``--pd-transfer-timeout``)
+TRANSFER_TIMEOUT_S = 60.0
+#: pairs one request may try before its first token (the first and one retry)
+PAIR_ATTEMPTS = 2
+#: seconds a finished decode waits for a prefill answer still on its way before that leg is aborted
+PREFILL_GRACE_S = 1.0
+#: histogram bounds (seconds) of the time from the prefill's end to the decode's first token
+TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+Role = Literal["prefill", "decode"]
+#: how a PD request ended (the ``outcome`` label of ``pd_requests_total``)
+OUTCOMES = (
+    "ok",
+    "client_gone",
+    "rejected",
+    "prefill_failed",
+    "decode_failed",
+    "transfer_timeout",
+    "no_worker",
+    "error",
+)
+
+
+class RoleMismatchError(ValueError):
+    """A worker given as ``--prefill-worker`` / ``--decode-worker`` reports another role."""
+
+
+class Rooms:
+    """Draws bootstrap rooms: uniform in ``0 .. 2**63-1`` (:mod:`secrets`), never one of the last
+    ``remember`` drawn."""
+
+    __slots__ = ("_order", "_seen")
+
+    def __init__(self, remember: int = RECENT_ROOMS) -> None:
+        self._order: deque[int] = deque(maxlen=remember)
+        self._seen: set[int] = set()
+
+    def draw(self) -> int:
+        room = secrets.randbelow(ROOM_LIMIT)
+        while room in self._seen:
+            room = secrets.randbelow(ROOM_LIMIT)
+        order = self._order
+        if len(order) == order.maxlen:
+            self._seen.discard(order[0])
+        order.append(room)
+        self._seen.add(room)
+        return room
+
+
+@dataclass(frozen=True, slots=True)
+class PdConfig:
+    """``engine``: the workers' protocol; ``transfer_timeout_s`` (None: unbounded) and
+    ``bootstrap_port`` (None: each prefill worker's own) as described in the module docstring."""
+
+    engine: Literal["sglang", "vllm"] = "sglang"
+    transfer_timeout_s: float | None = TRANSFER_TIMEOUT_S
+    bootstrap_port: int | None = None
+
+
+@dataclass(slots=True)
+class PdStats:
+    """Counters read at scrape time (routing/pd_metrics.py); updated on the event loop only."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    #: prefill legs that failed (SGLang: the bootstrap handshake, the prefill or its KV send)
+    bootstrap_failures: int = 0
+    #: decode legs that failed before their first token, or waited past the transfer timeout
+    transfer_failures: int = 0
+    #: pairs retried on other workers before the first token
+    retries: int = 0
+    #: prefill answers that were bad after the decode had started (logged, the client unaffected)
+    late_prefill_failures: int = 0
+    transfer_counts: list[int] = field(default_factory=lambda: [0] * (len(TRANSFER_BUCKETS) + 1))
+    transfer_sum: float = 0.0
+
+    def observe_transfer(self, seconds: float) -> None:
+        self.transfer_counts[bisect_left(TRANSFER_BUCKETS, seconds)] += 1
+        self.transfer_sum += seconds
+
+
+class _LegFailed(Exception):
+    """A leg failed before the decode's first token in a way another pair may not repeat."""
+
+    def __init__(self, role: Role, message: str) -> None:
+        super().__init__(message)
+        self.role = role
+        self.message = message
+
+
+@dataclass(slots=True)
+class _Trace:
+    """What the request's log line says."""
+
+    rid: str
+    prefill: str = "-"
+    decode: str = "-"
+    room: int | None = None
+    attempts: int = 0
+    outcome: str = "error"
+    transfer_s: float | None = None
+    detail: str = ""
+
+
+class DisaggregatedPool:
+    """Prefill and decode pools behind one engine interface (see module docstring)."""
+
+    def __init__(
+        self,
+        prefill: WorkerPool,
+        decode: WorkerPool,
+        config: PdConfig | None = None,
+        *,
+        migration_limit: int = 0,
+    ) -> None:
+        self.prefill = prefill
+        self.decode = decode
+        self.config = config or PdConfig()
+        self.migration_limit = max(0, migration_limit)
+        self.rooms = Rooms()
+        self.stats = PdStats()
+        #: background aborts of legs stopped before their first token (aclose waits for them)
+        self._aborts: set[asyncio.Task[None]] = set()
+        #: the prefill router: the app installs session middleware and exports routing metrics from it
+        self.router = prefill.router
+        self.name = "pd"
+
+    def __repr__(self) -> str:
+        return f"DisaggregatedPool(prefill={self.prefill!r}, decode={self.decode!r})"
+
+    # ------------------------------------------------------------------ engine interface
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
+        """Stream ``request`` from a prefill/decode pair; a stream broken after its first token
+        continues on a new pair up to ``migration_limit`` times (not for constrained requests)."""
+        if self.migration_limit and request.sampling.constraint is None:
+            from deepseek_frontend.routing.migration import migrating_stream
+
+            return migrating_stream(
+                self._pair_stream, request, self.migration_limit, on_migrate=self._migrated
+            )
+        return self._pair_stream(request)
+
+    def _migrated(self, url: str, tokens: int) -> None:
+        if self.router is not None:
+            self.router.migrations += 1
+
+    async def abort(self, request_id: str) -> None:
+        await asyncio.gather(self.prefill.abort(request_id), self.decode.abort(request_id))
+
+    async def check_health(self) -> bool:
+        """Ready when both roles have an admitted worker."""
+        return self.prefill.healthy_count > 0 and self.decode.healthy_count > 0
+
+    @property
+    def healthy_count(self) -> int:
+        return min(self.prefill.healthy_count, self.decode.healthy_count)
+
+    def statuses(self) -> list[WorkerStatus]:
+        """Both roles' workers; each status's ``extra["role"]`` says which."""
+        out = []
+        for role, pool in (("prefill", self.prefill), ("decode", self.decode)):
+            for status in pool.statuses():
+                status.extra["role"] = role
+                out.append(status)
+        return out
+
+    def supports_constraint(self, kind: ConstraintKind) -> bool:
+        # SGLang's prefill samples the first token under the grammar too: both roles must enforce it
+        return self.prefill.supports_constraint(kind) and self.decode.supports_constraint(kind)
+
+    def capabilities(self) -> WorkerCapabilities | None:
+        """The decode workers' combined capabilities, with the constraint kinds both roles enforce
+        and the smaller context length."""
+        dec, pre = self.decode.capabilities(), self.prefill.capabilities()
+        if dec is None or pre is None:
+            return dec or pre
+        contexts = [c for c in (dec.context_length, pre.context_length) if c]
+        return dataclasses.replace(
+            dec,
+            constraint_kinds=dec.constraint_kinds & pre.constraint_kinds,
+            context_length=min(contexts) if contexts else None,
+        )
+
+    async def discover(self) -> WorkerCapabilities | None:
+        await asyncio.gather(self.prefill.discover(), self.decode.discover())
+        return self.capabilities()
+
+    async def start(self) -> None:
+        """Start both pools, then check every worker's role (:class:`RoleMismatchError` on a mismatch)."""
+        await asyncio.gather(self.prefill.start(), self.decode.start())
+        self.check_roles()
+
+    def check_roles(self) -> None:
+        """Compare each worker's reported ``disaggregation_mode`` with the flag that named it.
+
+        A worker that reports another role (``null`` included) is a :class:`RoleMismatchError`; one
+        that reports nothing (unreachable, or vLLM, which has no such field) is only logged.
+        """
+        problems = []
+        for role, pool in (("prefill", self.prefill), ("decode", self.decode)):
+            for status in pool.statuses():
+                found = pool.client_of(status.url)
+                caps = found[1] if found is not None else None
+                mode = caps.extra.get("disaggregation_mode") if caps is not None else None
+                if mode is None:
+                    if self.config.engine == "sglang":
+                        logger.warning(
+                            "%s worker %s did not report its disaggregation_mode; its role is unchecked",
+                            role,
+                            status.url,
+                        )
+                elif mode != role:
+                    problems.append(
+                        f"{status.url} was given as --{role}-worker but its /server_info says "
+                        f'disaggregation_mode "{mode}" (start it with --disaggregation-mode {role})'
+                    )
+        if problems:
+            raise RoleMismatchError("; ".join(problems))
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*self._aborts, return_exceptions=True)
+        await asyncio.gather(self.prefill.aclose(), self.decode.aclose())
+
+    def pd_stats(self) -> PdStats:
+        """The orchestrator's counters (routing/pd_metrics.py reads them at scrape time)."""
+        return self.stats
+
+    # ------------------------------------------------------------------ one request
+
+    def _choose_pair(
+        self, request: GenerateRequest, tried_p: set[str], tried_d: set[str]
+    ) -> tuple[str, str] | None:
+        """A prefill and a decode worker, preferring ones not tried yet (a retry reuses a worker only
+        when its role has no other)."""
+        p = self.prefill.choose_url(request, tried_p)
+        if p is None and tried_p:
+            p = self.prefill.choose_url(request)
+        d = self.decode.choose_url(request, tried_d)
+        if d is None and tried_d:
+            d = self.decode.choose_url(request)
+        if p is None or d is None:
+            return None
+        return p, d
+
+    def _bootstrap_port(self, url: str) -> int:
+        if self.config.bootstrap_port is not None:
+            return self.config.bootstrap_port
+        found = self.prefill.client_of(url)
+        caps = found[1] if found is not None else None
+        port = caps.extra.get("disaggregation_bootstrap_port") if caps is not None else None
+        return (
+            port
+            if isinstance(port, int) and not isinstance(port, bool) and port > 0
+            else DEFAULT_BOOTSTRAP_PORT
+        )
+
+    def sglang_legs(
+        self, request: GenerateRequest, prefill_url: str, decode_url: str, room: int
+    ) -> tuple[GenerateRequest, GenerateRequest]:
+        """The two legs' requests: the same body plus the bootstrap trio and DP rank hints."""
+        common: dict[str, Any] = {
+            "bootstrap_host": urlsplit(prefill_url).hostname or "",
+            "bootstrap_port": self._bootstrap_port(prefill_url),
+            "bootstrap_room": room,
+        }
+        prefill_fields, decode_fields = dict(common), common
+        p_router, d_router = self.prefill.router, self.decode.router
+        p_rank = p_router.best_rank(prefill_url, request) if p_router is not None else None
+        if p_rank is not None:
+            prefill_fields["routed_dp_rank"] = p_rank
+            prefill_fields["disagg_prefill_dp_rank"] = p_rank
+            decode_fields["disagg_prefill_dp_rank"] = p_rank
+        d_rank = d_router.best_rank(decode_url, request) if d_router is not None else None
+        if d_rank is not None:
+            decode_fields["routed_dp_rank"] = d_rank
+        return (
+            dataclasses.replace(request, extra_fields=prefill_fields),
+            dataclasses.replace(request, extra_fields=decode_fields),
+        )
+
+    async def _sglang_prefill(self, url: str, request: GenerateRequest) -> float:
+        """Run the SGLang prefill leg to its end; the loop time it ended. Raises on a bad answer."""
+        stream = self.prefill.generate_on(url, request)
+        last: EngineChunk | None = None
+        try:
+            async for chunk in stream:
+                last = chunk
+                if chunk.finish_reason is not None:
+                    break
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+        if last is None or last.finish_reason is None:
+            raise EngineUnavailableError(f"{url}: the prefill leg ended without an answer")
+        if last.finish_reason == "abort":
+            raise EngineUnavailableError(
+                f"{url}: the prefill leg was aborted: {last.message or 'no reason given'}"
+            )
+        return asyncio.get_running_loop().time()
+
+    async def _vllm_prefill(self, url: str, request: GenerateRequest) -> dict[str, Any]:
+        found = self.prefill.client_of(url)
+        client = found[0] if found is not None else None
+        remote_prefill = getattr(client, "remote_prefill", None)
+        if remote_prefill is None:
+            raise EngineUnavailableError(f"{url}: not a vLLM worker")
+        asked = {
+            "do_remote_decode": True,
+            "do_remote_prefill": False,
+            "remote_engine_id": None,
+            "remote_block_ids": None,
+            "remote_host": None,
+            "remote_port": None,
+        }
+        params = await remote_prefill(
+            dataclasses.replace(request, extra_fields={"kv_transfer_params": asked})
+        )
+        return dict(params)
+
+    async def _pair_stream(
+        self, request: GenerateRequest, avoid: frozenset[str] = frozenset(), served: list[str] | None = None
+    ) -> AsyncIterator[EngineChunk]:
+        """One request on a pair (see module docstring); ``avoid``: decode URLs not to use (a
+        migration's broken worker); ``served`` (out): the decode worker that streamed."""
+        trace = _Trace(request.request_id)
+        stats = self.stats
+        tried_p: set[str] = set()
+        tried_d: set[str] = set(avoid)
+        errors: list[str] = []
+        loop = asyncio.get_running_loop()
+        try:
+            for attempt in range(PAIR_ATTEMPTS):
+                pair = self._choose_pair(request, tried_p, tried_d)
+                if pair is None:
+                    break
+                p_url, d_url = pair
+                tried_p.add(p_url)
+                tried_d.add(d_url)
+                if attempt:
+                    stats.retries += 1
+                leg_request = (
+                    request
+                    if not attempt
+                    else dataclasses.replace(request, request_id=f"{request.request_id}-pd{attempt}")
+                )
+                trace.prefill, trace.decode, trace.attempts = p_url, d_url, attempt + 1
+                prefill_task: asyncio.Task[Any]
+                if self.config.engine == "vllm":
+                    trace.room = None
+                    prefill_task = loop.create_task(self._vllm_prefill(p_url, leg_request))
+                    try:
+                        await asyncio.wait({prefill_task})
+                    except BaseException:
+                        await _quietly_cancel(prefill_task)
+                        raise
+                    failure = _leg_failure("prefill", prefill_task.exception())
+                    if failure is not None:
+                        stats.bootstrap_failures += 1
+                        trace.outcome = "prefill_failed"
+                        errors.append(failure)
+                        continue
+                    prefill_end = loop.time()
+                    decode_request = dataclasses.replace(
+                        leg_request, extra_fields={"kv_transfer_params": prefill_task.result()}
+                    )
+                else:
+                    trace.room = room = self.rooms.draw()
+                    prefill_request, decode_request = self.sglang_legs(leg_request, p_url, d_url, room)
+                    prefill_task = loop.create_task(self._sglang_prefill(p_url, prefill_request))
+                    prefill_end = None
+                decode = self.decode.generate_on(d_url, decode_request)
+                first_task: asyncio.Task[EngineChunk] = loop.create_task(_first_chunk(decode))
+                try:
+                    prefill_end = await self._await_first(prefill_task, first_task, prefill_end, trace)
+                except _LegFailed as exc:
+                    await self._stop_legs(
+                        prefill_task, first_task, decode, p_url, d_url, leg_request.request_id
+                    )
+                    errors.append(exc.message)
+                    continue
+                except BaseException:
+                    await self._stop_legs(
+                        prefill_task, first_task, decode, p_url, d_url, leg_request.request_id
+                    )
+                    raise
+                first = first_task.result()
+                if served is not None:
+                    served.append(d_url)
+                # settled before each yield: a consumer holding the last chunk closes the stream there
+                finished = first.finish_reason is not None
+                if finished:
+                    trace.outcome = "ok"
+                try:
+                    yield first
+                    while not finished:
+                        chunk = await anext(decode)
+                        finished = chunk.finish_reason is not None
+                        if finished:
+                            trace.outcome = "ok"
+                        yield chunk
+                except StopAsyncIteration:
+                    trace.outcome, trace.detail = "decode_failed", f"{d_url}: stream ended without a finish"
+                    raise EngineUnavailableError(
+                        f"{d_url}: the decode stream ended without a finish"
+                    ) from None
+                except EngineError as exc:
+                    trace.outcome, trace.detail = "decode_failed", f"{d_url}: {exc.message}"
+                    raise
+                finally:
+                    if not prefill_task.done() and finished:
+                        # the answer is normally in already; give one on its way a moment
+                        await asyncio.wait({prefill_task}, timeout=PREFILL_GRACE_S)
+                    await _quietly_cancel(prefill_task)
+                    self._check_late_prefill(prefill_task, p_url, trace)
+                    await decode.aclose()  # type: ignore[attr-defined]
+                return
+            if not errors:
+                trace.outcome = "no_worker"  # else the last pair's failure (prefill_failed, decode_failed)
+            detail = "; ".join(errors) if errors else "no prefill or no decode worker is admitted"
+            trace.detail = detail
+            raise NoHealthyWorkerError(f"no prefill/decode pair could take the request ({detail})")
+        except (GeneratorExit, asyncio.CancelledError):
+            if trace.outcome != "ok":
+                trace.outcome = "client_gone"
+            raise
+        except EngineTimeoutError as exc:
+            if trace.outcome == "error":
+                trace.outcome, trace.detail = "decode_failed", exc.message
+            raise
+        except RequestError as exc:
+            trace.outcome, trace.detail = "rejected", exc.message
+            raise
+        except FrontendError as exc:
+            if trace.outcome == "error":
+                trace.detail = exc.message
+            raise
+        finally:
+            stats.outcomes[trace.outcome] += 1
+            _log(trace)
+
+    async def _await_first(
+        self,
+        prefill_task: asyncio.Task[Any],
+        first_task: asyncio.Task[EngineChunk],
+        prefill_end: float | None,
+        trace: _Trace,
+    ) -> float | None:
+        """Wait for the decode's first chunk while watching the prefill leg; the prefill's end time.
+
+        Raises :class:`_LegFailed` for a failure another pair may not repeat, the leg's own
+        ``RequestError`` for a refusal, and ``EngineTimeoutError`` past the transfer timeout.
+        """
+        stats = self.stats
+        loop = asyncio.get_running_loop()
+        if prefill_end is None:
+            await asyncio.wait({prefill_task, first_task}, return_when=asyncio.FIRST_COMPLETED)
+            if not first_task.done():
+                failure = _leg_failure("prefill", prefill_task.exception())
+                if failure is not None:
+                    stats.bootstrap_failures += 1
+                    trace.outcome = "prefill_failed"
+                    raise _LegFailed("prefill", failure)
+                prefill_end = prefill_task.result()
+        if not first_task.done():
+            timeout = self.config.transfer_timeout_s
+            await asyncio.wait({first_task}, timeout=timeout)
+            if not first_task.done():
+                stats.transfer_failures += 1
+                trace.outcome = "transfer_timeout"
+                raise EngineTimeoutError(
+                    f"the decode worker did not receive the prompt's KV cache from the prefill worker "
+                    f"within {timeout:g} s (--pd-transfer-timeout); both legs were aborted"
+                )
+        failure = _leg_failure("decode", first_task.exception())
+        if failure is not None:
+            stats.transfer_failures += 1
+            trace.outcome = "decode_failed"
+            raise _LegFailed("decode", failure)
+        if prefill_end is not None:
+            trace.transfer_s = max(0.0, loop.time() - prefill_end)
+            stats.observe_transfer(trace.transfer_s)
+        return prefill_end
+
+    async def _stop_legs(
+        self,
+        prefill_task: asyncio.Task[Any],
+        first_task: asyncio.Task[EngineChunk],
+        decode: AsyncIterator[EngineChunk],
+        p_url: str,
+        d_url: str,
+        rid: str,
+    ) -> None:
+        """Abort both legs of a pair before its first token: cancel their tasks (closing a stream the
+        worker has answered sends ``/abort_request`` too) and, because a leg cancelled before its
+        worker answered may still have reached it, send each worker an abort for ``rid`` as well
+        (in the background: the next pair or the client's error must not wait for it)."""
+        prefill_running, decode_running = not prefill_task.done(), not first_task.done()
+        await _quietly_cancel(first_task, prefill_task)
+        await decode.aclose()  # type: ignore[attr-defined]
+        for running, pool, url in (
+            (prefill_running, self.prefill, p_url),
+            (decode_running, self.decode, d_url),
+        ):
+            found = pool.client_of(url) if running else None
+            if found is not None:
+                task = asyncio.get_running_loop().create_task(found[0].abort(rid))
+                self._aborts.add(task)
+                task.add_done_callback(self._aborts.discard)
+
+    def _check_late_prefill(self, task: asyncio.Task[Any], url: str, trace: _Trace) -> None:
+        """Count and log a prefill answer that went wrong after the decode had started."""
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self.stats.late_prefill_failures += 1
+            trace.detail = trace.detail or f"prefill answer: {exc}"
+            logger.warning("pd request %s: the prefill leg on %s failed late: %s", trace.rid, url, exc)
+        elif trace.transfer_s is None and isinstance(task.result(), float):
+            self.stats.observe_transfer(0.0)  # the decode started before the prefill's answer arrived
+            trace.transfer_s = 0.0
+
+
+async def _first_chunk(stream: AsyncIterator[EngineChunk]) -> EngineChunk:
+    try:
+        return await anext(stream)
+    except StopAsyncIteration:
+        raise EngineUnavailableError("the decode leg ended before its first token") from None
+
+
+def _leg_failure(role: Role, exc: BaseException | None) -> str | None:
+    """The message of a leg failure worth a retry on another pair; None when the leg is fine.
+
+    A refusal (``RequestError``), a timeout (the client's deadline) and anything not an engine error
+    propagate as they are.
+    """
+    if exc is None:
+        return None
+    if isinstance(exc, EngineError) and not isinstance(exc, EngineTimeoutError):
+        message = exc.message
+        # a leg runs on one worker: the pool's "no healthy worker (url: why)" wrapper says nothing more
+        if (
+            isinstance(exc, NoHealthyWorkerError)
+            and message.startswith(_POOL_WRAPPER)
+            and message.endswith(")")
+        ):
+            message = message[len(_POOL_WRAPPER) : -1]
+        return f"{role} leg: {message}"
+    raise exc
+
+
+_POOL_WRAPPER = "no healthy engine worker could take the request ("
+
+
+async def _quietly_cancel(*tasks: asyncio.Task[Any]) -> None:
+    """Cancel ``tasks`` and wait for them, swallowing what they end with (their failures are handled
+    by the caller or no longer matter). Cancelling a leg's task closes its stream, which aborts it."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(BaseException):
+            await task
+
+
+def _log(trace: _Trace) -> None:
+    transfer = f"{trace.transfer_s * 1000:.1f}ms" if trace.transfer_s is not None else "-"
+    logger.info(
+        "pd request %s outcome=%s prefill=%s decode=%s room=%s attempts=%d transfer=%s%s",
+        trace.rid,
+        trace.outcome,
+        trace.prefill,
+        trace.decode,
+        trace.room if trace.room is not None else "-",
+        trace.attempts,
+        transfer,
+        f" detail={trace.detail!r}" if trace.detail else "",
+    )
+
+
+def build_disaggregated(config: Any, limits: Any) -> DisaggregatedPool:
+    """The ``serve`` backend for ``config.prefill_workers`` / ``config.decode_workers``
+    (a :class:`~deepseek_frontend.api.config.ServerConfig`): one pool and one router per role."""
+    from deepseek_frontend.engines.pool import from_urls
+    from deepseek_frontend.routing.router import Router, RouterConfig
+
+    def pool(urls: tuple[str, ...]) -> WorkerPool:
+        return from_urls(
+            config.engine,
+            urls,
+            model=config.worker_model or config.served_model_name,
+            vllm_grammar=config.vllm_grammar,
+            health_interval_s=config.health_check_interval,
+            health_timeout_s=config.health_check_timeout,
+            max_attempts=1,  # a leg runs where the pair put it; the orchestrator retries pairs
+            limits=limits,
+            router=Router(config.router or RouterConfig()),
+        )
+
+    pd_config = PdConfig(
+        engine=config.engine,
+        transfer_timeout_s=config.pd_transfer_timeout,
+        bootstrap_port=config.disaggregation_bootstrap_port,
+    )
+    return DisaggregatedPool(
+        pool(config.prefill_workers),
+        pool(config.decode_workers),
+        pd_config,
+        migration_limit=config.migration_limit,
+    )

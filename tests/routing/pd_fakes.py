@@ -1,0 +1,264 @@
+"""Fake prefill/decode workers for the orchestrator's tests (served over real HTTP by uvicorn).
+
+:class:`FakeSGLangPd` speaks SGLang 0.5.23's PD protocol as the orchestrator sees it: ``/server_info``
+with ``disaggregation_mode`` and ``disaggregation_bootstrap_port``, ``/generate`` (SSE) that refuses a
+body without ``bootstrap_room`` (abort ``status_code`` 400, as SGLang's scheduler does), and
+``/abort_request``. A prefill leg answers only once the decode leg of its room has arrived, and a
+decode leg starts only once the prefill leg of its room has arrived (:class:`Rendezvous`), so an
+orchestrator that does not send both legs at once never finishes. ``mode`` scripts a fault.
+
+:class:`FakeVllmPd` is a vLLM worker with a KV connector on ``/v1/completions``: a prefill request
+(``kv_transfer_params.do_remote_decode``) answers unstreamed with ``kv_transfer_params`` for the
+decode; a decode request must carry exactly those params (else it fails, as a decode whose KV
+cannot be found would) and streams its tokens.
+
+Both count streams open now (``open``) and keep every body and abort they saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tests.engines.conftest import serve_app
+
+#: the first token every fake prefill samples, and the tokens a decode streams after it
+FIRST = 1000
+TOKENS = [FIRST, 1001, 1002, 1003, 1004]
+#: seconds a leg waits for its partner before failing like SGLang's bootstrap / transfer timeout
+PARTNER_WAIT_S = 5.0
+
+
+class Rendezvous:
+    """Which rooms each role's fakes have seen (prefill and decode fakes share one)."""
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[str, int], asyncio.Event] = {}
+
+    def arrive(self, role: str, room: int) -> None:
+        self.seen.setdefault((role, room), asyncio.Event()).set()
+
+    async def partner(self, role: str, room: int) -> bool:
+        other = "decode" if role == "prefill" else "prefill"
+        event = self.seen.setdefault((other, room), asyncio.Event())
+        try:
+            await asyncio.wait_for(event.wait(), PARTNER_WAIT_S)
+        except TimeoutError:
+            return False
+        return True
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(obj) + b"\n\n"
+
+
+def _chunk(ids: list[int], count: int, finish: dict[str, Any] | None) -> bytes:
+    meta = {"prompt_tokens": 3, "completion_tokens": count, "cached_tokens": 0, "finish_reason": finish}
+    return _sse({"output_ids": ids, "meta_info": meta})
+
+
+def _abort(status: int, message: str) -> bytes:
+    finish = {"type": "abort", "message": message, "status_code": status, "err_type": None}
+    return _chunk([], 0, finish)
+
+
+class _Fake:
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+        self.aborts: list[str] = []
+        self.open = 0
+        self.url = ""
+        self._stack = contextlib.AsyncExitStack()
+
+    async def start(self, app: Starlette) -> str:
+        self.url = await self._stack.enter_async_context(serve_app(app))
+        return self.url
+
+    async def close(self) -> None:
+        await self._stack.aclose()
+
+    async def _counted(self, body: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        self.open += 1
+        try:
+            async for part in body:
+                yield part
+        finally:
+            self.open -= 1
+
+
+class FakeSGLangPd(_Fake):
+    """One SGLang worker in ``role`` (see module docstring). ``mode``:
+
+    ``ok``; ``fail`` (an abort with status 500 before any token); ``http_500``; ``hang`` (headers, then
+    nothing until the client leaves); ``reject`` (an abort with status 400); decode only:
+    ``fail_after`` (one token, then the connection breaks), ``slow`` (``itl_s`` between tokens).
+    """
+
+    def __init__(
+        self,
+        role: str,
+        rendezvous: Rendezvous,
+        *,
+        bootstrap_port: int | None = 8998,
+        report: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.role = role
+        self.rendezvous = rendezvous
+        self.bootstrap_port = bootstrap_port
+        self.report = report if report is not None else role
+        self.mode = "ok"
+        #: requests to fail (``fail`` mode) before ``mode`` applies again
+        self.fail_times = 0
+        #: decode requests to break after their first token (``fail_after``) before ``mode`` applies again
+        self.break_times = 0
+        self.itl_s = 0.05
+        self.dp_size = 1
+
+    async def start(self) -> str:  # type: ignore[override]
+        app = Starlette(
+            routes=[
+                Route("/server_info", self._info, methods=["GET"]),
+                Route("/generate", self._generate, methods=["POST"]),
+                Route("/abort_request", self._abort, methods=["POST"]),
+            ]
+        )
+        return await super().start(app)
+
+    async def _info(self, request: Request) -> Response:
+        info: dict[str, Any] = {"disaggregation_mode": self.report, "page_size": 64, "dp_size": self.dp_size}
+        if self.bootstrap_port is not None:
+            info["disaggregation_bootstrap_port"] = self.bootstrap_port
+        return JSONResponse(info)
+
+    async def _abort(self, request: Request) -> Response:
+        self.aborts.append(orjson.loads(await request.body())["rid"])
+        return JSONResponse({})
+
+    async def _generate(self, request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        self.bodies.append(body)
+        if self.mode == "http_500":
+            return JSONResponse({"error": {"message": "worker down"}}, status_code=500)
+        return StreamingResponse(self._counted(self._events(body)), media_type="text/event-stream")
+
+    async def _events(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
+        room = body.get("bootstrap_room")
+        if room is None:
+            rid = body["rid"]
+            yield _abort(
+                400, f"Invalid request: Disaggregated request received without bootstrap room id. {rid=}"
+            )
+            yield b"data: [DONE]\n\n"
+            return
+        mode = self.mode
+        if self.fail_times > 0:
+            self.fail_times -= 1
+            mode = "fail"
+        if mode == "fail_after" or self.break_times > 0:
+            self.break_times = max(0, self.break_times - 1)
+            mode = "fail_after"
+        if mode not in ("fail", "reject") and not (self.role == "prefill" and mode == "hang"):
+            # a failing leg never reaches the bootstrap handshake: its partner waits in vain
+            self.rendezvous.arrive(self.role, room)
+        if mode == "reject":
+            yield _abort(400, "the sampling parameters are invalid")
+            return
+        if mode == "hang":
+            await asyncio.Event().wait()  # until the client leaves (the response task is cancelled)
+        if mode == "fail":
+            yield _abort(500, f"KVTransferError(bootstrap_room={room}): failed")
+            yield b"data: [DONE]\n\n"
+            return
+        if not await self.rendezvous.partner(self.role, room):
+            yield _abort(500, f"KVTransferError(bootstrap_room={room}): the partner never arrived")
+            return
+        if self.role == "prefill":
+            yield _chunk([FIRST], 1, {"type": "length", "length": 1})
+            yield b"data: [DONE]\n\n"
+            return
+        limit = int(body["sampling_params"]["max_new_tokens"])
+        out = TOKENS[:limit]
+        for i, tid in enumerate(out, 1):
+            last = i == len(out)
+            yield _chunk([tid], i, {"type": "length", "length": limit} if last else None)
+            if mode == "fail_after":
+                raise RuntimeError("the decode worker died")  # uvicorn drops the connection mid-body
+            if mode == "slow" and not last:
+                await asyncio.sleep(self.itl_s)
+        yield b"data: [DONE]\n\n"
+
+
+class FakeVllmPd(_Fake):
+    """A vLLM worker with a KV connector (see module docstring); ``role`` is ``prefill`` or
+    ``decode``. ``mode``: ``ok``, ``http_500`` (prefill), ``hang`` (decode: no first token)."""
+
+    def __init__(self, role: str, engine_id: str) -> None:
+        super().__init__()
+        self.role = role
+        self.engine_id = engine_id
+        self.mode = "ok"
+        #: the kv_transfer_params a prefill answered, by request id
+        self.issued: dict[str, dict[str, Any]] = {}
+        #: the prefill fakes whose issued params a decode accepts
+        self.prefills: list[FakeVllmPd] = []
+
+    async def start(self) -> str:  # type: ignore[override]
+        app = Starlette(
+            routes=[
+                Route("/v1/models", self._models, methods=["GET"]),
+                Route("/v1/completions", self._completions, methods=["POST"]),
+            ]
+        )
+        return await super().start(app)
+
+    async def _models(self, request: Request) -> Response:
+        return JSONResponse({"data": [{"id": "m", "max_model_len": 4096}]})
+
+    async def _completions(self, request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        self.bodies.append(body)
+        params = body.get("kv_transfer_params") or {}
+        if self.role == "prefill":
+            if self.mode == "http_500":
+                return JSONResponse({"error": {"message": "worker down"}}, status_code=500)
+            if body.get("stream") or body.get("max_tokens") != 1 or not params.get("do_remote_decode"):
+                return JSONResponse({"error": {"message": "not a prefill request"}}, status_code=400)
+            issued = {
+                "do_remote_prefill": True,
+                "do_remote_decode": False,
+                "remote_engine_id": self.engine_id,
+                "remote_block_ids": [len(self.issued), 7, 9],
+                "remote_host": "127.0.0.1",
+                "remote_port": 5600,
+                "remote_request_id": body["request_id"],
+                "tp_size": 1,
+            }
+            self.issued[body["request_id"]] = issued
+            answer = {"id": body["request_id"], "choices": [{"index": 0, "text": "", "token_ids": [FIRST]}]}
+            return JSONResponse({**answer, "kv_transfer_params": issued})
+        known = [p for f in self.prefills for p in f.issued.values()]
+        return StreamingResponse(
+            self._counted(self._decode(body, params in known)), media_type="text/event-stream"
+        )
+
+    async def _decode(self, body: dict[str, Any], transferred: bool) -> AsyncIterator[bytes]:
+        if self.mode == "hang":
+            await asyncio.Event().wait()
+        if not transferred:
+            yield _sse({"object": "error", "message": "KV blocks not found", "code": 500})
+            return
+        out = TOKENS[: int(body["max_tokens"])]
+        for i, tid in enumerate(out, 1):
+            finish = "length" if i == len(out) else None
+            yield _sse({"id": "c", "choices": [{"index": 0, "token_ids": [tid], "finish_reason": finish}]})
+        yield _sse({"id": "c", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": len(out)}})
+        yield b"data: [DONE]\n\n"
