@@ -16,6 +16,9 @@ A thinking block gets its ``signature`` (see :func:`thinking_signature`) in one
 ``signature_delta`` just before it closes; tool input streams as
 ``input_json_delta`` pieces exactly as the parser releases argument text.
 
+A request that does not enable thinking gets no thinking block at all (Anthropic's
+semantics; ``show_thinking=False``): the reasoning is withheld, see :mod:`.hidden_thinking`.
+
 Each event is a ``(name, payload)`` pair; the route frames it with
 ``event_stream.frame_events``. A non-streaming answer is built by feeding the very
 same events to :class:`MessageAccumulator`, so both answers agree by construction.
