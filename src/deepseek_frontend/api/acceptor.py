@@ -142,9 +142,17 @@ class FrontendServer(uvicorn.Server):
     public ones start accepting once the application has started, and stop first at shutdown.
     """
 
-    def __init__(self, config: uvicorn.Config, public: list[socket.socket], slot: Any = None) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        public: list[socket.socket],
+        slot: Any = None,
+        probes: list[tuple[socket.socket, Any]] | None = None,
+    ) -> None:
         super().__init__(config)
         self.public = public
+        #: (socket, protocol class) of probe listeners (``serve --probe-port``), accepted the same way
+        self.probes = probes or []
         #: ``serve --workers N``'s ProcessSlot: this process also accepts on a dead sibling's socket
         self.slot = slot
         self.acceptors: list[BulkAcceptor] = []
@@ -168,6 +176,14 @@ class FrontendServer(uvicorn.Server):
             except NotImplementedError:  # a loop without add_reader (Windows' proactor): uvicorn's way
                 server = await loop.create_server(make_protocol, sock=sock, backlog=self.config.backlog)
                 self.servers.append(server)
+        for sock, protocol_class in self.probes:
+            make_probe = functools.partial(
+                protocol_class,
+                config=self.config,
+                server_state=self.server_state,
+                app_state=self.lifespan.state,
+            )
+            self.acceptors.append(BulkAcceptor(loop, sock, make_probe).start())
         if self.slot is not None and self.acceptors:
 
             def adopt(sock: socket.socket) -> Callable[[], None]:

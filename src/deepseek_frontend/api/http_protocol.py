@@ -8,10 +8,20 @@ client that opens a connection and sends its request line and headers a byte at 
   ``header_timeout_s`` of being opened (or of its previous response ending); otherwise it gets a
   ``408`` and is closed. Idle keep-alive connections are still closed by uvicorn's own
   ``timeout_keep_alive``.
-* **a connection limit** -- past ``max_connections`` open connections, a new one gets a ``503`` at
-  once and is closed, so file descriptors stay within the process limit. (uvicorn's own
+* **a connection limit** -- past ``max_connections`` open connections, a new one gets a ``503``
+  with ``Retry-After``, so file descriptors stay within the process limit. (uvicorn's own
   ``limit_concurrency`` counts only connections that completed a request head -- a slowloris
-  connection never does -- and answers in plain text.)
+  connection never does -- and answers in plain text.) Up to ``overflow_slots`` connections past
+  the limit wait ``OVERFLOW_HEAD_S`` for their request head: ``GET /live`` and ``GET /health`` are
+  then answered (a probe must not fail because clients hold every connection), anything else gets
+  the 503; past those slots the 503 is written at once.
+* **refusals that arrive** -- every refusal (503, 408, 400) is written, then the connection is
+  half-closed and what the client still sends is read and dropped for up to ``LINGER_S``. A plain
+  close with unread request bytes in the socket makes the kernel answer them with a TCP reset,
+  which destroys the 503 before the client reads it (``ConnectionResetError``).
+* **a probe listener** (``serve --probe-port``) -- a protocol class with ``probe_only`` answers
+  ``/live``, ``/health`` and ``/metrics`` only (404 otherwise), with its own small connection
+  limit, so a flood on the public port never reaches the kubelet's probes.
 * **JSON for parser-level errors** -- a request the HTTP parser rejects (a NUL byte in a header, a
   malformed request line) gets a ``400`` whose body is the API's JSON error shape (chosen by the
   path received so far) instead of uvicorn's plain text.
@@ -59,6 +69,23 @@ HEADER_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 8192
 #: seconds a ``POST`` request's task waits for the head of its body before it is judged without it
 BODY_HEAD_WAIT_S = 1.0
+#: seconds a connection past the limit may take to send its request head (a probe is answered)
+OVERFLOW_HEAD_S = 1.0
+#: seconds a refused connection is read and drained after its answer before it is closed
+LINGER_S = 2.0
+#: refused connections drained at once; past it a refusal closes at once (its answer may be lost)
+MAX_LINGERING = 1024
+#: open connections of a probe listener (``serve --probe-port``)
+PROBE_MAX_CONNECTIONS = 64
+#: the paths a probe listener answers; past the connection limit, the probes the public port answers
+PROBE_PATHS = (b"/live", b"/health", b"/metrics")
+OVERFLOW_PATHS = (b"/live", b"/health")
+
+
+def overflow_slots_for(max_connections: int) -> int:
+    """Connections past ``max_connections`` that may wait for their request head (a probe among them)."""
+    return max(16, min(1024, max_connections // 8))
+
 
 #: ``(path received so far, error) -> JSON body`` in the API's error shape for that path
 ErrorBody = Callable[[str, FrontendError], bytes]
@@ -71,7 +98,13 @@ class TooManyConnectionsError(OverloadedError):
     error_type = "service_unavailable"
 
 
-_REASONS = {200: b"OK", 400: b"Bad Request", 408: b"Request Timeout", 503: b"Service Unavailable"}
+_REASONS = {
+    200: b"OK",
+    400: b"Bad Request",
+    404: b"Not Found",
+    408: b"Request Timeout",
+    503: b"Service Unavailable",
+}
 
 #: the path answered by the connection (what ``deepseek_frontend.api.app.live`` answers too)
 LIVE_PATH = b"/live"
@@ -108,6 +141,10 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     header_timeout_s: float | None = HEADER_TIMEOUT_S
     max_connections: int | None = MAX_CONNECTIONS
+    #: connections past ``max_connections`` that wait for their head (see the module's docstring)
+    overflow_slots: int = 16
+    #: answer only PROBE_PATHS (``serve --probe-port``'s listener)
+    probe_only: bool = False
     error_body: ErrorBody | None = None
     #: answer ``GET /live`` in the connection (see the module's docstring)
     answer_live: bool = True
@@ -117,7 +154,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     heads: RecentHeads | None = None
     #: counters shared by all connections of this class (read by the app's metrics)
     stats: ClassVar[dict[str, int]] = {"header_timeouts": 0, "refused_connections": 0, "parser_errors": 0}
+    #: connections of this class: open, waiting past the limit, draining after a refusal
+    counts: ClassVar[dict[str, int]] = {"open": 0, "overflow": 0, "lingering": 0}
 
+    _counted = False
+    _overflow = False
+    _lingering = False
     _header_timer: asyncio.TimerHandle | None = None
     #: the request whose task waits for the head of its body (one at a time per connection)
     _judging: tuple[RequestResponseCycle, Any] | None = None
@@ -138,14 +180,46 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _refuse(self, status: int, err: FrontendError, extra: tuple[tuple[bytes, bytes], ...] = ()) -> None:
         transport = self.transport
-        if transport is None or transport.is_closing():
+        if transport is None or transport.is_closing() or self._lingering:
             return
+        self._cancel_header_timer()
         transport.write(_raw_response(status, self._body_for(err), extra))
-        transport.close()
+        counts = type(self).counts
+        if counts["lingering"] >= MAX_LINGERING or not transport.can_write_eof():
+            transport.close()
+            return
+        # half-close and drain: closing with unread bytes would make the kernel send a reset
+        self._lingering = True
+        counts["lingering"] += 1
+        transport.write_eof()
+        self._header_timer = self.loop.call_later(LINGER_S, transport.close)
+
+    def _refuse_busy(self) -> None:
+        type(self).stats["refused_connections"] += 1
+        limit = self.max_connections
+        self._refuse(
+            503,
+            TooManyConnectionsError(
+                f"the server has {limit} open connections, the most it takes; retry later"
+            ),
+            ((b"retry-after", b"1"),),
+        )
+
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # a refused connection: what it still sends is dropped
+        super().data_received(data)
+
+    def eof_received(self) -> bool | None:
+        if self._lingering:
+            return None  # the client read its answer and closed: close our side too
+        return super().eof_received()  # type: ignore[func-returns-value]
 
     def _arm_header_timer(self) -> None:
         self._cancel_header_timer()
-        if self.header_timeout_s:
+        if self._overflow:
+            self._header_timer = self.loop.call_later(OVERFLOW_HEAD_S, self._refuse_busy)
+        elif self.header_timeout_s:
             self._header_timer = self.loop.call_later(self.header_timeout_s, self._header_timeout)
 
     def _cancel_header_timer(self) -> None:
@@ -169,22 +243,34 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        counts = type(self).counts
+        counts["open"] += 1
+        self._counted = True
         limit = self.max_connections
-        if limit is not None and len(self.connections) > limit:
-            type(self).stats["refused_connections"] += 1
-            self._refuse(
-                503,
-                TooManyConnectionsError(
-                    f"the server has {limit} open connections, the most it takes; retry later"
-                ),
-                ((b"retry-after", b"1"),),
-            )
+        if limit is not None and counts["open"] > limit:
+            if counts["overflow"] >= self.overflow_slots:
+                self._refuse_busy()
+                return
+            # past the limit: wait a moment for the head -- a probe is answered, the rest refused
+            self._overflow = True
+            counts["overflow"] += 1
+            self._arm_header_timer()
             return
         self._arm_header_timer()
         if self.arrivals is not None:
             self.arrivals.connection_arrived(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
+        counts = type(self).counts
+        if self._counted:
+            counts["open"] -= 1
+            self._counted = False
+        if self._overflow:
+            counts["overflow"] -= 1
+            self._overflow = False
+        if self._lingering:
+            counts["lingering"] -= 1
+            self._lingering = False
         self._cancel_header_timer()
         self._stop_judging()
         self._settle()
@@ -197,11 +283,22 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._cancel_header_timer()
+        if self._lingering:
+            return
+        path = self.url.split(b"?", 1)[0]
+        if self.probe_only and path not in PROBE_PATHS:
+            self._refuse(404, RequestError("this port answers the probes only: /live, /health, /metrics"))
+            return
+        if self._overflow and (path not in OVERFLOW_PATHS or self.parser.get_method() != b"GET"):
+            self._refuse_busy()
+            return
         if self._is_live_probe():
             self._settle()
             self._answer_live()
             return
         super().on_headers_complete()
+        if self._overflow and self.cycle is not None:
+            self.cycle.keep_alive = False  # a probe past the limit: answered, then the slot is freed
 
     def _is_live_probe(self) -> bool:
         cycle = self.cycle
@@ -215,7 +312,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def _answer_live(self) -> None:
         http_version = self.parser.get_http_version()
-        keep_alive = http_version != "1.0" and self.parser.should_keep_alive()
+        keep_alive = http_version != "1.0" and self.parser.should_keep_alive() and not self._overflow
         # A cycle that is already complete: the parser's later callbacks for this request (body,
         # message end) see it answered, as they would after the application's response.
         cycle = RequestResponseCycle(
@@ -257,11 +354,15 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._judge_if_ready()
 
     def on_body(self, body: bytes) -> None:
+        if self._lingering:
+            return  # refused in its head: the rest of the request is dropped
         super().on_body(body)
         if self._judging is not None:
             self._judge_if_ready()
 
     def on_message_complete(self) -> None:
+        if self._lingering:
+            return
         super().on_message_complete()
         if self._judging is not None:
             self._judge_if_ready()
@@ -302,13 +403,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if not self.transport.is_closing():
+        if not self.transport.is_closing() and not self._lingering:
             # the next request on this connection gets the same deadline for its head
             self._arm_header_timer()
 
     def send_400_response(self, msg: str) -> None:
         type(self).stats["parser_errors"] += 1
-        self._cancel_header_timer()
         self._refuse(400, RequestError(f"malformed HTTP request: {msg}"))
 
 
@@ -340,12 +440,16 @@ def guarded_protocol(
     error_body: ErrorBody | None = None,
     arrivals: ArrivalPacer | None = None,
     heads: RecentHeads | None = None,
+    probe_only: bool = False,
 ) -> type[GuardedHttpToolsProtocol]:
     """A :class:`GuardedHttpToolsProtocol` subclass with these limits (for ``uvicorn.Config(http=...)``)
-    and, given ``arrivals`` and ``heads``, warm requests first."""
+    and, given ``arrivals`` and ``heads``, warm requests first; ``probe_only``: a probe listener's."""
     attrs: dict[str, Any] = {
         "header_timeout_s": header_timeout_s or None,
         "max_connections": max_connections or None,
+        "overflow_slots": overflow_slots_for(max_connections or MAX_CONNECTIONS),
+        "probe_only": probe_only,
+        "counts": {"open": 0, "overflow": 0, "lingering": 0},
         "error_body": staticmethod(error_body) if error_body is not None else None,
         "arrivals": arrivals,
         "heads": heads,

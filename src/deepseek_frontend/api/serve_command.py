@@ -265,8 +265,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-connections",
         type=int,
         default=LIMIT_DEFAULTS.max_connections,
-        help="open client connections at most; a new one beyond it gets a 503 at once (default: %(default)g, "
-        "capped by the open-files limit)",
+        help="open client connections at most; a new one beyond it gets a 503 with Retry-After, except "
+        "GET /live and /health, answered from a few reserved slots (default: %(default)g, capped by the "
+        "open-files limit)",
+    )
+    limits.add_argument(
+        "--probe-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="also serve /live, /health and /metrics (only those) on this port, on --host, with its own "
+        "connection limit, so a connection flood on the main port never reaches the probes; 0 picks a "
+        "free one (default: off)",
     )
     limits.add_argument(
         "--offload-threads",
@@ -406,7 +416,7 @@ def run(args: argparse.Namespace) -> int:
     from deepseek_frontend.api.acceptor import FrontendServer
     from deepseek_frontend.api.app import create_app
     from deepseek_frontend.api.config import ServerConfig
-    from deepseek_frontend.api.http_protocol import guarded_protocol
+    from deepseek_frontend.api.http_protocol import PROBE_MAX_CONNECTIONS, guarded_protocol
     from deepseek_frontend.api.logs import configure_logging
     from deepseek_frontend.errors import FrontendError
 
@@ -440,6 +450,19 @@ def run(args: argparse.Namespace) -> int:
     sock.listen(backlog)
     sock.set_inheritable(True)
     port = sock.getsockname()[1]
+    probe_sock = None
+    if getattr(args, "probe_port", None) is not None:
+        # one socket for every process (--workers N): probes are few, one accept queue is enough
+        probe_sock = socket.socket(family, socket.SOCK_STREAM)
+        probe_sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe_sock.bind((config.host, args.probe_port))
+        except OSError as exc:
+            print(
+                f"deepseek-frontend serve: cannot bind --probe-port {args.probe_port}: {exc}", file=sys.stderr
+            )
+            return 2
+        probe_sock.listen(256)
 
     slot = None
     if processes > 1:
@@ -448,6 +471,8 @@ def run(args: argparse.Namespace) -> int:
         # fork before the app exists: no threads yet, and each process loads its own tokenizer
         forked = fork_processes(processes, sock, backlog)
         if isinstance(forked, int):
+            if probe_sock is not None:
+                probe_sock.close()
             return forked  # the supervisor, after every process exited
         slot = forked
     elif processes < 1:
@@ -472,6 +497,15 @@ def run(args: argparse.Namespace) -> int:
         heads=app.state.frontend.recent_heads,
     )
     app.state.frontend.extra["http_protocol"] = protocol
+    probes = []
+    if probe_sock is not None:
+        probe_protocol = guarded_protocol(
+            header_timeout_s=config.limits.header_timeout,
+            max_connections=PROBE_MAX_CONNECTIONS,
+            error_body=_error_body_for(app),
+            probe_only=True,
+        )
+        probes = [(probe_sock, probe_protocol)]
     uv_config = uvicorn.Config(
         app,
         loop="auto",
@@ -486,7 +520,7 @@ def run(args: argparse.Namespace) -> int:
     )
     listening = slot.listening if slot is not None and slot.listening is not None else sock
     # the public socket is accepted by the frontend itself, up to 64 connections per wake-up
-    server = FrontendServer(uv_config, public=[listening], slot=slot)
+    server = FrontendServer(uv_config, public=[listening], slot=slot, probes=probes)
     log.info(
         "listening on http://%s:%d model=%s family=%s engine=%s workers=%s",
         config.host,
@@ -501,6 +535,10 @@ def run(args: argparse.Namespace) -> int:
             else "-"
         ),
     )
+    if probe_sock is not None:
+        log.info(
+            "probes on http://%s:%d (/live, /health, /metrics)", config.host, probe_sock.getsockname()[1]
+        )
     try:
         # applies loop="auto" (uvloop when installed); a forked process also serves its private socket
         private = [slot.private_socket] if slot is not None and slot.private_socket is not None else []
