@@ -94,6 +94,10 @@ class ConvertedChat:
     tool_namespaces: dict[str, tuple[str, str]] = field(default_factory=dict)
     #: what the server ignored in the request (hosted tools), reported back in the response
     warnings: list[str] = field(default_factory=list)
+    #: the answer tokens' logprobs (Responses ``include: ["message.output_text.logprobs"]``)
+    logprobs: bool = False
+    #: alternatives per token with ``logprobs`` (Responses ``top_logprobs``, 0-20)
+    top_logprobs: int = 0
 
 
 def length_controls(body: Mapping[str, Any]) -> tuple[bool, int]:
@@ -193,6 +197,8 @@ def to_chat_request(converted: ConvertedChat, config: ServerConfig, request_id: 
         requested_model=converted.model,
         ignore_eos=converted.ignore_eos,
         min_tokens=converted.min_tokens,
+        logprobs=converted.logprobs,
+        top_logprobs=converted.top_logprobs if converted.logprobs else 0,
     )
 
 

@@ -428,6 +428,25 @@ def _reject_stateful(body: Mapping[str, Any]) -> None:
         raise RequestError("background: true is not supported (responses are not stored)", param="background")
 
 
+#: the ``include`` value that asks for the answer tokens' logprobs
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+def _convert_logprobs(body: Mapping[str, Any]) -> tuple[bool, int]:
+    """``(logprobs, top_logprobs)`` from ``include`` and ``top_logprobs``.
+
+    ``include`` is an array of strings; values other than :data:`LOGPROBS_INCLUDE` ask
+    for nothing this server holds back (reasoning ``encrypted_content`` is always sent)
+    or for hosted-tool output it does not produce, so they are accepted and ignored.
+    """
+    raw = body.get("include")
+    include = [] if raw is None else check_array(raw, "include")
+    for i, value in enumerate(include):
+        check_string(value, f"include[{i}]")
+    top = check_integer(body.get("top_logprobs"), "top_logprobs", minimum=0, maximum=20, default=0)
+    return LOGPROBS_INCLUDE in include, top
+
+
 def convert_responses_request(
     body: Any, *, hosted_tools: str = "drop", read_images: bool = False
 ) -> ConvertedChat:
@@ -475,6 +494,7 @@ def convert_responses_request(
     max_tokens = check_integer(body.get("max_output_tokens"), "max_output_tokens", minimum=1, default=None)
     stream = check_boolean(body.get("stream", False), "stream")
     user = body.get("user") or body.get("safety_identifier")
+    logprobs, top_logprobs = _convert_logprobs(body)
 
     return ConvertedChat(
         model=model,
@@ -497,4 +517,6 @@ def convert_responses_request(
         min_tokens=min_tokens,
         tool_namespaces=namespaces,
         warnings=warnings,
+        logprobs=logprobs,
+        top_logprobs=top_logprobs,
     )

@@ -24,7 +24,7 @@ from __future__ import annotations
 import secrets
 import string
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from deepseek_frontend.errors import FrontendError
@@ -33,7 +33,11 @@ from ..event_stream import EventEncoder, Section, SSEEvent
 from .convert import encode_reasoning
 
 if TYPE_CHECKING:
-    from deepseek_frontend.pipeline.chat import StreamEnd
+    from deepseek_frontend.pipeline.chat import PipelineChunk, StreamEnd
+    from deepseek_frontend.engines.base import TokenLogprob
+
+#: The answer tokens' logprobs -> OpenAI ``logprobs`` entries (token, logprob, bytes, top_logprobs).
+LogprobsRenderer = Callable[[Sequence["TokenLogprob"]], list[dict[str, Any]]]
 
 __all__ = [
     "ResponsesStreamEncoder",
@@ -71,8 +75,15 @@ class ResponsesStreamEncoder(EventEncoder):
         echo: dict[str, Any] | None = None,
         response_id: str | None = None,
         tool_namespaces: Mapping[str, tuple[str, str]] | None = None,
+        logprobs: LogprobsRenderer | None = None,
     ) -> None:
         super().__init__()
+        #: the answer tokens' logprobs -> ``logprobs`` entries (``None``: not asked for, ``[]`` sent)
+        self._logprobs_of = logprobs
+        #: entries of answer tokens not yet sent with a text delta
+        self._pending_logprobs: list[dict[str, Any]] = []
+        #: entries of the open message item's text (its ``output_text`` part's ``logprobs``)
+        self._part_logprobs: list[dict[str, Any]] = []
         #: flat tool name -> (namespace, declared name): calls go back under the declared name
         self._namespaces = tool_namespaces or {}
         self.response_id = response_id or new_response_id()
@@ -128,6 +139,13 @@ class ResponsesStreamEncoder(EventEncoder):
             self._event("response.incomplete" if incomplete else "response.completed", response=response)
         )
         return out
+
+    def encode(self, chunk: PipelineChunk) -> list[SSEEvent]:
+        """As :meth:`EventEncoder.encode`; the chunk's answer-token logprobs (when asked for) ride
+        on its ``output_text.delta`` (the pipeline sends logprobs with the text they cover)."""
+        if self._logprobs_of is not None and chunk.logprobs:
+            self._pending_logprobs += self._logprobs_of(chunk.logprobs)
+        return super().encode(chunk)
 
     def end_stream(self, end: StreamEnd) -> list[SSEEvent]:
         """:meth:`finish` with the pipeline's finish reason and usage (cache hits are known only now)."""
@@ -195,7 +213,11 @@ class ResponsesStreamEncoder(EventEncoder):
         if kind == "reasoning":
             return [self._item_event("response.reasoning_text.delta", content_index=0, delta=text)]
         if kind == "text":
-            return [self._item_event("response.output_text.delta", content_index=0, delta=text, logprobs=[])]
+            logprobs, self._pending_logprobs = self._pending_logprobs, []
+            self._part_logprobs += logprobs
+            return [
+                self._item_event("response.output_text.delta", content_index=0, delta=text, logprobs=logprobs)
+            ]
         return [self._item_event("response.function_call_arguments.delta", delta=text)]
 
     def _end_section(self, kind: Section, status: str) -> list[SSEEvent]:
@@ -210,8 +232,12 @@ class ResponsesStreamEncoder(EventEncoder):
             item["content"] = [part]
             item["encrypted_content"] = encode_reasoning(text)
         elif kind == "text":
-            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
-            out.append(self._item_event("response.output_text.done", content_index=0, text=text, logprobs=[]))
+            logprobs = self._part_logprobs + self._pending_logprobs
+            self._part_logprobs, self._pending_logprobs = [], []
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+            out.append(
+                self._item_event("response.output_text.done", content_index=0, text=text, logprobs=logprobs)
+            )
             out.append(self._part_event("response.content_part.done", part))
             item["content"] = [part]
         else:

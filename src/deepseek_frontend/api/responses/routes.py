@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from starlette.requests import Request
@@ -25,6 +26,7 @@ from deepseek_frontend.images import family_reads_images
 
 from ..adapters import respond_with_events
 from ..http import RequestTracker, api_route, get_state, read_json
+from ..openai.chat import logprobs_content
 from .convert import convert_responses_request
 from .events import ResponsesStreamEncoder
 
@@ -74,7 +76,8 @@ def _response_object(encoder: ResponsesStreamEncoder, _events: object) -> dict[s
 @api_route("/v1/responses", prefix="resp")
 async def create_response(request: Request, tracker: RequestTracker) -> Response:
     """``POST /v1/responses`` (typed SSE events with ``"stream": true``, else the response object)."""
-    config = get_state(request).config
+    state = get_state(request)
+    config = state.config
     body = await read_json(request, config.max_body_bytes)
     converted = convert_responses_request(
         body, hosted_tools=config.hosted_tools, read_images=family_reads_images(config.family)
@@ -94,6 +97,11 @@ async def create_response(request: Request, tracker: RequestTracker) -> Response
             input_tokens=prepared.prompt_tokens,
             echo=echo,
             tool_namespaces=converted.tool_namespaces,
+            logprobs=(
+                partial(logprobs_content, state.pipeline.tokenizer, top_logprobs=converted.top_logprobs)
+                if converted.logprobs
+                else None
+            ),
         ),
         _response_object,
     )
