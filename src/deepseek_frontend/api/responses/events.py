@@ -33,8 +33,8 @@ from ..event_stream import EventEncoder, Section, SSEEvent
 from .convert import encode_reasoning
 
 if TYPE_CHECKING:
-    from deepseek_frontend.pipeline.chat import PipelineChunk, StreamEnd
     from deepseek_frontend.engines.base import TokenLogprob
+    from deepseek_frontend.pipeline.chat import PipelineChunk, StreamEnd
 
 #: The answer tokens' logprobs -> OpenAI ``logprobs`` entries (token, logprob, bytes, top_logprobs).
 LogprobsRenderer = Callable[[Sequence["TokenLogprob"]], list[dict[str, Any]]]

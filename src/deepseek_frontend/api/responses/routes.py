@@ -23,9 +23,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from deepseek_frontend.images import family_reads_images
+from deepseek_frontend.routing.session import session_from_headers
 
 from ..adapters import respond_with_events
 from ..http import RequestTracker, api_route, get_state, read_json
+from ..log_once import FirstSeen
 from ..openai.chat import logprobs_content
 from .convert import convert_responses_request
 from .events import ResponsesStreamEncoder
@@ -68,6 +70,34 @@ def response_echo(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+#: (client, warnings) pairs already logged at WARNING; bounded, least recently seen forgotten first
+_WARNED = FirstSeen(max_keys=1024)
+
+
+def _log_warnings(request: Request, warnings: list[str], request_id: str) -> None:
+    """Log what the server ignored: WARNING the first time a client sends it, DEBUG after that.
+
+    Agents repeat the same request shape (Codex declares a hosted ``web_search`` tool in every
+    request): the response's ``warnings`` tell the client each time, the log only once per
+    client -- its agent session header (``session_id``, ...) or, without one, its address
+    and ``User-Agent``.
+    """
+    scope = request.scope
+    client = session_from_headers(scope["headers"])
+    if client is None:
+        host = scope["client"][0] if scope.get("client") else "?"
+        client = f"{host} {request.headers.get('user-agent', '')}".strip()
+    text = "; ".join(warnings)
+    first = _WARNED.first((client, text))
+    log.log(
+        logging.WARNING if first else logging.DEBUG,
+        "responses request: %s%s",
+        text,
+        " (logged once per client; repeats at DEBUG)" if first else "",
+        extra={"request_id": request_id, "client": client},
+    )
+
+
 def _response_object(encoder: ResponsesStreamEncoder, _events: object) -> dict[str, Any] | None:
     # the encoder keeps the response object response.completed carries: that is the answer
     return encoder.response
@@ -85,9 +115,7 @@ async def create_response(request: Request, tracker: RequestTracker) -> Response
     echo = response_echo(body)
     if converted.warnings:
         echo["warnings"] = list(converted.warnings)
-        log.warning(
-            "responses request: %s", "; ".join(converted.warnings), extra={"request_id": tracker.request_id}
-        )
+        _log_warnings(request, converted.warnings, tracker.request_id)
     return await respond_with_events(
         request,
         tracker,
