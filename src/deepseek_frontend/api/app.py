@@ -41,7 +41,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from deepseek_frontend.errors import AuthenticationError, FrontendError, RequestError
 
-from .admission import Admission
+from .admission import Admission, BodyReaders
 from .arrivals import ArrivalPacer
 from .config import ServerConfig
 from .errors import ErrorBodyRenderer, error_response, openai_error_body
@@ -465,6 +465,7 @@ def create_app(
     state.extra["started_at"] = int(time.time())
     lim = config.limits
     state.admission = Admission(lim.max_concurrent_requests, lim.max_queued_requests, lim.queue_timeout)
+    state.body_readers = BodyReaders(lim.max_body_readers, lim.max_body_readers_per_client, lim.queue_timeout)
     state.recent_heads = RecentHeads()
     if lim.arrival_hold_timeout:
         state.arrivals = ArrivalPacer(max_hold_s=lim.arrival_hold_timeout)

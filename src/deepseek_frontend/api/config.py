@@ -83,6 +83,9 @@ class ServingLimits:
     body_timeout: float = 60.0
     #: open client connections at most (file descriptors)
     max_connections: int = 8192
+    #: requests whose body is still arriving, at once and per client address (api/admission.py)
+    max_body_readers: int = 512
+    max_body_readers_per_client: int = 32
     #: seconds a request that starts like no recent one (a new conversation) may be held while
     #: follow-ups of recent conversations are answered first (api/arrivals.py); 0: none is held
     arrival_hold_timeout: float = 0.05

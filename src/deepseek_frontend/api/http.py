@@ -1,6 +1,7 @@
 """HTTP plumbing shared by every protocol adapter (OpenAI, Anthropic, Responses).
 
 * :class:`FrontendState` -- what the app holds at ``app.state.frontend``.
+* :func:`receive_body` -- reads a request's body before it is admitted (413, 408, reader limits).
 * :func:`read_json` -- body size limit (413) and orjson parsing (400).
 * :func:`api_route` -- wraps an endpoint: request id, in-flight gauge, request
   counter by status and error type, error responses in the protocol's shape.
@@ -33,7 +34,7 @@ from deepseek_frontend._tasks import DisconnectWatch
 from deepseek_frontend.errors import FrontendError, PayloadTooLargeError, RequestError, RequestTimeoutError
 from deepseek_frontend.pipeline.offload import CURRENT_TURN, release_current_turn
 
-from .admission import Admission
+from .admission import Admission, BodyReaders
 from .arrivals import ArrivalPacer
 from .errors import ErrorBodyRenderer, as_frontend_error, error_response, openai_error_body
 from .sse import MEDIA_TYPE, SSE_HEADERS
@@ -65,6 +66,8 @@ class FrontendState:
     extra: dict[str, Any] = field(default_factory=dict)
     #: admission control of the generating endpoints (None: unlimited)
     admission: Admission | None = None
+    #: bounds the requests whose body is still arriving, before admission (None: unlimited)
+    body_readers: BodyReaders | None = None
     #: heads of recent request bodies: a request that starts like one of them is served first
     recent_heads: RecentHeads | None = None
     #: paces the starts of cold requests (used by ``serve``'s HTTP protocol)
@@ -129,6 +132,68 @@ class RecentHeads:
 BODY_TIMEOUT_S = 60.0
 
 
+#: where :func:`receive_body` leaves a body it read (``request.state``)
+BODY_ATTR = "received_body"
+
+
+def _body_limits(request: Request, max_bytes: int | None, timeout_s: float | None) -> tuple[int, float]:
+    config = get_state(request).config
+    if max_bytes is None:
+        max_bytes = int(getattr(config, "max_body_bytes", 32 * 1024 * 1024))
+    if timeout_s is None:
+        timeout_s = getattr(getattr(config, "limits", None), "body_timeout", BODY_TIMEOUT_S)
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
+        raise PayloadTooLargeError(f"request body is {declared} bytes; the limit is {max_bytes}")
+    return max_bytes, timeout_s or 0.0
+
+
+async def receive_body(request: Request, max_bytes: int | None = None) -> None:
+    """Read ``request``'s whole body before it is admitted; :func:`read_json` then parses it.
+
+    A body that is complete at its first read takes nothing; one still arriving takes a reader
+    slot (:class:`~deepseek_frontend.api.admission.BodyReaders`: per client address, then in all)
+    until it is in, so a slow body never holds an admission slot. Raises ``OverloadedError``
+    (429) past the reader limits, ``PayloadTooLargeError`` (413), ``RequestTimeoutError`` (408)
+    after the server's ``body_timeout``, ``RequestError`` if the client goes away.
+    """
+    max_bytes, timeout_s = _body_limits(request, max_bytes, None)
+    readers = get_state(request).body_readers
+    client = request.client.host if request.client is not None else ""
+    parts: list[bytes] = []
+    size = 0
+    reading = False
+    # A client may send its body slowly: nobody else waits for this request's loop turn meanwhile.
+    release_current_turn()
+    CURRENT_TURN.set(None)
+    try:
+        async with asyncio.timeout(timeout_s or None):
+            while True:
+                message = await request.receive()
+                if message["type"] == "http.disconnect":
+                    raise RequestError("client disconnected while sending the body")
+                part = message.get("body", b"")
+                size += len(part)
+                if size > max_bytes:
+                    raise PayloadTooLargeError(f"request body exceeds the limit of {max_bytes} bytes")
+                parts.append(part)
+                if not message.get("more_body", False):
+                    break
+                if readers is not None and not reading:
+                    refusal = await readers.enter(client)
+                    if refusal is not None:
+                        raise refusal
+                    reading = True
+    except TimeoutError:
+        raise RequestTimeoutError(
+            f"the request body did not arrive within {timeout_s:g} s ({size} bytes received)"
+        ) from None
+    finally:
+        if reading and readers is not None:
+            readers.leave(client)
+    setattr(request.state, BODY_ATTR, b"".join(parts))
+
+
 async def read_json(request: Request, max_bytes: int, timeout_s: float | None = None) -> dict[str, Any]:
     """The request body as a JSON object.
 
@@ -139,12 +204,28 @@ async def read_json(request: Request, max_bytes: int, timeout_s: float | None = 
     :data:`BODY_TIMEOUT_S`) -- a client trickling its body must not hold a request slot
     forever -- and ``RequestError`` for invalid JSON or a non-object body.
     """
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > max_bytes:
-        raise PayloadTooLargeError(f"request body is {declared} bytes; the limit is {max_bytes}")
-    if timeout_s is None:
-        limits = getattr(get_state(request).config, "limits", None)
-        timeout_s = getattr(limits, "body_timeout", BODY_TIMEOUT_S)
+    body: bytes | None = getattr(request.state, BODY_ATTR, None)
+    if body is None:  # not read before admission (a route outside api_route, a test)
+        max_bytes, timeout_s = _body_limits(request, max_bytes, timeout_s)
+        body = await _read_stream(request, max_bytes, timeout_s)
+    elif len(body) > max_bytes:
+        raise PayloadTooLargeError(f"request body is {len(body)} bytes; the limit is {max_bytes}")
+    state = get_state(request)
+    turns = getattr(state.pipeline, "turns", None)
+    if turns is not None:
+        # Parsing, validating and preparing the prompt run on the event loop in turns, from here
+        # until the request waits on the engine (ChatPipeline.start gives the turn up): a burst
+        # queues here instead of running thousands of such steps in one loop iteration while
+        # /live and everyone else wait. A follow-up of a recent conversation goes first.
+        urgent = request.scope.get(WARM_KEY)
+        if urgent is None:  # not judged by the HTTP protocol (a test client, another server)
+            heads = state.recent_heads
+            urgent = heads.seen_before(body) if heads is not None else False
+        CURRENT_TURN.set(await turns.take(urgent))
+    return parse_json_object(body)
+
+
+async def _read_stream(request: Request, max_bytes: int, timeout_s: float) -> bytes:
     parts: list[bytes] = []
     size = 0
     # A client may send its body slowly: nobody else waits for this request's loop turn meanwhile.
@@ -163,20 +244,7 @@ async def read_json(request: Request, max_bytes: int, timeout_s: float | None = 
         raise RequestTimeoutError(
             f"the request body did not arrive within {timeout_s:g} s ({size} bytes received)"
         ) from None
-    body = b"".join(parts)
-    state = get_state(request)
-    turns = getattr(state.pipeline, "turns", None)
-    if turns is not None:
-        # Parsing, validating and preparing the prompt run on the event loop in turns, from here
-        # until the request waits on the engine (ChatPipeline.start gives the turn up): a burst
-        # queues here instead of running thousands of such steps in one loop iteration while
-        # /live and everyone else wait. A follow-up of a recent conversation goes first.
-        urgent = request.scope.get(WARM_KEY)
-        if urgent is None:  # not judged by the HTTP protocol (a test client, another server)
-            heads = state.recent_heads
-            urgent = heads.seen_before(body) if heads is not None else False
-        CURRENT_TURN.set(await turns.take(urgent))
-    return parse_json_object(body)
+    return b"".join(parts)
 
 
 def parse_json_object(raw: bytes, where: str = "request body") -> dict[str, Any]:
@@ -311,10 +379,14 @@ def api_route(
             request.state.request_id = request_id
             tracker = RequestTracker(state.metrics, endpoint, request_id)
             try:
+                if request.method == "POST":
+                    # the body first: a slow one holds a reader slot (per client address), never an
+                    # admission slot (receive_body)
+                    await receive_body(request)
                 admission = state.admission
                 if admission is not None:
-                    # Before the body is read: a refused request costs no memory and no parsing. A
-                    # request that queues here must not hold its loop turn (read_json takes a new one).
+                    # After the body, before parsing: a refused request costs no parsing. A request
+                    # that queues here must not hold its loop turn (read_json takes a new one).
                     if not admission.can_enter():
                         release_current_turn()
                     refusal = await admission.enter()

@@ -270,6 +270,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "open-files limit)",
     )
     limits.add_argument(
+        "--max-body-readers",
+        type=int,
+        default=LIMIT_DEFAULTS.max_body_readers,
+        help="requests whose body is still arriving, at once; such a request holds no request slot "
+        "(--max-concurrent-requests) until its body is in; more wait briefly, then 429 "
+        "(default: %(default)g)",
+    )
+    limits.add_argument(
+        "--max-body-readers-per-client",
+        type=int,
+        default=LIMIT_DEFAULTS.max_body_readers_per_client,
+        help="the same, per client address: slow bodies from one address cost that address "
+        "(default: %(default)g)",
+    )
+    limits.add_argument(
         "--probe-port",
         type=int,
         default=None,
