@@ -39,6 +39,7 @@ import json
 import os
 import random
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -311,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16_384, 65_536])
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
+    # a terminated run still stops its workers and frontend (the finally blocks run on SystemExit)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     if args.quick:
         args.duration_s = 20.0
         args.lengths = [2048, 16_384, 65_536]

@@ -27,28 +27,31 @@ CHUNK = 1024
 TOKENS = 400
 
 
-def test_a_hold_moves_the_next_step_past_its_end() -> None:
-    async def scenario() -> tuple[float, float, int, int]:
+def test_a_hold_lets_the_step_in_progress_finish_then_moves_the_next_past_its_end() -> None:
+    async def scenario() -> tuple[float, float, float, int, int]:
         loop = asyncio.get_running_loop()
         clock = StepClock(0.01)
         await clock.next_step()
         before = clock.steps()
         start = loop.time()
-        waiter = clock.next_step()
-        clock.hold(0.05)
-        await waiter
-        held_until = loop.time() - start
+        in_progress = clock.next_step()
+        delay = clock.hold(0.05)  # a prefill arrives while streams wait for a step
+        await in_progress
+        await clock.next_step()
+        after_hold = loop.time() - start
         # a step that rides on the hold (mixed chunk) completes at its end, not a period later
         start = loop.time()
         waiter = clock.next_step()
-        clock.hold(0.03, carries_step=True)
+        assert clock.hold(0.03, carries_step=True) == 0.0
         await waiter
-        return held_until, loop.time() - start, before, clock.steps()
+        return delay, after_hold, loop.time() - start, before, clock.steps()
 
-    held, carried, before, after = asyncio.run(scenario())
-    assert held >= 0.05 + 0.01, "no step inside the hold; the next one a full period after it"
-    assert carried >= 0.03
-    assert after >= before + 2
+    delay, after_hold, carried, before, after = asyncio.run(scenario())
+    slack = 1e-3  # the loop may run a timer this early
+    assert 0 < delay <= 0.01, "the prefill waits for the step in progress, at most a period"
+    assert after_hold >= delay + 0.05 + 0.01 - slack, "no step inside the hold; the next a period after it"
+    assert carried >= 0.03 - slack
+    assert after == before + 3
 
 
 def _long_prompt() -> list[int]:

@@ -31,11 +31,11 @@ class StepClock:
     knows how many steps of output are ready when it comes back late. After an idle spell (no
     step for two periods) the grid restarts a full period after the next waiter arrives.
 
-    :meth:`hold` occupies the worker with something else (a prefill chunk): no boundary passes
-    until it ends, and the grid restarts from its end.
+    :meth:`hold` occupies the worker with something else (a prefill): no boundary passes until it
+    ends, and the grid restarts from its end.
     """
 
-    __slots__ = ("_handle", "_index", "_last", "_loop", "_period", "_waiters")
+    __slots__ = ("_handle", "_index", "_last", "_loop", "_pending_hold", "_period", "_waiters")
 
     def __init__(self, period: float) -> None:
         if period <= 0:
@@ -47,6 +47,8 @@ class StepClock:
         #: boundaries counted up to the grid time ``_last``
         self._index = 0
         self._last = 0.0
+        #: a hold that begins when the step in progress completes: (seconds, carries_step)
+        self._pending_hold: tuple[float, bool] | None = None
 
     @property
     def period(self) -> float:
@@ -79,23 +81,31 @@ class StepClock:
             self._handle = loop.call_at(max(self._last + period, now), self._step)
         return waiter
 
-    def hold(self, seconds: float, *, carries_step: bool = False) -> None:
-        """The worker is busy for ``seconds`` from now (a prefill chunk): no step boundary passes
-        before it ends. ``carries_step``: one decode step rides on the busy time and completes at
-        its end (SGLang's ``--enable-mixed-chunk`` puts the running batch into each prefill chunk);
-        otherwise the next step completes a full period after it.
+    def hold(self, seconds: float, *, carries_step: bool = False) -> float:
+        """Make the worker busy for ``seconds`` (a prefill): no step boundary passes inside the hold.
 
-        The step in progress when the hold begins is lost, as when a prefill batch is scheduled
-        ahead of the decode batch.
+        Without ``carries_step`` the decode step in progress (one streams are waiting for) completes
+        first -- a scheduler starts the next batch only when the running one is done -- and the hold
+        begins at its boundary; the next step then completes a full period after the hold. With
+        ``carries_step`` (SGLang's ``--enable-mixed-chunk``: the running batch rides in the prefill
+        chunk) the hold begins now and the step in progress completes at its end.
+
+        Returns the seconds until the hold begins (what the prefill waits before it runs).
         """
         loop = self._bound()
         now = loop.time()
+        seconds = max(seconds, 0.0)
+        handle = self._handle
+        if handle is not None and not carries_step and handle.when() > now:
+            self._pending_hold = (seconds, carries_step)
+            return handle.when() - now
         self._index = self.steps()
-        end = now + max(seconds, 0.0)
+        end = now + seconds
         self._last = end - self._period if carries_step else end
-        if self._handle is not None:
-            self._handle.cancel()
+        if handle is not None:
+            handle.cancel()
             self._handle = loop.call_at(max(self._last + self._period, now), self._step)
+        return 0.0
 
     def _step(self) -> None:
         self._handle = None
@@ -104,6 +114,12 @@ class StepClock:
         passed = max(1, int((self._loop.time() - self._last) / self._period))
         self._index += passed
         self._last += passed * self._period
+        if self._pending_hold is not None:
+            # the step in progress is done: the hold runs from its boundary
+            seconds, carries_step = self._pending_hold
+            self._pending_hold = None
+            end = self._last + seconds
+            self._last = end - self._period if carries_step else end
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             if not waiter.done():  # a cancelled stream's waiter

@@ -535,6 +535,10 @@ class SimulatedEngine(EngineClient):
                     self.stats.finished += 1
                     if self.kv is not None:
                         self.kv.finished([*request.input_ids, *ids])
+                    # written out: no longer held up by prefills (a prefill leg waits here for its
+                    # decode worker with nothing left to write)
+                    decoding = False
+                    self._decoding -= 1
                 yield chunk
                 if last:
                     return
@@ -565,20 +569,26 @@ class SimulatedEngine(EngineClient):
     async def _occupy(self, tokens: int, seconds_per_token: float) -> None:
         """Run a prefill of ``tokens`` uncached tokens, chunk by chunk, on this worker.
 
-        Each chunk takes ``chunk x seconds_per_token`` and, while streams are decoding, holds their
-        decode steps for that long (a prefill batch runs instead of a decode step); chunks follow
-        one another without a decode step between them, as SGLang schedules a waiting prefill
-        first -- unless ``enable_mixed_chunk``, where each chunk carries one decode step.
+        Each chunk takes ``chunk x seconds_per_token``, and while streams are decoding it holds
+        their decode steps (a prefill batch runs instead of a decode step). The chunks follow one
+        another with no decode step between them, as SGLang schedules a waiting prefill first, so
+        the whole prefill is one hold that begins once the decode step in progress is done --
+        unless ``enable_mixed_chunk``, where each chunk carries one decode step.
         """
         size = self.chunked_prefill_size if self.chunked_prefill_size > 0 else max(tokens, 1)
         clock, stats = self._clock, self.stats
-        for start in range(0, tokens, size):
-            seconds = min(size, tokens - start) * seconds_per_token
-            stats.prefill_chunks += 1
-            if clock is not None and self._decoding:
-                clock.hold(seconds, carries_step=self.enable_mixed_chunk)
-                stats.prefill_chunks_holding_decode += 1
-                stats.decode_held_s += seconds
+        chunks = [min(size, tokens - start) * seconds_per_token for start in range(0, tokens, size)]
+        stats.prefill_chunks += len(chunks)
+        if clock is None or not self._decoding:
+            await asyncio.sleep(sum(chunks))
+            return
+        stats.prefill_chunks_holding_decode += len(chunks)
+        stats.decode_held_s += sum(chunks)
+        if not self.enable_mixed_chunk:
+            await asyncio.sleep(clock.hold(sum(chunks)) + sum(chunks))
+            return
+        for seconds in chunks:
+            clock.hold(seconds, carries_step=True)
             await asyncio.sleep(seconds)
 
     def _read_images(
