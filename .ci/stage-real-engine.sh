@@ -38,8 +38,10 @@ import tomllib
 with open("pyproject.toml", "rb") as f:
     print("\n".join(tomllib.load(f)["project"]["dependencies"]))
 PY
+# nixl (it bundles UCX) for the prefill/decode pair of test_vllm_disagg.py: vLLM's NixlConnector moves the
+# KV cache between two CPU servers as DRAM over UCX on loopback
 "$VENV/bin/python" -m pip install --quiet -r "$VENV/frontend-requirements.txt" \
-    "pytest>=8" "pytest-timeout>=2.3" "xgrammar==0.2.8" "llguidance==1.7.6" >>"$LOG" 2>&1
+    "pytest>=8" "pytest-timeout>=2.3" "xgrammar==0.2.8" "llguidance==1.7.6" "nixl==1.5.1" >>"$LOG" 2>&1
 echo "real-engine stage: environment ready after $(($(date +%s) - started)) s"
 # from here on a failure is the tests', not pip's
 : >"$LOG"

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,10 +86,24 @@ class VLLMServer:
         return total
 
 
-def launch_vllm(model_dir: Path, backend: str) -> VLLMServer:
-    """Start ``python -m vllm.entrypoints.openai.api_server`` for ``model_dir`` (not waiting for it)."""
+def launch_vllm(
+    model_dir: Path,
+    backend: str,
+    *,
+    name: str | None = None,
+    load_format: str = "dummy",
+    extra_args: Sequence[str] = (),
+    extra_env: Mapping[str, str] | None = None,
+) -> VLLMServer:
+    """Start ``python -m vllm.entrypoints.openai.api_server`` for ``model_dir`` (not waiting for it).
+
+    ``name`` labels the server in logs and failures (default: ``backend``); ``load_format`` ``auto``
+    serves the weights in ``model_dir``; ``extra_args`` / ``extra_env`` add flags (say,
+    ``--kv-transfer-config``) and environment.
+    """
+    label = name or backend
     port = free_port()
-    fd, name = tempfile.mkstemp(prefix=f"vllm-{backend}-", suffix=".log")
+    fd, log_name = tempfile.mkstemp(prefix=f"vllm-{label}-", suffix=".log")
     env = {
         **os.environ,
         # KV cache in GiB: the tests need a few thousand tokens, the default would take a quarter of RAM
@@ -97,6 +111,7 @@ def launch_vllm(model_dir: Path, backend: str) -> VLLMServer:
         # two servers share two cores: let the OS schedule their threads instead of pinning both to core 0
         "VLLM_CPU_OMP_THREADS_BIND": "nobind",
         "PYTHONUNBUFFERED": "1",
+        **(extra_env or {}),
     }
     cmd = [
         sys.executable,
@@ -107,7 +122,7 @@ def launch_vllm(model_dir: Path, backend: str) -> VLLMServer:
         "--served-model-name",
         WORKER_MODEL,
         "--load-format",
-        "dummy",
+        load_format,
         "--max-model-len",
         str(MAX_MODEL_LEN),
         "--max-num-seqs",
@@ -123,10 +138,11 @@ def launch_vllm(model_dir: Path, backend: str) -> VLLMServer:
         "127.0.0.1",
         "--port",
         str(port),
+        *extra_args,
     ]
     proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env)
     os.close(fd)
-    return VLLMServer(backend, proc, f"http://127.0.0.1:{port}", Path(name))
+    return VLLMServer(label, proc, f"http://127.0.0.1:{port}", Path(log_name))
 
 
 @pytest.fixture(scope="session")

