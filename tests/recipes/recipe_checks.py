@@ -41,6 +41,9 @@ VARIANT_DIRS: dict[str, Path] = {
     # DeepSeek-V4.1-Flash (text and images), same layout: every lint runs on it too
     "v41-b200": REPO_ROOT / "recipes" / "deepseek-v4.1-flash" / "sglang",
 }
+#: DeepSeek-V4-Pro prefill/decode disaggregated (H200, multi-node, Dynamo operator only): another layout, its
+#: own checks in test_disagg_recipe.py
+DISAGG_RECIPE_DIR = REPO_ROOT / "recipes" / "deepseek-v4-pro" / "sglang-disagg"
 
 #: Kubernetes minor versions the core manifests must validate against (oldest supported, newest bundled).
 K8S_VERSIONS: tuple[str, ...] = ("1.30", "1.37")
@@ -77,6 +80,15 @@ SGLANG_FLAGS: frozenset[str] = frozenset(
         "--cuda-graph-max-bs-decode",
         # KV cache events for the frontend's KV-aware router (srt/arg_groups/fields/observability.py)
         "--kv-events-config",
+        # DeepSeek-V4-Pro prefill/decode recipe: DP-attention, DeepEP, the PD role and its KV transfer
+        "--dp-size",
+        "--enable-dp-attention",
+        "--moe-a2a-backend",
+        "--cuda-graph-max-bs",
+        "--disaggregation-mode",
+        "--disaggregation-transfer-backend",
+        "--disaggregation-ib-device",
+        "--disaggregation-bootstrap-port",
     }
 )
 #: SGLang endpoints a probe may use (SGLang's HTTP server routes).
