@@ -23,7 +23,7 @@ from deepseek_frontend.errors import (
     EngineTimeoutError,
     NoHealthyWorkerError,
 )
-from deepseek_frontend.routing import pd as pd_module
+from deepseek_frontend.routing import pd_parts
 from deepseek_frontend.routing.pd import DisaggregatedPool, PdConfig, RoleMismatchError, Rooms
 from deepseek_frontend.routing.pd_metrics import PdCollector
 from deepseek_frontend.routing.router import Router, RouterConfig
@@ -139,7 +139,7 @@ def test_every_request_gets_its_own_room() -> None:
 
 def test_a_room_drawn_again_by_chance_is_redrawn(monkeypatch: pytest.MonkeyPatch) -> None:
     draws = iter([5, 5, 5, 6])
-    monkeypatch.setattr(pd_module.secrets, "randbelow", lambda limit: next(draws))
+    monkeypatch.setattr(pd_parts.secrets, "randbelow", lambda limit: next(draws))
     rooms = Rooms()
     assert [rooms.draw(), rooms.draw()] == [5, 6]
 

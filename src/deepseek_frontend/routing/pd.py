@@ -46,15 +46,10 @@ the room, the outcome and the transfer time; :class:`PdStats` feeds ``routing/pd
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
-import secrets
-from bisect import bisect_left
-from collections import Counter, deque
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import urlsplit
 
 from deepseek_frontend.engines.base import (
@@ -73,9 +68,29 @@ from deepseek_frontend.errors import (
     NoHealthyWorkerError,
     RequestError,
 )
+from deepseek_frontend.routing.pd_parts import (
+    DEFAULT_BOOTSTRAP_PORT,
+    OUTCOMES,
+    PAIR_ATTEMPTS,
+    PREFILL_GRACE_S,
+    TRANSFER_BUCKETS,
+    TRANSFER_TIMEOUT_S,
+    LegFailed,
+    PdConfig,
+    PdStats,
+    RoleMismatchError,
+    Rooms,
+    Trace,
+    first_chunk,
+    leg_failure,
+    log_request,
+    quietly_cancel,
+)
 
 __all__ = [
     "DEFAULT_BOOTSTRAP_PORT",
+    "OUTCOMES",
+    "TRANSFER_BUCKETS",
     "TRANSFER_TIMEOUT_S",
     "DisaggregatedPool",
     "PdConfig",
@@ -86,115 +101,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger("deepseek_frontend.routing.pd")
-
-#: SGLang's default ``--disaggregation-bootstrap-port``
-DEFAULT_BOOTSTRAP_PORT = 8998
-#: bootstrap rooms are drawn from ``0 .. ROOM_LIMIT - 1`` (SGLang keeps them in an int64 buffer)
-ROOM_LIMIT = 1 << 63
-#: rooms remembered so that none is drawn twice (a bounded cache; a repeat of a random 63-bit number
-#: beyond it is as likely as a hardware fault)
-RECENT_ROOMS = 1 << 16
-#: default seconds from the prefill leg's end to the decode's first token (``--pd-transfer-timeout``)
-TRANSFER_TIMEOUT_S = 60.0
-#: pairs one request may try before its first token (the first and one retry)
-PAIR_ATTEMPTS = 2
-#: seconds a finished decode waits for a prefill answer still on its way before that leg is aborted
-PREFILL_GRACE_S = 1.0
-#: histogram bounds (seconds) of the time from the prefill's end to the decode's first token
-TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-
-Role = Literal["prefill", "decode"]
-#: how a PD request ended (the ``outcome`` label of ``pd_requests_total``)
-OUTCOMES = (
-    "ok",
-    "client_gone",
-    "rejected",
-    "prefill_failed",
-    "decode_failed",
-    "transfer_timeout",
-    "no_worker",
-    "error",
-)
-
-
-class RoleMismatchError(ValueError):
-    """A worker given as ``--prefill-worker`` / ``--decode-worker`` reports another role."""
-
-
-class Rooms:
-    """Draws bootstrap rooms: uniform in ``0 .. 2**63-1`` (:mod:`secrets`), never one of the last
-    ``remember`` drawn."""
-
-    __slots__ = ("_order", "_seen")
-
-    def __init__(self, remember: int = RECENT_ROOMS) -> None:
-        self._order: deque[int] = deque(maxlen=remember)
-        self._seen: set[int] = set()
-
-    def draw(self) -> int:
-        room = secrets.randbelow(ROOM_LIMIT)
-        while room in self._seen:
-            room = secrets.randbelow(ROOM_LIMIT)
-        order = self._order
-        if len(order) == order.maxlen:
-            self._seen.discard(order[0])
-        order.append(room)
-        self._seen.add(room)
-        return room
-
-
-@dataclass(frozen=True, slots=True)
-class PdConfig:
-    """``engine``: the workers' protocol; ``transfer_timeout_s`` (None: unbounded) and
-    ``bootstrap_port`` (None: each prefill worker's own) as described in the module docstring."""
-
-    engine: Literal["sglang", "vllm"] = "sglang"
-    transfer_timeout_s: float | None = TRANSFER_TIMEOUT_S
-    bootstrap_port: int | None = None
-
-
-@dataclass(slots=True)
-class PdStats:
-    """Counters read at scrape time (routing/pd_metrics.py); updated on the event loop only."""
-
-    outcomes: Counter[str] = field(default_factory=Counter)
-    #: prefill legs that failed (SGLang: the bootstrap handshake, the prefill or its KV send)
-    bootstrap_failures: int = 0
-    #: decode legs that failed before their first token, or waited past the transfer timeout
-    transfer_failures: int = 0
-    #: pairs retried on other workers before the first token
-    retries: int = 0
-    #: prefill answers that were bad after the decode had started (logged, the client unaffected)
-    late_prefill_failures: int = 0
-    transfer_counts: list[int] = field(default_factory=lambda: [0] * (len(TRANSFER_BUCKETS) + 1))
-    transfer_sum: float = 0.0
-
-    def observe_transfer(self, seconds: float) -> None:
-        self.transfer_counts[bisect_left(TRANSFER_BUCKETS, seconds)] += 1
-        self.transfer_sum += seconds
-
-
-class _LegFailed(Exception):
-    """A leg failed before the decode's first token in a way another pair may not repeat."""
-
-    def __init__(self, role: Role, message: str) -> None:
-        super().__init__(message)
-        self.role = role
-        self.message = message
-
-
-@dataclass(slots=True)
-class _Trace:
-    """What the request's log line says."""
-
-    rid: str
-    prefill: str = "-"
-    decode: str = "-"
-    room: int | None = None
-    attempts: int = 0
-    outcome: str = "error"
-    transfer_s: float | None = None
-    detail: str = ""
 
 
 class DisaggregatedPool:
@@ -417,7 +323,7 @@ class DisaggregatedPool:
     ) -> AsyncIterator[EngineChunk]:
         """One request on a pair (see module docstring); ``avoid``: decode URLs not to use (a
         migration's broken worker); ``served`` (out): the decode worker that streamed."""
-        trace = _Trace(request.request_id)
+        trace = Trace(request.request_id)
         stats = self.stats
         tried_p: set[str] = set()
         tried_d: set[str] = set(avoid)
@@ -446,9 +352,9 @@ class DisaggregatedPool:
                     try:
                         await asyncio.wait({prefill_task})
                     except BaseException:
-                        await _quietly_cancel(prefill_task)
+                        await quietly_cancel(prefill_task)
                         raise
-                    failure = _leg_failure("prefill", prefill_task.exception())
+                    failure = leg_failure("prefill", prefill_task.exception())
                     if failure is not None:
                         stats.bootstrap_failures += 1
                         trace.outcome = "prefill_failed"
@@ -464,10 +370,10 @@ class DisaggregatedPool:
                     prefill_task = loop.create_task(self._sglang_prefill(p_url, prefill_request))
                     prefill_end = None
                 decode = self.decode.generate_on(d_url, decode_request)
-                first_task: asyncio.Task[EngineChunk] = loop.create_task(_first_chunk(decode))
+                first_task: asyncio.Task[EngineChunk] = loop.create_task(first_chunk(decode))
                 try:
                     prefill_end = await self._await_first(prefill_task, first_task, prefill_end, trace)
-                except _LegFailed as exc:
+                except LegFailed as exc:
                     await self._stop_legs(
                         prefill_task, first_task, decode, p_url, d_url, leg_request.request_id
                     )
@@ -505,7 +411,7 @@ class DisaggregatedPool:
                     if not prefill_task.done() and finished:
                         # the answer is normally in already; give one on its way a moment
                         await asyncio.wait({prefill_task}, timeout=PREFILL_GRACE_S)
-                    await _quietly_cancel(prefill_task)
+                    await quietly_cancel(prefill_task)
                     self._check_late_prefill(prefill_task, p_url, trace)
                     await decode.aclose()  # type: ignore[attr-defined]
                 return
@@ -531,18 +437,18 @@ class DisaggregatedPool:
             raise
         finally:
             stats.outcomes[trace.outcome] += 1
-            _log(trace)
+            log_request(trace)
 
     async def _await_first(
         self,
         prefill_task: asyncio.Task[Any],
         first_task: asyncio.Task[EngineChunk],
         prefill_end: float | None,
-        trace: _Trace,
+        trace: Trace,
     ) -> float | None:
         """Wait for the decode's first chunk while watching the prefill leg; the prefill's end time.
 
-        Raises :class:`_LegFailed` for a failure another pair may not repeat, the leg's own
+        Raises :class:`LegFailed` for a failure another pair may not repeat, the leg's own
         ``RequestError`` for a refusal, and ``EngineTimeoutError`` past the transfer timeout.
         """
         stats = self.stats
@@ -550,11 +456,11 @@ class DisaggregatedPool:
         if prefill_end is None:
             await asyncio.wait({prefill_task, first_task}, return_when=asyncio.FIRST_COMPLETED)
             if not first_task.done():
-                failure = _leg_failure("prefill", prefill_task.exception())
+                failure = leg_failure("prefill", prefill_task.exception())
                 if failure is not None:
                     stats.bootstrap_failures += 1
                     trace.outcome = "prefill_failed"
-                    raise _LegFailed("prefill", failure)
+                    raise LegFailed("prefill", failure)
                 prefill_end = prefill_task.result()
         if not first_task.done():
             timeout = self.config.transfer_timeout_s
@@ -566,11 +472,11 @@ class DisaggregatedPool:
                     f"the decode worker did not receive the prompt's KV cache from the prefill worker "
                     f"within {timeout:g} s (--pd-transfer-timeout); both legs were aborted"
                 )
-        failure = _leg_failure("decode", first_task.exception())
+        failure = leg_failure("decode", first_task.exception())
         if failure is not None:
             stats.transfer_failures += 1
             trace.outcome = "decode_failed"
-            raise _LegFailed("decode", failure)
+            raise LegFailed("decode", failure)
         if prefill_end is not None:
             trace.transfer_s = max(0.0, loop.time() - prefill_end)
             stats.observe_transfer(trace.transfer_s)
@@ -590,7 +496,7 @@ class DisaggregatedPool:
         worker answered may still have reached it, send each worker an abort for ``rid`` as well
         (in the background: the next pair or the client's error must not wait for it)."""
         prefill_running, decode_running = not prefill_task.done(), not first_task.done()
-        await _quietly_cancel(first_task, prefill_task)
+        await quietly_cancel(first_task, prefill_task)
         await decode.aclose()  # type: ignore[attr-defined]
         for running, pool, url in (
             (prefill_running, self.prefill, p_url),
@@ -602,7 +508,7 @@ class DisaggregatedPool:
                 self._aborts.add(task)
                 task.add_done_callback(self._aborts.discard)
 
-    def _check_late_prefill(self, task: asyncio.Task[Any], url: str, trace: _Trace) -> None:
+    def _check_late_prefill(self, task: asyncio.Task[Any], url: str, trace: Trace) -> None:
         """Count and log a prefill answer that went wrong after the decode had started."""
         if task.cancelled():
             return
@@ -614,62 +520,6 @@ class DisaggregatedPool:
         elif trace.transfer_s is None and isinstance(task.result(), float):
             self.stats.observe_transfer(0.0)  # the decode started before the prefill's answer arrived
             trace.transfer_s = 0.0
-
-
-async def _first_chunk(stream: AsyncIterator[EngineChunk]) -> EngineChunk:
-    try:
-        return await anext(stream)
-    except StopAsyncIteration:
-        raise EngineUnavailableError("the decode leg ended before its first token") from None
-
-
-def _leg_failure(role: Role, exc: BaseException | None) -> str | None:
-    """The message of a leg failure worth a retry on another pair; None when the leg is fine.
-
-    A refusal (``RequestError``), a timeout (the client's deadline) and anything not an engine error
-    propagate as they are.
-    """
-    if exc is None:
-        return None
-    if isinstance(exc, EngineError) and not isinstance(exc, EngineTimeoutError):
-        message = exc.message
-        # a leg runs on one worker: the pool's "no healthy worker (url: why)" wrapper says nothing more
-        if (
-            isinstance(exc, NoHealthyWorkerError)
-            and message.startswith(_POOL_WRAPPER)
-            and message.endswith(")")
-        ):
-            message = message[len(_POOL_WRAPPER) : -1]
-        return f"{role} leg: {message}"
-    raise exc
-
-
-_POOL_WRAPPER = "no healthy engine worker could take the request ("
-
-
-async def _quietly_cancel(*tasks: asyncio.Task[Any]) -> None:
-    """Cancel ``tasks`` and wait for them, swallowing what they end with (their failures are handled
-    by the caller or no longer matter). Cancelling a leg's task closes its stream, which aborts it."""
-    for task in tasks:
-        task.cancel()
-    for task in tasks:
-        with contextlib.suppress(BaseException):
-            await task
-
-
-def _log(trace: _Trace) -> None:
-    transfer = f"{trace.transfer_s * 1000:.1f}ms" if trace.transfer_s is not None else "-"
-    logger.info(
-        "pd request %s outcome=%s prefill=%s decode=%s room=%s attempts=%d transfer=%s%s",
-        trace.rid,
-        trace.outcome,
-        trace.prefill,
-        trace.decode,
-        trace.room if trace.room is not None else "-",
-        trace.attempts,
-        transfer,
-        f" detail={trace.detail!r}" if trace.detail else "",
-    )
 
 
 def build_disaggregated(config: Any, limits: Any) -> DisaggregatedPool:

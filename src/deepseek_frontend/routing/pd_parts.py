@@ -1,0 +1,211 @@
+"""The prefill/decode orchestrator's parts (routing/pd.py): its settings, counters, rooms, the
+request's log line and the helpers that stop and judge a leg."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+import secrets
+from bisect import bisect_left
+from collections import Counter, deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from deepseek_frontend.engines.base import EngineChunk
+from deepseek_frontend.errors import (
+    EngineError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+    NoHealthyWorkerError,
+)
+
+__all__ = [
+    "DEFAULT_BOOTSTRAP_PORT",
+    "OUTCOMES",
+    "PAIR_ATTEMPTS",
+    "PREFILL_GRACE_S",
+    "TRANSFER_BUCKETS",
+    "TRANSFER_TIMEOUT_S",
+    "LegFailed",
+    "PdConfig",
+    "PdStats",
+    "RoleMismatchError",
+    "Rooms",
+    "Trace",
+    "first_chunk",
+    "leg_failure",
+    "log_request",
+    "quietly_cancel",
+]
+
+logger = logging.getLogger("deepseek_frontend.routing.pd")
+
+#: SGLang's default ``--disaggregation-bootstrap-port``
+DEFAULT_BOOTSTRAP_PORT = 8998
+#: bootstrap rooms are drawn from ``0 .. ROOM_LIMIT - 1`` (SGLang keeps them in an int64 buffer)
+ROOM_LIMIT = 1 << 63
+#: rooms remembered so that none is drawn twice (a bounded cache; a repeat of a random 63-bit number
+#: beyond it is as likely as a hardware fault)
+RECENT_ROOMS = 1 << 16
+#: default seconds from the prefill leg's end to the decode's first token (``--pd-transfer-timeout``)
+TRANSFER_TIMEOUT_S = 60.0
+#: pairs one request may try before its first token (the first and one retry)
+PAIR_ATTEMPTS = 2
+#: seconds a finished decode waits for a prefill answer still on its way before that leg is aborted
+PREFILL_GRACE_S = 1.0
+#: histogram bounds (seconds) of the time from the prefill's end to the decode's first token
+TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+Role = Literal["prefill", "decode"]
+#: how a PD request ended (the ``outcome`` label of ``pd_requests_total``)
+OUTCOMES = (
+    "ok",
+    "client_gone",
+    "rejected",
+    "prefill_failed",
+    "decode_failed",
+    "transfer_timeout",
+    "no_worker",
+    "error",
+)
+
+
+class RoleMismatchError(ValueError):
+    """A worker given as ``--prefill-worker`` / ``--decode-worker`` reports another role."""
+
+
+class Rooms:
+    """Draws bootstrap rooms: uniform in ``0 .. 2**63-1`` (:mod:`secrets`), never one of the last
+    ``remember`` drawn."""
+
+    __slots__ = ("_order", "_seen")
+
+    def __init__(self, remember: int = RECENT_ROOMS) -> None:
+        self._order: deque[int] = deque(maxlen=remember)
+        self._seen: set[int] = set()
+
+    def draw(self) -> int:
+        room = secrets.randbelow(ROOM_LIMIT)
+        while room in self._seen:
+            room = secrets.randbelow(ROOM_LIMIT)
+        order = self._order
+        if len(order) == order.maxlen:
+            self._seen.discard(order[0])
+        order.append(room)
+        self._seen.add(room)
+        return room
+
+
+@dataclass(frozen=True, slots=True)
+class PdConfig:
+    """``engine``: the workers' protocol; ``transfer_timeout_s`` (None: unbounded) and
+    ``bootstrap_port`` (None: each prefill worker's own) as described in the module docstring."""
+
+    engine: Literal["sglang", "vllm"] = "sglang"
+    transfer_timeout_s: float | None = TRANSFER_TIMEOUT_S
+    bootstrap_port: int | None = None
+
+
+@dataclass(slots=True)
+class PdStats:
+    """Counters read at scrape time (routing/pd_metrics.py); updated on the event loop only."""
+
+    outcomes: Counter[str] = field(default_factory=Counter)
+    #: prefill legs that failed (SGLang: the bootstrap handshake, the prefill or its KV send)
+    bootstrap_failures: int = 0
+    #: decode legs that failed before their first token, or waited past the transfer timeout
+    transfer_failures: int = 0
+    #: pairs retried on other workers before the first token
+    retries: int = 0
+    #: prefill answers that were bad after the decode had started (logged, the client unaffected)
+    late_prefill_failures: int = 0
+    transfer_counts: list[int] = field(default_factory=lambda: [0] * (len(TRANSFER_BUCKETS) + 1))
+    transfer_sum: float = 0.0
+
+    def observe_transfer(self, seconds: float) -> None:
+        self.transfer_counts[bisect_left(TRANSFER_BUCKETS, seconds)] += 1
+        self.transfer_sum += seconds
+
+
+class LegFailed(Exception):
+    """A leg failed before the decode's first token in a way another pair may not repeat."""
+
+    def __init__(self, role: Role, message: str) -> None:
+        super().__init__(message)
+        self.role = role
+        self.message = message
+
+
+@dataclass(slots=True)
+class Trace:
+    """What the request's log line says."""
+
+    rid: str
+    prefill: str = "-"
+    decode: str = "-"
+    room: int | None = None
+    attempts: int = 0
+    outcome: str = "error"
+    transfer_s: float | None = None
+    detail: str = ""
+
+
+async def first_chunk(stream: AsyncIterator[EngineChunk]) -> EngineChunk:
+    try:
+        return await anext(stream)
+    except StopAsyncIteration:
+        raise EngineUnavailableError("the decode leg ended before its first token") from None
+
+
+def leg_failure(role: Role, exc: BaseException | None) -> str | None:
+    """The message of a leg failure worth a retry on another pair; None when the leg is fine.
+
+    A refusal (``RequestError``), a timeout (the client's deadline) and anything not an engine error
+    propagate as they are.
+    """
+    if exc is None:
+        return None
+    if isinstance(exc, EngineError) and not isinstance(exc, EngineTimeoutError):
+        message = exc.message
+        # a leg runs on one worker: the pool's "no healthy worker (url: why)" wrapper says nothing more
+        if (
+            isinstance(exc, NoHealthyWorkerError)
+            and message.startswith(_POOL_WRAPPER)
+            and message.endswith(")")
+        ):
+            message = _REPEATED_URL.sub(r"\1: ", message[len(_POOL_WRAPPER) : -1])
+        return f"{role} leg: {message}"
+    raise exc
+
+
+_POOL_WRAPPER = "no healthy engine worker could take the request ("
+#: the pool names the worker before a client message that already starts with it
+_REPEATED_URL = re.compile(r"^(\S+): \1: ")
+
+
+async def quietly_cancel(*tasks: asyncio.Task[Any]) -> None:
+    """Cancel ``tasks`` and wait for them, swallowing what they end with (their failures are handled
+    by the caller or no longer matter). Cancelling a leg's task closes its stream, which aborts it."""
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(BaseException):
+            await task
+
+
+def log_request(trace: Trace) -> None:
+    transfer = f"{trace.transfer_s * 1000:.1f}ms" if trace.transfer_s is not None else "-"
+    logger.info(
+        "pd request %s outcome=%s prefill=%s decode=%s room=%s attempts=%d transfer=%s%s",
+        trace.rid,
+        trace.outcome,
+        trace.prefill,
+        trace.decode,
+        trace.room if trace.room is not None else "-",
+        trace.attempts,
+        transfer,
+        f" detail={trace.detail!r}" if trace.detail else "",
+    )

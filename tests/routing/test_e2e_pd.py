@@ -1,0 +1,154 @@
+"""End to end over real HTTP: ``serve --prefill-worker/--decode-worker`` over sim-engine processes in
+SGLang's PD roles (the decode sim fetches the room's KV from the prefill sim's bootstrap port over TCP).
+
+* a disaggregated answer is the one an aggregated worker gives, streamed or not, on both APIs' SDKs;
+* a worker started in the wrong role keeps the frontend from starting, with a message naming it;
+* a decode leg that cannot reach the prefill's bootstrap port fails the request (503) with no room or
+  leg left behind on either worker; a client that leaves mid-stream leaves nothing running either.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.support.servers import Server, free_port, start_frontend, start_sim_engine
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.slow
+
+MESSAGES = [{"role": "user", "content": "Write forty words about the sea. " + "Waves roll. " * 60}]
+
+
+def prefill_sim(*extra: str) -> Server:
+    return start_sim_engine(
+        "--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "0", *extra
+    )
+
+
+def decode_sim(*extra: str) -> Server:
+    return start_sim_engine(
+        "--disaggregation-mode", "decode", "--disaggregation-handshake-timeout", "1", *extra
+    )
+
+
+def sim_stats(server: Server) -> dict[str, object]:
+    return httpx.get(server.url + "/sim/stats", timeout=5).json()
+
+
+def metric(server: Server, name: str) -> dict[str, float]:
+    text = httpx.get(server.url + "/metrics", timeout=5).text
+    return {
+        m.group(1) or "": float(m.group(2))
+        for m in re.finditer(rf"^{name}(\{{[^}}]*\}})? (\S+)$", text, re.M)
+    }
+
+
+def nothing_running(*servers: Server) -> bool:
+    for s in servers:
+        stats = sim_stats(s)
+        if stats["running"] or stats.get("pd_rooms_open") or stats.get("pd_fetching"):
+            return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def pd_pair() -> Iterator[tuple[Server, Server, Server]]:
+    with (
+        prefill_sim() as p,
+        decode_sim("--itl-ms", "20") as d,
+        start_frontend(
+            "--prefill-worker", p.url, "--decode-worker", d.url, "--health-check-interval", "300"
+        ) as fe,
+    ):
+        yield fe, p, d
+
+
+@pytest.fixture(scope="module")
+def aggregated() -> Iterator[Server]:
+    with start_sim_engine() as w, start_frontend("--worker", w.url, "--health-check-interval", "300") as fe:
+        yield fe
+
+
+def test_a_disaggregated_answer_is_the_aggregated_one(
+    pd_pair: tuple[Server, Server, Server], aggregated: Server
+) -> None:
+    fe, p, d = pd_pair
+    pd_client = openai.OpenAI(base_url=fe.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    agg_client = openai.OpenAI(base_url=aggregated.url + "/v1", api_key="x", max_retries=0, timeout=60)
+    kwargs = {"model": "deepseek-v4-flash", "messages": MESSAGES, "temperature": 0, "max_tokens": 60}
+    expected = agg_client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
+    got = pd_client.chat.completions.create(**kwargs)  # type: ignore[call-overload]
+    assert got.choices[0].message.content == expected.choices[0].message.content
+    assert got.usage is not None and expected.usage is not None
+    assert got.usage.prompt_tokens == expected.usage.prompt_tokens
+    assert got.usage.completion_tokens == expected.usage.completion_tokens
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in pd_client.chat.completions.create(stream=True, **kwargs)  # type: ignore[call-overload]
+        if c.choices
+    )
+    assert streamed == expected.choices[0].message.content
+    # the decode sim received the prompt's KV from the prefill sim, once per request
+    transfers = sim_stats(d)["pd_transfers"]
+    assert isinstance(transfers, list) and len(transfers) >= 2
+    assert all(t["tokens"] == expected.usage.prompt_tokens for t in transfers[-2:])
+    assert metric(fe, "deepseek_frontend_pd_requests_total")['{outcome="ok"}'] >= 2
+    wait_until(lambda: nothing_running(p, d), "both legs finished")
+
+
+def test_a_client_leaving_mid_stream_leaves_no_leg_running(pd_pair: tuple[Server, Server, Server]) -> None:
+    fe, p, d = pd_pair
+    body = {"model": "deepseek-v4-flash", "messages": MESSAGES, "max_tokens": 500, "stream": True}
+    with httpx.stream("POST", fe.url + "/v1/chat/completions", json=body, timeout=30) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if line.startswith("data: {") and '"content"' in line:
+                break  # a token arrived: leave mid-stream
+    wait_until(lambda: nothing_running(p, d), "both legs aborted")
+    wait_until(
+        lambda: metric(fe, "deepseek_frontend_pd_requests_total").get('{outcome="client_gone"}', 0) >= 1,
+        "the request counted as client_gone",
+    )
+
+
+def test_a_worker_in_the_wrong_role_keeps_the_frontend_from_starting() -> None:
+    with prefill_sim() as p, decode_sim() as d:
+        args = ["serve", "--port", str(free_port()), "--prefill-worker", d.url, "--decode-worker", p.url]
+        done = subprocess.run(
+            [sys.executable, "-m", "deepseek_frontend", *args], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode != 0
+        assert f"{d.url} was given as --prefill-worker" in done.stderr + done.stdout
+        assert 'disaggregation_mode "decode"' in done.stderr + done.stdout
+
+
+def test_an_unreachable_bootstrap_port_fails_the_request_with_nothing_left_behind() -> None:
+    unused = str(free_port())
+    with prefill_sim("--disaggregation-bootstrap-timeout", "30") as p, decode_sim() as d:
+        args = [
+            "--prefill-worker",
+            p.url,
+            "--decode-worker",
+            d.url,
+            "--disaggregation-bootstrap-port",
+            unused,
+        ]
+        with start_frontend(*args, "--health-check-interval", "300") as fe:
+            r = httpx.post(
+                fe.url + "/v1/chat/completions",
+                json={"model": "deepseek-v4-flash", "messages": MESSAGES, "max_tokens": 20},
+                timeout=60,
+            )
+            assert r.status_code == 503, r.text
+            assert "handshake" in r.json()["error"]["message"].lower()
+            # the prefill legs that waited for a decode were aborted: no room is held
+            wait_until(lambda: nothing_running(p, d), "no leg or room left")
+            assert metric(fe, "deepseek_frontend_pd_pair_retries_total")[""] == 1
+            assert metric(fe, "deepseek_frontend_pd_transfer_failures_total")[""] == 2
