@@ -38,7 +38,7 @@ class HiddenReasoning:
     answer made several calls -- they share one string object). Thread-safe.
     """
 
-    def __init__(self, max_entries: int = 4096, max_chars: int = 8_000_000) -> None:
+    def __init__(self, max_entries: int = 16_384, max_chars: int = 16_000_000) -> None:
         if max_entries < 1 or max_chars < 1:
             raise ValueError("max_entries and max_chars must be positive")
         self.max_entries = max_entries
