@@ -16,6 +16,7 @@ by stop, length or abort, refusing like SGLang, failing by fault -- as a ``Gener
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import importlib.metadata
 import importlib.util
 import sys
@@ -269,3 +270,48 @@ def test_sglang_rejects_input_ids_that_are_not_ints_and_so_does_the_sim(
     response, started = asyncio.run(scenario())
     assert response.status_code == 400 and "input_ids must be" in response.text
     assert started == 0, "a refused request never starts"
+
+
+def test_both_legs_of_a_disaggregated_request_are_valid_sglang_generate_requests(api: ModuleType) -> None:
+    """The prefill/decode orchestrator (routing/pd.py) sends SGLang's PD fields; SGLang's own decoder
+    reads both legs' bodies, the bootstrap trio and the DP rank hints included, with the largest room."""
+    from deepseek_frontend.engines.pool import from_urls
+    from deepseek_frontend.routing.pd import DisaggregatedPool
+    from deepseek_frontend.routing.pd_parts import ROOM_LIMIT
+    from deepseek_frontend.routing.router import Router
+    from tests.routing.pd_fakes import TOKENS, FakeSGLangPd, Rendezvous
+
+    bodies: list[dict[str, Any]] = []
+
+    async def scenario() -> None:
+        rv = Rendezvous()
+        p, d = FakeSGLangPd("prefill", rv), FakeSGLangPd("decode", rv)
+        await p.start()
+        await d.start()
+        pools = [from_urls("sglang", [f.url], health_interval_s=0, router=Router()) for f in (p, d)]
+        pd = DisaggregatedPool(*pools)
+        try:
+            await pd.start()
+            ids, _ = await collect(pd, request_for([1, 2, 3], rid="pd-1", max_new_tokens=5))  # type: ignore[arg-type]
+            assert ids == TOKENS
+            bodies.extend([p.bodies[0], d.bodies[0]])
+            # the largest room and explicit rank hints, as a DP-attention deployment gets them
+            pre, dec = pd.sglang_legs(request_for([1, 2, 3], rid="pd-2"), p.url, d.url, ROOM_LIMIT - 1)
+            pre_fields = {**(pre.extra_fields or {}), "routed_dp_rank": 3, "disagg_prefill_dp_rank": 3}
+            dec_fields = {**(dec.extra_fields or {}), "routed_dp_rank": 1, "disagg_prefill_dp_rank": 3}
+            for leg, fields in ((pre, pre_fields), (dec, dec_fields)):
+                bodies.append(SGLangClient.request_body(dataclasses.replace(leg, extra_fields=fields)))
+        finally:
+            await pd.aclose()
+            await p.close()
+            await d.close()
+
+    asyncio.run(asyncio.wait_for(scenario(), 60))
+    prefill, decode, big_prefill, big_decode = (api.GenerateRequest.from_json_value(b) for b in bodies)
+    for leg in (prefill, decode):
+        assert leg.input_ids == [1, 2, 3] and leg.rid == "pd-1" and leg.stream is True
+        assert leg.bootstrap_host == "127.0.0.1" and leg.bootstrap_port == 8998
+    assert prefill.bootstrap_room == decode.bootstrap_room and 0 <= prefill.bootstrap_room < ROOM_LIMIT
+    assert big_prefill.bootstrap_room == big_decode.bootstrap_room == ROOM_LIMIT - 1
+    assert big_prefill.routed_dp_rank == 3 and big_prefill.disagg_prefill_dp_rank == 3
+    assert big_decode.routed_dp_rank == 1 and big_decode.disagg_prefill_dp_rank == 3
