@@ -1,0 +1,510 @@
+"""The store's logic, once, over a tiny transaction interface both databases provide.
+
+:class:`SqlStore` implements :class:`~.store.StateStore` with SQL written for the common subset
+of SQLite and PostgreSQL, ``?`` placeholders (the PostgreSQL transaction rewrites them). A
+subclass supplies :meth:`SqlStore.transaction`: an async context manager yielding a
+:class:`Tx`, committed when the block ends and rolled back when it raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import abstractmethod
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from .migrations import MIGRATIONS, SCHEMA_VERSION
+from .records import ItemKind, Page, StoredConversation, StoredItem, StoredResponse
+from .store import MAX_PAGE, BrokenChainError, CursorError, Order, StateStore
+
+__all__ = ["SchemaTooNewError", "SqlStore", "Tx"]
+
+#: objects looked at per round of the size-budget eviction
+_EVICT_BATCH = 256
+_ALIVE = "(expires_at IS NULL OR expires_at > ?)"
+
+
+class SchemaTooNewError(RuntimeError):
+    """The database was migrated by a newer version of this program."""
+
+
+class Tx(Protocol):
+    """One open transaction."""
+
+    async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
+        """Run one statement; the rows it changed."""
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
+
+    async def fetch(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+
+def _items_size(items: Sequence[StoredItem]) -> int:
+    return sum(len(item.data) for item in items)
+
+
+class SqlStore(StateStore):
+    """:class:`StateStore` over SQL; see the module docstring."""
+
+    @abstractmethod
+    def transaction(self) -> contextlib.AbstractAsyncContextManager[Tx]: ...
+
+    # ---------------------------------------------------------------- schema
+    async def migrate(self, tx: Tx) -> int:
+        """Apply the missing migrations in ``tx`` (which holds the write lock); the version reached."""
+        await tx.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        rows = await tx.fetch("SELECT version FROM schema_version")
+        version = rows[0][0] if rows else 0
+        if version > SCHEMA_VERSION:
+            raise SchemaTooNewError(
+                f"the state store is at schema version {version}; this program knows up to {SCHEMA_VERSION}"
+            )
+        for statements in MIGRATIONS[version:]:
+            for statement in statements:
+                await tx.execute(statement)
+        if not rows:
+            await tx.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
+        elif version != SCHEMA_VERSION:
+            await tx.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
+        return SCHEMA_VERSION
+
+    # ---------------------------------------------------------------- responses
+    async def put_response(
+        self, response: StoredResponse, input_items: list[StoredItem], output_items: list[StoredItem]
+    ) -> None:
+        size = len(response.body) + len(response.request)
+        size += _items_size(input_items) + _items_size(output_items)
+        async with self.transaction() as tx:
+            await tx.execute(
+                "INSERT INTO responses (id, owner, created_at, expires_at, status, body, request,"
+                " previous_response_id, conversation_id, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    response.id,
+                    response.owner,
+                    float(response.created_at),
+                    self.retention.expires_at(response.created_at),
+                    response.status,
+                    response.body,
+                    response.request,
+                    response.previous_response_id,
+                    response.conversation_id,
+                    size,
+                ),
+            )
+            await self._insert_response_items(tx, response.owner, response.id, "input", input_items)
+            await self._insert_response_items(tx, response.owner, response.id, "output", output_items)
+
+    async def _insert_response_items(
+        self, tx: Tx, owner: str, response_id: str, kind: ItemKind, items: Sequence[StoredItem]
+    ) -> None:
+        if items:
+            await tx.executemany(
+                "INSERT INTO response_items (response_id, kind, seq, item_id, owner, data)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                [(response_id, kind, i, item.item_id, owner, item.data) for i, item in enumerate(items)],
+            )
+
+    async def update_response(
+        self, owner: str, response_id: str, status: str, body: str, output_items: list[StoredItem] | None
+    ) -> bool:
+        async with self.transaction() as tx:
+            rows = await tx.fetch(
+                f"SELECT request FROM responses WHERE id = ? AND owner = ? AND {_ALIVE}",
+                (response_id, owner, self.now()),
+            )
+            if not rows:
+                return False
+            if output_items is not None:
+                await tx.execute(
+                    "DELETE FROM response_items WHERE response_id = ? AND kind = 'output'", (response_id,)
+                )
+                await self._insert_response_items(tx, owner, response_id, "output", output_items)
+            inputs = await tx.fetch(
+                "SELECT COALESCE(SUM(LENGTH(data)), 0) FROM response_items WHERE response_id = ?",
+                (response_id,),
+            )
+            size = len(body) + len(rows[0][0]) + int(inputs[0][0])
+            await tx.execute(
+                "UPDATE responses SET status = ?, body = ?, size = ? WHERE id = ?",
+                (status, body, size, response_id),
+            )
+            return True
+
+    async def get_response(self, owner: str, response_id: str) -> StoredResponse | None:
+        async with self.transaction() as tx:
+            rows = await tx.fetch(
+                "SELECT id, owner, created_at, status, body, request, previous_response_id, conversation_id"
+                f" FROM responses WHERE id = ? AND owner = ? AND {_ALIVE}",
+                (response_id, owner, self.now()),
+            )
+        return StoredResponse(*rows[0]) if rows else None
+
+    async def delete_response(self, owner: str, response_id: str) -> bool:
+        async with self.transaction() as tx:
+            return await self._delete_response(tx, owner, response_id)
+
+    async def _delete_response(self, tx: Tx, owner: str, response_id: str) -> bool:
+        changed = await tx.execute("DELETE FROM responses WHERE id = ? AND owner = ?", (response_id, owner))
+        if changed:
+            await tx.execute("DELETE FROM response_items WHERE response_id = ?", (response_id,))
+        return bool(changed)
+
+    async def list_response_items(
+        self,
+        owner: str,
+        response_id: str,
+        kind: ItemKind,
+        *,
+        after: str | None = None,
+        before: str | None = None,
+        limit: int = 20,
+        order: Order = "desc",
+    ) -> Page | None:
+        async with self.transaction() as tx:
+            found = await tx.fetch(
+                f"SELECT 1 FROM responses WHERE id = ? AND owner = ? AND {_ALIVE}",
+                (response_id, owner, self.now()),
+            )
+            if not found:
+                return None
+            return await _page(
+                tx,
+                "response_items",
+                "response_id = ? AND kind = ?",
+                (response_id, kind),
+                after,
+                before,
+                limit,
+                order,
+            )
+
+    async def history(self, owner: str, response_id: str) -> list[StoredItem] | None:
+        async with self.transaction() as tx:
+            chain = await tx.fetch(
+                "WITH RECURSIVE chain (id, prev, depth) AS ("
+                f" SELECT id, previous_response_id, 0 FROM responses WHERE id = ? AND owner = ? AND {_ALIVE}"
+                " UNION ALL"
+                " SELECT r.id, r.previous_response_id, c.depth + 1"
+                " FROM responses r JOIN chain c ON r.id = c.prev"
+                " WHERE r.owner = ? AND (r.expires_at IS NULL OR r.expires_at > ?)"
+                ") SELECT id, prev, depth FROM chain ORDER BY depth DESC",
+                (response_id, owner, self.now(), owner, self.now()),
+            )
+            if not chain:
+                return None
+            if chain[0][1] is not None:  # the oldest response reached still names a previous one
+                raise BrokenChainError(chain[0][1])
+            ids = [row[0] for row in chain]
+            marks = ", ".join("?" for _ in ids)
+            rows = await tx.fetch(
+                "SELECT response_id, kind, seq, item_id, data FROM response_items"
+                f" WHERE response_id IN ({marks})",
+                ids,
+            )
+        depth = {rid: i for i, rid in enumerate(ids)}  # oldest first
+        rows.sort(key=lambda r: (depth[r[0]], r[1] != "input", r[2]))
+        return [StoredItem(r[3], r[4]) for r in rows]
+
+    async def find_item(self, owner: str, item_id: str) -> StoredItem | None:
+        now = self.now()
+        async with self.transaction() as tx:
+            rows = await tx.fetch(
+                "SELECT i.item_id, i.data FROM response_items i JOIN responses r ON r.id = i.response_id"
+                " WHERE i.owner = ? AND i.item_id = ? AND (r.expires_at IS NULL OR r.expires_at > ?)"
+                " ORDER BY r.created_at DESC LIMIT 1",
+                (owner, item_id, now),
+            )
+            if not rows:
+                rows = await tx.fetch(
+                    "SELECT i.item_id, i.data FROM conversation_items i JOIN conversations c"
+                    " ON c.id = i.conversation_id WHERE i.owner = ? AND i.item_id = ?"
+                    " AND (c.expires_at IS NULL OR c.expires_at > ?) LIMIT 1",
+                    (owner, item_id, now),
+                )
+        return StoredItem(*rows[0]) if rows else None
+
+    # ---------------------------------------------------------------- conversations
+    async def put_conversation(self, conversation: StoredConversation, items: list[StoredItem]) -> None:
+        c = conversation
+        async with self.transaction() as tx:
+            await tx.execute(
+                "INSERT INTO conversations (id, owner, created_at, expires_at, metadata, size)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    c.id,
+                    c.owner,
+                    float(c.created_at),
+                    self.retention.expires_at(c.created_at),
+                    c.metadata,
+                    len(c.metadata) + _items_size(items),
+                ),
+            )
+            await self._insert_conversation_items(tx, c.owner, c.id, 0, items)
+
+    async def _insert_conversation_items(
+        self, tx: Tx, owner: str, conversation_id: str, first: int, items: Sequence[StoredItem]
+    ) -> None:
+        if items:
+            await tx.executemany(
+                "INSERT INTO conversation_items (conversation_id, seq, item_id, owner, data)"
+                " VALUES (?, ?, ?, ?, ?)",
+                [
+                    (conversation_id, first + i, item.item_id, owner, item.data)
+                    for i, item in enumerate(items)
+                ],
+            )
+
+    async def get_conversation(self, owner: str, conversation_id: str) -> StoredConversation | None:
+        async with self.transaction() as tx:
+            rows = await tx.fetch(
+                "SELECT id, owner, created_at, metadata FROM conversations"
+                f" WHERE id = ? AND owner = ? AND {_ALIVE}",
+                (conversation_id, owner, self.now()),
+            )
+        return StoredConversation(*rows[0]) if rows else None
+
+    async def update_conversation(self, owner: str, conversation_id: str, metadata: str) -> bool:
+        async with self.transaction() as tx:
+            rows = await tx.fetch(
+                f"SELECT metadata FROM conversations WHERE id = ? AND owner = ? AND {_ALIVE}",
+                (conversation_id, owner, self.now()),
+            )
+            if not rows:
+                return False
+            await tx.execute(
+                "UPDATE conversations SET metadata = ?, size = size + ? WHERE id = ?",
+                (metadata, len(metadata) - len(rows[0][0]), conversation_id),
+            )
+            return True
+
+    async def delete_conversation(self, owner: str, conversation_id: str) -> bool:
+        async with self.transaction() as tx:
+            return await self._delete_conversation(tx, owner, conversation_id)
+
+    async def _delete_conversation(self, tx: Tx, owner: str, conversation_id: str) -> bool:
+        changed = await tx.execute(
+            "DELETE FROM conversations WHERE id = ? AND owner = ?", (conversation_id, owner)
+        )
+        if changed:
+            await tx.execute("DELETE FROM conversation_items WHERE conversation_id = ?", (conversation_id,))
+        return bool(changed)
+
+    async def add_conversation_items(self, owner: str, conversation_id: str, items: list[StoredItem]) -> bool:
+        now = self.now()
+        async with self.transaction() as tx:
+            # the UPDATE first: on PostgreSQL it locks the conversation's row, so concurrent appends
+            # take their sequence numbers one after the other
+            changed = await tx.execute(
+                "UPDATE conversations SET size = size + ?, expires_at = ?"
+                f" WHERE id = ? AND owner = ? AND {_ALIVE}",
+                (_items_size(items), self.retention.expires_at(now), conversation_id, owner, now),
+            )
+            if not changed:
+                return False
+            rows = await tx.fetch(
+                "SELECT COALESCE(MAX(seq), -1) FROM conversation_items WHERE conversation_id = ?",
+                (conversation_id,),
+            )
+            await self._insert_conversation_items(tx, owner, conversation_id, int(rows[0][0]) + 1, items)
+            return True
+
+    async def conversation_items(self, owner: str, conversation_id: str) -> list[StoredItem] | None:
+        async with self.transaction() as tx:
+            if not await self._conversation_alive(tx, owner, conversation_id):
+                return None
+            rows = await tx.fetch(
+                "SELECT item_id, data FROM conversation_items WHERE conversation_id = ? ORDER BY seq",
+                (conversation_id,),
+            )
+        return [StoredItem(*row) for row in rows]
+
+    async def _conversation_alive(self, tx: Tx, owner: str, conversation_id: str) -> bool:
+        rows = await tx.fetch(
+            f"SELECT 1 FROM conversations WHERE id = ? AND owner = ? AND {_ALIVE}",
+            (conversation_id, owner, self.now()),
+        )
+        return bool(rows)
+
+    async def list_conversation_items(
+        self,
+        owner: str,
+        conversation_id: str,
+        *,
+        after: str | None = None,
+        before: str | None = None,
+        limit: int = 20,
+        order: Order = "desc",
+    ) -> Page | None:
+        async with self.transaction() as tx:
+            if not await self._conversation_alive(tx, owner, conversation_id):
+                return None
+            return await _page(
+                tx,
+                "conversation_items",
+                "conversation_id = ?",
+                (conversation_id,),
+                after,
+                before,
+                limit,
+                order,
+            )
+
+    async def get_conversation_item(
+        self, owner: str, conversation_id: str, item_id: str
+    ) -> StoredItem | None:
+        async with self.transaction() as tx:
+            if not await self._conversation_alive(tx, owner, conversation_id):
+                return None
+            rows = await tx.fetch(
+                "SELECT item_id, data FROM conversation_items WHERE conversation_id = ? AND item_id = ?"
+                " ORDER BY seq LIMIT 1",
+                (conversation_id, item_id),
+            )
+        return StoredItem(*rows[0]) if rows else None
+
+    async def delete_conversation_item(self, owner: str, conversation_id: str, item_id: str) -> bool:
+        async with self.transaction() as tx:
+            if not await self._conversation_alive(tx, owner, conversation_id):
+                return False
+            rows = await tx.fetch(
+                "SELECT seq, LENGTH(data) FROM conversation_items WHERE conversation_id = ? AND item_id = ?",
+                (conversation_id, item_id),
+            )
+            if not rows:
+                return False
+            await tx.execute(
+                "DELETE FROM conversation_items WHERE conversation_id = ? AND item_id = ?",
+                (conversation_id, item_id),
+            )
+            await tx.execute(
+                "UPDATE conversations SET size = size - ? WHERE id = ?",
+                (sum(int(r[1]) for r in rows), conversation_id),
+            )
+            return True
+
+    # ---------------------------------------------------------------- reasoning continuity
+    async def put_reasoning(self, owner: str, key: str, text: str) -> None:
+        now = self.now()
+        async with self.transaction() as tx:
+            await tx.execute(
+                "INSERT INTO reasoning (owner, fingerprint, text, created_at, expires_at, size)"
+                " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (owner, fingerprint) DO UPDATE SET"
+                " text = excluded.text, created_at = excluded.created_at, expires_at = excluded.expires_at,"
+                " size = excluded.size",
+                (owner, key, text, now, self.retention.expires_at(now), len(text) + len(key)),
+            )
+
+    async def get_reasoning(self, owner: str, key: str) -> str | None:
+        async with self.transaction() as tx:
+            rows = await tx.fetch(
+                f"SELECT text FROM reasoning WHERE owner = ? AND fingerprint = ? AND {_ALIVE}",
+                (owner, key, self.now()),
+            )
+        return rows[0][0] if rows else None
+
+    # ---------------------------------------------------------------- retention
+    async def purge(self, now: float | None = None) -> int:
+        now = self.now() if now is None else now
+        deleted = 0
+        async with self.transaction() as tx:
+            await tx.execute(
+                "DELETE FROM response_items WHERE response_id IN"
+                " (SELECT id FROM responses WHERE expires_at IS NOT NULL AND expires_at <= ?)",
+                (now,),
+            )
+            deleted += await tx.execute(
+                "DELETE FROM responses WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)
+            )
+            await tx.execute(
+                "DELETE FROM conversation_items WHERE conversation_id IN"
+                " (SELECT id FROM conversations WHERE expires_at IS NOT NULL AND expires_at <= ?)",
+                (now,),
+            )
+            deleted += await tx.execute(
+                "DELETE FROM conversations WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)
+            )
+            deleted += await tx.execute(
+                "DELETE FROM reasoning WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)
+            )
+        budget = self.retention.max_bytes
+        if budget is not None:
+            deleted += await self._evict_to(budget)
+        return deleted
+
+    async def _evict_to(self, budget: int) -> int:
+        """Delete the oldest objects until the stored bytes fit ``budget``."""
+        deleted = 0
+        while True:
+            async with self.transaction() as tx:
+                excess = await _stored_bytes(tx) - budget
+                if excess <= 0:
+                    return deleted
+                oldest = await tx.fetch(
+                    "SELECT kind, id, size, owner FROM ("
+                    " SELECT 'r' AS kind, id, size, owner, created_at FROM responses"
+                    " UNION ALL SELECT 'c', id, size, owner, created_at FROM conversations"
+                    " UNION ALL SELECT 'k', fingerprint, size, owner, created_at FROM reasoning"
+                    ") AS objects ORDER BY created_at LIMIT ?",
+                    (_EVICT_BATCH,),
+                )
+                if not oldest:
+                    return deleted
+                for kind, object_id, size, owner in oldest:
+                    if kind == "r":
+                        await self._delete_response(tx, owner, object_id)
+                    elif kind == "c":
+                        await self._delete_conversation(tx, owner, object_id)
+                    else:
+                        await tx.execute(
+                            "DELETE FROM reasoning WHERE owner = ? AND fingerprint = ?", (owner, object_id)
+                        )
+                    deleted += 1
+                    excess -= int(size)
+                    if excess <= 0:
+                        break
+
+    async def stored_bytes(self) -> int:
+        async with self.transaction() as tx:
+            return await _stored_bytes(tx)
+
+
+async def _stored_bytes(tx: Tx) -> int:
+    rows = await tx.fetch(
+        "SELECT (SELECT COALESCE(SUM(size), 0) FROM responses)"
+        " + (SELECT COALESCE(SUM(size), 0) FROM conversations)"
+        " + (SELECT COALESCE(SUM(size), 0) FROM reasoning)"
+    )
+    return int(rows[0][0])
+
+
+async def _page(
+    tx: Tx,
+    table: str,
+    where: str,
+    args: tuple[Any, ...],
+    after: str | None,
+    before: str | None,
+    limit: int,
+    order: Order,
+) -> Page:
+    """One page of ``table``'s rows matching ``where``, by ``seq`` in ``order``, strictly after the
+    ``after`` item and strictly before the ``before`` item (in that order)."""
+    limit = max(1, min(limit, MAX_PAGE))
+    bounds: list[str] = []
+    bound_args: list[Any] = []
+    for param, item_id, forward in (("after", after, True), ("before", before, False)):
+        if item_id is None:
+            continue
+        rows = await tx.fetch(f"SELECT seq FROM {table} WHERE {where} AND item_id = ?", (*args, item_id))
+        if not rows:
+            raise CursorError(param, item_id)
+        # "after" in ascending order is a larger seq; in descending order a smaller one
+        bounds.append("seq > ?" if forward == (order == "asc") else "seq < ?")
+        bound_args.append(rows[0][0])
+    clause = " AND ".join([where, *bounds])
+    direction = "ASC" if order == "asc" else "DESC"
+    rows = await tx.fetch(
+        f"SELECT item_id, data FROM {table} WHERE {clause} ORDER BY seq {direction} LIMIT ?",
+        (*args, *bound_args, limit + 1),
+    )
+    return Page([StoredItem(*row) for row in rows[:limit]], has_more=len(rows) > limit)
