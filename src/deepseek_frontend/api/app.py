@@ -40,6 +40,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from deepseek_frontend.errors import AuthenticationError, FrontendError, RequestError
+from deepseek_frontend.state import purge_forever
 
 from .admission import Admission, BodyReaders
 from .arrivals import ArrivalPacer
@@ -55,6 +56,7 @@ from .http import (
 )
 from .http_protocol import LIVE_BODY
 from .metrics import CONTENT_TYPE, FrontendMetrics
+from .state_config import open_state_store
 
 log = logging.getLogger("deepseek_frontend.api")
 
@@ -467,6 +469,7 @@ def create_app(
     state.admission = Admission(lim.max_concurrent_requests, lim.max_queued_requests, lim.queue_timeout)
     state.body_readers = BodyReaders(lim.max_body_readers, lim.max_body_readers_per_client, lim.queue_timeout)
     state.recent_heads = RecentHeads()
+    state.store = config.state.build()
     if lim.arrival_hold_timeout:
         state.arrivals = ArrivalPacer(max_hold_s=lim.arrival_hold_timeout)
     metrics.watch_admission(
@@ -499,10 +502,14 @@ def create_app(
         gc.collect()
         gc.freeze()
         sweeper = asyncio.create_task(_expire_idle_cache_entries(tok, config.cache_idle_seconds))
+        state.store = await open_state_store(config.state, state.store)
+        purger = asyncio.create_task(purge_forever(state.store))
         try:
             yield
         finally:
             sweeper.cancel()
+            purger.cancel()
+            await state.store.close()
             await back.aclose()
             resolver = state.extra.get("image_resolver")  # made on the first image request
             if resolver is not None:

@@ -23,6 +23,8 @@ from deepseek_frontend.routing.options import router_config_from_args
 from deepseek_frontend.routing.router import RouterConfig
 from deepseek_frontend.tokenization import CACHE_IDLE_SECONDS, PREFIX_CACHE_BYTES, RUN_CACHE_BYTES
 
+from .state_config import StateOptions, state_options_from_args
+
 EngineKind = Literal["sglang", "vllm", "sim"]
 
 #: Context window used when the checkpoint does not say (DeepSeek-V4: 1M tokens).
@@ -162,6 +164,8 @@ class ServerConfig:
     limits: ServingLimits = field(default_factory=lambda: ServingLimits())
     #: image limits and the remote image URL policy (images.py)
     images: ImageOptions = field(default_factory=ImageOptions)
+    #: the conversation-state store (api/state_config.py); built directly: none
+    state: StateOptions = field(default_factory=StateOptions)
     extra: dict[str, object] = field(default_factory=dict, compare=False)
 
     @property
@@ -308,6 +312,7 @@ class ServerConfig:
             cache_idle_seconds=args.cache_idle_seconds,
             limits=ServingLimits.from_args(args),
             images=_image_options(args),
+            state=state_options_from_args(args),
         )
 
 

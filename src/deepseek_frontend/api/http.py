@@ -72,6 +72,8 @@ class FrontendState:
     recent_heads: RecentHeads | None = None
     #: paces the starts of cold requests (used by ``serve``'s HTTP protocol)
     arrivals: ArrivalPacer | None = None
+    #: stored responses, conversations and kept reasoning (a ``state.StateStore``; opened by the lifespan)
+    store: Any = None
 
 
 def get_state(request: Request) -> FrontendState:

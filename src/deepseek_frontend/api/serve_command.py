@@ -19,6 +19,7 @@ from typing import Any
 
 from deepseek_frontend._descriptors import open_files_limit, reserve_descriptor_table
 from deepseek_frontend.api.config import ServingLimits
+from deepseek_frontend.api.state_config import add_state_arguments
 from deepseek_frontend.tokenization import CACHE_IDLE_SECONDS, PREFIX_CACHE_BYTES, RUN_CACHE_BYTES
 
 #: the limits flags' defaults: ServingLimits is their one definition
@@ -348,6 +349,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=10.0,
         help="seconds one remote image may take, connection to last byte (default: 10)",
     )
+
+    add_state_arguments(parser)
 
     http = parser.add_argument_group("http")
     http.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")

@@ -1,0 +1,164 @@
+"""The ``serve`` flags of the conversation-state store, and the store and owners they give.
+
+``--state-store`` names the store (``sqlite:///...``, ``postgresql://...``, ``none``); without
+it ``serve`` keeps a SQLite file in ``--state-dir`` (default: the XDG state directory,
+``~/.local/state/deepseek-frontend``), created when the server starts. ``--state-ttl`` and
+``--state-max-bytes`` bound what is kept (docs/serving.md, "Stored responses and conversations").
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sqlite3
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from deepseek_frontend.state import (
+    DEFAULT_DB_NAME,
+    NullStore,
+    Retention,
+    StateStore,
+    default_state_dir,
+    owner_key,
+    store_for_url,
+)
+
+__all__ = [
+    "StateOptions",
+    "add_state_arguments",
+    "open_state_store",
+    "request_owner",
+    "state_options_from_args",
+]
+
+log = logging.getLogger("deepseek_frontend.api")
+
+#: OpenAI keeps stored responses 30 days; so do we by default
+DEFAULT_TTL_S = 30 * 24 * 3600.0
+DEFAULT_MAX_BYTES = 1 << 30
+
+
+@dataclass(frozen=True, slots=True)
+class StateOptions:
+    """Where conversation state lives and how much of it is kept.
+
+    Built directly (tests, benchmarks) the store is ``none``; ``serve`` resolves its default
+    SQLite file in :func:`state_options_from_args`."""
+
+    url: str = "none"
+    ttl_s: float | None = DEFAULT_TTL_S
+    max_bytes: int | None = DEFAULT_MAX_BYTES
+    #: ``store`` of a ``/v1/responses`` request that does not say (OpenAI: true)
+    store_by_default: bool = True
+    purge_interval_s: float = 60.0
+    #: False when ``url`` is serve's default file: a default store that cannot be opened (a read-only
+    #: home folder) leaves the server stateless with a warning instead of refusing to start
+    explicit: bool = True
+
+    def retention(self) -> Retention:
+        return Retention(self.ttl_s, self.max_bytes, self.purge_interval_s)
+
+    def build(self) -> StateStore:
+        """The (not yet opened) store these options name."""
+        return store_for_url(self.url, self.retention())
+
+
+def add_state_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``state`` flag group of ``serve``."""
+    group = parser.add_argument_group(
+        "conversation state (docs/serving.md, 'Stored responses and conversations')"
+    )
+    group.add_argument(
+        "--state-store",
+        default=None,
+        metavar="URL",
+        help="where stored responses, conversations and kept reasoning live: sqlite:///RELATIVE/PATH, "
+        "sqlite:////ABSOLUTE/PATH, postgresql://USER:PASSWORD@HOST:PORT/DB (several replicas; needs "
+        "the 'postgres' extra) or none (stateless) (default: a SQLite file in --state-dir)",
+    )
+    group.add_argument(
+        "--state-dir",
+        default=None,
+        metavar="DIR",
+        help="folder of the default SQLite store, created at start-up "
+        "(default: $XDG_STATE_HOME/deepseek-frontend, else ~/.local/state/deepseek-frontend)",
+    )
+    group.add_argument(
+        "--state-ttl",
+        type=float,
+        default=DEFAULT_TTL_S,
+        metavar="SECONDS",
+        help="seconds a stored object is kept after its creation (a conversation: after its last "
+        "change); 0 keeps them until deleted or evicted (default: 2592000, 30 days)",
+    )
+    group.add_argument(
+        "--state-max-bytes",
+        type=int,
+        default=DEFAULT_MAX_BYTES,
+        metavar="BYTES",
+        help="size budget of the stored JSON; past it the oldest objects are evicted by the background "
+        "purge; 0: no budget (default: 1 GiB)",
+    )
+    group.add_argument(
+        "--responses-store-default",
+        choices=("on", "off"),
+        default="on",
+        help="'store' of a /v1/responses request that does not set it: on, as OpenAI's API (default: on)",
+    )
+
+
+def state_options_from_args(args: argparse.Namespace) -> StateOptions:
+    """The options the parsed flags give; raises ValueError for a bad URL or a negative bound."""
+    url = getattr(args, "state_store", None)
+    explicit = url is not None
+    if url is None:
+        folder = Path(getattr(args, "state_dir", None) or default_state_dir())
+        url = "sqlite:///" + str(folder / DEFAULT_DB_NAME)  # a relative folder: three slashes
+    ttl = getattr(args, "state_ttl", DEFAULT_TTL_S)
+    max_bytes = getattr(args, "state_max_bytes", DEFAULT_MAX_BYTES)
+    if ttl is None or ttl < 0:
+        raise ValueError(f"--state-ttl must be 0 or positive, got {ttl!r}")
+    if max_bytes is None or max_bytes < 0:
+        raise ValueError(f"--state-max-bytes must be 0 or positive, got {max_bytes!r}")
+    options = StateOptions(
+        url=url,
+        ttl_s=ttl or None,
+        max_bytes=max_bytes or None,
+        store_by_default=getattr(args, "responses_store_default", "on") == "on",
+        explicit=explicit,
+    )
+    store_for_url(url)  # a bad URL fails at start-up, naming the flag
+    return options
+
+
+def request_owner(headers: Any, api_key_configured: bool) -> str:
+    """The owner of what a request stores or reads: a hash of the API key it presented (the
+    server checked it already), or the anonymous owner when the server checks no key."""
+    if not api_key_configured:
+        return owner_key(None)
+    auth = headers.get("authorization")
+    if auth:
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return owner_key(token.strip())
+    return owner_key((headers.get("x-api-key") or "").strip() or None)
+
+
+async def open_state_store(options: StateOptions, store: StateStore) -> StateStore:
+    """Open ``store`` (built from ``options``); the store to use. An explicit ``--state-store`` that
+    fails stops the start-up; serve's default file that cannot be created gives a stateless server."""
+    try:
+        await store.open()
+    except (OSError, sqlite3.Error) as exc:
+        if options.explicit:
+            raise
+        log.warning(
+            "conversation state disabled: the default store %s cannot be opened (%s); "
+            "pass --state-dir or --state-store (or --state-store none to silence this)",
+            options.url,
+            exc,
+        )
+        return NullStore(options.retention())
+    return store
