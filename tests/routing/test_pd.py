@@ -27,6 +27,7 @@ from deepseek_frontend.routing import pd_parts
 from deepseek_frontend.routing.pd import DisaggregatedPool, PdConfig, RoleMismatchError, Rooms
 from deepseek_frontend.routing.pd_metrics import PdCollector
 from deepseek_frontend.routing.router import Router, RouterConfig
+from deepseek_frontend.routing.session import use_session
 from tests.engines.conftest import wait_until
 
 from .pd_fakes import FIRST, TOKENS, FakeSGLangPd, FakeVllmPd, Rendezvous
@@ -293,6 +294,59 @@ def test_a_client_leaving_before_the_first_token_aborts_both_legs() -> None:
             await all_closed(p, d)
             await wait_until(lambda: "req-1" in p.aborts and "req-1" in d.aborts)
             assert pool.stats.outcomes["client_gone"] == 1
+
+    run(scenario)
+
+
+@asynccontextmanager
+async def routed_pd(
+    mode: str,
+) -> AsyncIterator[tuple[DisaggregatedPool, list[FakeSGLangPd], list[FakeSGLangPd]]]:
+    rv = Rendezvous()
+    pre = [FakeSGLangPd("prefill", rv) for _ in range(2)]
+    dec = [FakeSGLangPd("decode", rv) for _ in range(2)]
+    for f in (*pre, *dec):
+        await f.start()
+    pool = DisaggregatedPool(sglang_pool([f.url for f in pre], mode), sglang_pool([f.url for f in dec], mode))
+    try:
+        await pool.start()
+        yield pool, pre, dec
+    finally:
+        await pool.aclose()
+        for f in (*pre, *dec):
+            await f.close()
+
+
+def test_kv_routing_sends_a_conversation_back_to_the_prefill_and_decode_workers_that_cache_it() -> None:
+    async def scenario() -> None:
+        async with routed_pd("kv-approx") as (pool, pre, dec):
+            conversations = {name: [name * 7 + i for i in range(640)] for name in (1, 2, 3)}
+            for turn in range(3):
+                for name, prompt in conversations.items():
+                    prompt.extend(range(5000 + turn * 10, 5000 + turn * 10 + 64))  # the next turn extends it
+                    assert await collect(pool, request(f"c{name}-t{turn}", prompt=prompt)) == TOKENS
+            for role in (pre, dec):
+                for name in conversations:
+                    served = {f.url for f in role for b in f.bodies if b["rid"].startswith(f"c{name}-")}
+                    assert len(served) == 1, f"conversation {name} moved between {served}"
+            # and the conversations were spread over both workers of each role
+            assert all(f.bodies for f in (*pre, *dec))
+
+    run(scenario)
+
+
+def test_session_affinity_keeps_a_session_on_one_worker_per_role() -> None:
+    async def scenario() -> None:
+        async with routed_pd("session") as (pool, pre, dec):
+            for turn in range(3):
+                for name in ("a", "b", "c"):
+                    use_session(name)  # what the session header middleware does per request
+                    assert await collect(pool, request(f"{name}-{turn}")) == TOKENS
+            for role in (pre, dec):
+                for name in ("a", "b", "c"):
+                    served = {f.url for f in role for b in f.bodies if b["rid"].startswith(f"{name}-")}
+                    assert len(served) == 1
+            assert all(f.bodies for f in (*pre, *dec))
 
     run(scenario)
 
