@@ -10,7 +10,8 @@ The three servers (prefill, decode and an aggregated reference) serve the tiny L
 weights (:mod:`tests.real_engine.random_weights`), for which the greedy continuation depends on the whole
 prompt, so "the decode's output equals the aggregated server's" can fail when the transferred KV is wrong.
 The decode server's own counters say where its prompt tokens came from
-(``vllm:prompt_tokens_by_source_total``): all of them from the transfer, none computed.
+(``vllm:prompt_tokens_by_source_total``): all of them from the transfer, none computed. The last test drives
+the pair through ``deepseek-frontend serve --engine vllm --prefill-worker ... --decode-worker ...``.
 """
 
 from __future__ import annotations
@@ -22,10 +23,16 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.real_engine.conftest import WORKER_MODEL, VLLMServer, launch_vllm
+from tests.real_engine.conftest import (
+    MAX_MODEL_LEN,
+    SERVED_MODEL,
+    WORKER_MODEL,
+    VLLMServer,
+    launch_vllm,
+)
 from tests.real_engine.make_tiny_model import write_tiny_model
 from tests.real_engine.random_weights import write_random_llama_weights
-from tests.support.servers import free_port, stop_process
+from tests.support.servers import Server, free_port, start_frontend, stop_process
 
 pytestmark = pytest.mark.real_engine
 
@@ -174,3 +181,56 @@ def test_the_decode_continues_whatever_kv_it_was_handed(pd_servers: dict[str, VL
     assert _sources(decode)["local_compute"] == before["local_compute"]
     assert answer == _tokens(_generate(aggregated, handed, MAX_TOKENS))
     assert answer != _tokens(_generate(aggregated, named, MAX_TOKENS))
+
+
+def _frontend(*workers: str) -> Server:
+    """``deepseek-frontend serve --engine vllm`` over the given worker flags."""
+    return start_frontend(
+        "--engine",
+        "vllm",
+        *workers,
+        "--served-model-name",
+        SERVED_MODEL,
+        "--worker-model",
+        WORKER_MODEL,
+        "--context-length",
+        str(MAX_MODEL_LEN),
+    )
+
+
+def _chat(frontend: Server, text: str) -> dict[str, Any]:
+    body = {
+        "model": SERVED_MODEL,
+        "messages": [{"role": "user", "content": text}],
+        "temperature": 0.0,
+        "max_tokens": MAX_TOKENS,
+    }
+    response = httpx.post(frontend.url + "/v1/chat/completions", json=body, timeout=120.0)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_the_frontend_in_pd_mode_answers_as_over_the_aggregated_worker(
+    pd_servers: dict[str, VLLMServer],
+) -> None:
+    """``serve --engine vllm --prefill-worker P --decode-worker D``: the frontend runs vLLM's two-step flow
+    and the client gets what the same frontend over the aggregated worker answers, the prompt's KV having
+    come over NIXL."""
+    prefill, decode = pd_servers["prefill"], pd_servers["decode"]
+    # a prompt of several KV blocks that no server has seen
+    text = " ".join(f"item {i} of the disaggregated check" for i in range(60))
+    with _frontend("--worker", pd_servers["aggregated"].url) as aggregated:
+        expected = _chat(aggregated, text)
+    before = _sources(decode)
+    with _frontend("--prefill-worker", prefill.url, "--decode-worker", decode.url) as frontend:
+        answer = _chat(frontend, text)
+    after = _sources(decode)
+    assert expected["usage"]["completion_tokens"] > 1  # something to compare (seeded weights: always)
+    assert answer["choices"][0]["message"] == expected["choices"][0]["message"]
+    assert answer["choices"][0]["finish_reason"] == expected["choices"][0]["finish_reason"]
+    assert answer["usage"]["completion_tokens"] == expected["usage"]["completion_tokens"]
+    prompt_tokens = expected["usage"]["prompt_tokens"]
+    assert answer["usage"]["prompt_tokens"] == prompt_tokens
+    assert after["external_kv_transfer"] - before["external_kv_transfer"] == prompt_tokens
+    assert after["local_compute"] == before["local_compute"]
+    assert after["failed"] == before["failed"]
