@@ -14,6 +14,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -101,6 +102,18 @@ def test_a_disaggregated_answer_is_the_aggregated_one(
     assert all(t["tokens"] == expected.usage.prompt_tokens for t in transfers[-2:])
     assert metric(fe, "deepseek_frontend_pd_requests_total")['{outcome="ok"}'] >= 2
     wait_until(lambda: nothing_running(p, d), "both legs finished")
+
+
+def test_an_anthropic_client_gets_the_aggregated_answer_too(
+    pd_pair: tuple[Server, Server, Server], aggregated: Server
+) -> None:
+    fe, _, _ = pd_pair
+    answers = []
+    for server in (aggregated, fe):
+        client = anthropic.Anthropic(base_url=server.url, api_key="x", max_retries=0, timeout=60)
+        message = client.messages.create(model="deepseek-v4-flash", messages=MESSAGES, max_tokens=60)  # type: ignore[arg-type]
+        answers.append(([b.model_dump() for b in message.content], message.usage.output_tokens))
+    assert answers[0] == answers[1]
 
 
 def test_a_client_leaving_mid_stream_leaves_no_leg_running(pd_pair: tuple[Server, Server, Server]) -> None:
