@@ -18,7 +18,16 @@ API_KEY = "responses-test-key"
 
 
 responses_server = server_fixture(
-    start_frontend, "--api-key", API_KEY, "--model-alias", "gpt-*", "--context-length", "65536"
+    start_frontend,
+    "--api-key",
+    API_KEY,
+    "--model-alias",
+    "gpt-*",
+    "--context-length",
+    "65536",
+    # stateless, as Codex-style clients use it; stored responses: tests/api_state
+    "--state-store",
+    "none",
 )
 
 

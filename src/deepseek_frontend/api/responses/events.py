@@ -76,6 +76,7 @@ class ResponsesStreamEncoder(EventEncoder):
         response_id: str | None = None,
         tool_namespaces: Mapping[str, tuple[str, str]] | None = None,
         logprobs: LogprobsRenderer | None = None,
+        created_at: int | None = None,
     ) -> None:
         super().__init__()
         #: the answer tokens' logprobs -> ``logprobs`` entries (``None``: not asked for, ``[]`` sent)
@@ -91,7 +92,7 @@ class ResponsesStreamEncoder(EventEncoder):
         self.input_tokens = input_tokens
         self.cached_tokens = cached_tokens
         self._echo = echo or {}
-        self._created_at = int(time.time())
+        self._created_at = int(time.time()) if created_at is None else created_at
         self._seq = 0
         self._output: list[dict[str, Any]] = []
         #: text of the open item so far (reasoning, answer text or argument JSON)
@@ -139,6 +140,11 @@ class ResponsesStreamEncoder(EventEncoder):
             self._event("response.incomplete" if incomplete else "response.completed", response=response)
         )
         return out
+
+    def snapshot(self, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The response object as it stands, with ``status`` (a stored background response's
+        ``queued``, ``in_progress``, ``failed`` or ``cancelled``) and ``error``."""
+        return self._response_object(status, output=self._output, error=error)
 
     def encode(self, chunk: PipelineChunk) -> list[SSEEvent]:
         """As :meth:`EventEncoder.encode`; the chunk's answer-token logprobs (when asked for) ride
@@ -262,6 +268,7 @@ class ResponsesStreamEncoder(EventEncoder):
         output: list[dict[str, Any]],
         usage: dict[str, Any] | None = None,
         incomplete_details: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         echo = self._echo
         return {
@@ -269,16 +276,19 @@ class ResponsesStreamEncoder(EventEncoder):
             "object": "response",
             "created_at": self._created_at,
             "status": status,
-            "error": None,
+            "error": error,
             "incomplete_details": incomplete_details,
             "instructions": echo.get("instructions"),
             "max_output_tokens": echo.get("max_output_tokens"),
             "model": self.model,
             "output": [dict(item) for item in output],
             "parallel_tool_calls": echo.get("parallel_tool_calls", True),
-            "previous_response_id": None,
+            "previous_response_id": echo.get("previous_response_id"),
             "reasoning": echo.get("reasoning", {"effort": None, "summary": None}),
-            "store": False,
+            # the state fields (api/responses/stateful.py): stateless requests report store false
+            "store": echo.get("store", False),
+            "background": echo.get("background", False),
+            **({"conversation": echo["conversation"]} if echo.get("conversation") else {}),
             "temperature": echo.get("temperature", 1.0),
             "text": echo.get("text", {"format": {"type": "text"}}),
             "tool_choice": echo.get("tool_choice", "auto"),

@@ -1,4 +1,4 @@
-"""``POST /v1/responses``: the OpenAI Responses API, stateless.
+"""``POST /v1/responses``: the OpenAI Responses API.
 
 The request is translated (:mod:`.convert`) into the same
 :class:`~deepseek_frontend.pipeline.ChatRequest` Chat Completions builds and
@@ -6,15 +6,17 @@ runs through the shared pipeline; the parser's events become typed Responses
 events (:mod:`.events`). The non-streaming answer is the response
 object ``response.completed`` would carry.
 
-Nothing is stored: ``previous_response_id``, ``conversation``, ``background`` and
-``store: true`` are refused with a 400 (the client sends the whole conversation,
-reasoning items included). Errors use the OpenAI error shape.
+Stored state (``store``, ``previous_response_id``, ``conversation``, ``item_reference``,
+``background``) is resolved first (:mod:`.stateful`), into the body a client resending
+everything would send; a stored response is written before its answer reaches the client
+(:mod:`.stored_routes` serves it back). Under ``--state-store none`` every stateful field is
+refused with a 400. Errors use the OpenAI error shape.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from functools import partial
 from typing import Any
 
@@ -22,15 +24,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from deepseek_frontend.errors import RequestError
 from deepseek_frontend.images import family_reads_images
 from deepseek_frontend.routing.session import session_from_headers
 
 from ..adapters import respond_with_events
-from ..http import RequestTracker, api_route, get_state, read_json
+from ..http import EventStreamResponse, RequestTracker, api_route, get_state, read_json
 from ..log_once import FirstSeen
 from ..openai.chat import logprobs_content
+from ..stored import json_response, owner_of
 from .convert import convert_responses_request
 from .events import ResponsesStreamEncoder
+from .stateful import StatefulRequest, resolve_stateful, save_response
+from .stored_routes import ROUTES as STORED_ROUTES
+from .stored_routes import background_runs
 
 __all__ = ["ROUTES", "create_response", "response_echo"]
 
@@ -109,18 +116,24 @@ async def create_response(request: Request, tracker: RequestTracker) -> Response
     state = get_state(request)
     config = state.config
     body = await read_json(request, config.max_body_bytes)
+    # stored state first: the translation sees the body a client resending everything would send
+    stateful = await resolve_stateful(body, state.store, owner_of(request), config.state.store_by_default)
     converted = convert_responses_request(
-        body, hosted_tools=config.hosted_tools, read_images=family_reads_images(config.family)
+        stateful.body, hosted_tools=config.hosted_tools, read_images=family_reads_images(config.family)
     )
     echo = response_echo(body)
+    echo.update(stateful.echo())
     if converted.warnings:
         echo["warnings"] = list(converted.warnings)
         _log_warnings(request, converted.warnings, tracker.request_id)
-    return await respond_with_events(
-        request,
-        tracker,
-        converted,
-        lambda req, prepared: ResponsesStreamEncoder(
+    if stateful.background:
+        if converted.stream:
+            raise RequestError("background: streaming a background response is not supported", param="stream")
+        return json_response(await background_runs(request).start(state, stateful, converted, echo))
+    encoders: list[ResponsesStreamEncoder] = []
+
+    def make_encoder(req: Any, prepared: Any) -> ResponsesStreamEncoder:
+        encoder = ResponsesStreamEncoder(
             model=req.response_model,
             input_tokens=prepared.prompt_tokens,
             echo=echo,
@@ -130,9 +143,38 @@ async def create_response(request: Request, tracker: RequestTracker) -> Response
                 if converted.logprobs
                 else None
             ),
-        ),
-        _response_object,
-    )
+        )
+        encoders.append(encoder)
+        return encoder
+
+    response = await respond_with_events(request, tracker, converted, make_encoder, _response_object)
+    if stateful.store:
+        if isinstance(response, EventStreamResponse):
+            response.body_iterator = _saving_stream(
+                response.body_iterator, state.store, stateful, encoders[0]
+            )
+        elif encoders and encoders[0].response is not None:
+            # stored before the client has the answer: what it was given can be continued
+            await save_response(state.store, stateful, encoders[0].response)
+    return response
 
 
-ROUTES = [Route("/v1/responses", create_response, methods=["POST"])]
+async def _saving_stream(
+    frames: AsyncIterator[bytes], store: Any, stateful: StatefulRequest, encoder: ResponsesStreamEncoder
+) -> AsyncIterator[bytes]:
+    """``frames``, with the response stored before the frame carrying ``response.completed`` (or
+    ``response.incomplete``) goes out; a stream that fails or is abandoned stores nothing."""
+    saved = False
+    try:
+        async for frame in frames:
+            if encoder.response is not None and not saved:
+                saved = True
+                await save_response(store, stateful, encoder.response)
+            yield frame
+    finally:
+        aclose = getattr(frames, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+ROUTES = [Route("/v1/responses", create_response, methods=["POST"]), *STORED_ROUTES]
