@@ -15,10 +15,14 @@ frontend sees follows SGLang 0.5.23's PD mode (the facts are listed in docs/rout
   ``transfer_bandwidth_mbps`` -- so the transfer's time grows with the prompt.
 
 The wire (ours): each message is a 4-byte big-endian length and a JSON object. The decode side
-sends ``{"room", "rid", "prefill_dp_rank"}``; the prefill side answers, once the room is ready, ``{"ok": true,
-"tokens", "bytes", "cached_tokens", "first_token"}`` followed by ``bytes`` raw bytes (the prompt's
-ids as 4-byte little-endian ints, then zeros), or ``{"ok": false, "reason", "stage"?}``; the decode side
-then sends ``{"ok": true}`` (received) or ``{"abort": reason}`` (it gave up: the room fails).
+sends ``{"room", "rid", "prefill_dp_rank"}``; the prefill side answers, once the room is ready,
+``{"ok": true, "tokens", "bytes", "cached_tokens", "first_token", "output_ids"}`` followed by
+``bytes`` raw bytes (the prompt's ids as 4-byte little-endian ints, then zeros), or ``{"ok": false,
+"reason", "stage"?}``; the decode side then sends ``{"ok": true}`` (received) or ``{"abort": reason}``
+(it gave up: the room fails).
+``output_ids`` is the whole output the prefill worker's model state leads to (the simulated model's
+plan): the decode worker writes it instead of planning the prompt again, as a real decode worker
+continues from the transferred state instead of reading the prompt.
 """
 
 from __future__ import annotations
@@ -145,7 +149,7 @@ async def _send(writer: asyncio.StreamWriter, message: dict[str, Any]) -> None:
 
 async def _receive(reader: asyncio.StreamReader) -> dict[str, Any]:
     size = int.from_bytes(await reader.readexactly(4), "big")
-    if size > 1 << 20:
+    if size > 1 << 24:
         raise ValueError("bootstrap message too long")
     message = orjson.loads(await reader.readexactly(size))
     if not isinstance(message, dict):
@@ -161,6 +165,7 @@ class _Room:
     ids: Sequence[int] = ()
     cached_tokens: int = 0
     first_token: int = 0
+    plan: Sequence[int] = ()
     #: set once the KV is held (prefill done)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     #: None once a decode worker received the KV, else why the room failed
@@ -207,12 +212,16 @@ class BootstrapServer:
         self._rooms[room] = entry
         return entry
 
-    def publish(self, room: int, ids: Sequence[int], cached_tokens: int, first_token: int) -> None:
-        """The room's prompt is prefilled: its KV is held for a decode worker to fetch."""
+    def publish(
+        self, room: int, ids: Sequence[int], cached_tokens: int, first_token: int, plan: Sequence[int]
+    ) -> None:
+        """The room's prompt is prefilled: its KV (and the output it leads to) is held for a decode
+        worker to fetch."""
         entry = self._rooms.get(room)
         if entry is None:
             return
         entry.ids, entry.cached_tokens, entry.first_token = ids, cached_tokens, first_token
+        entry.plan = plan
         entry.ready.set()
 
     async def handed_over(self, room: int) -> KvTransferError | None:
@@ -299,6 +308,7 @@ class BootstrapServer:
                 "bytes": len(payload),
                 "cached_tokens": entry.cached_tokens,
                 "first_token": entry.first_token,
+                "output_ids": list(entry.plan),
             }
             await _send(writer, header)
             await self._paced_write(writer, payload)
@@ -362,6 +372,7 @@ class KvArrival:
     seconds: float
     cached_tokens: int
     first_token: int
+    plan: tuple[int, ...] | None
 
 
 async def fetch_kv(
@@ -406,7 +417,15 @@ async def fetch_kv(
             raise KvTransferError(room, "KV checksum mismatch")
         await _send(writer, {"ok": True})
         received = True
-        return KvArrival(len(ids), nbytes, seconds, int(header["cached_tokens"]), int(header["first_token"]))
+        plan = header.get("output_ids")
+        return KvArrival(
+            len(ids),
+            nbytes,
+            seconds,
+            int(header["cached_tokens"]),
+            int(header["first_token"]),
+            tuple(int(t) for t in plan) if isinstance(plan, list) and plan else None,
+        )
     except (OSError, asyncio.IncompleteReadError, ValueError, KeyError, TypeError) as exc:
         reason = f"Failed to get kvcache from prefill instance, it might be dead ({exc})"
         raise KvTransferError(room, reason) from None

@@ -423,13 +423,16 @@ class SimulatedEngine(EngineClient):
         prompt: SimPrompt | None = None,
         *,
         transferred_cached: int | None = None,
+        transferred_plan: Sequence[int] | None = None,
     ) -> AsyncIterator[EngineChunk]:
         """Stream the planned output of ``request`` (see :class:`EngineClient`).
 
         ``prompt``: the request's ids as :class:`RecentPrompts` read them from a body (their packed
         bytes and known page hashes); read here when not given. ``transferred_cached``: the prompt's
         KV came from a prefill worker (a decode role, engines/sim/disagg.py): nothing is prefilled
-        here, the first chunk is ready at once, and ``cached_tokens`` is the prefill's figure.
+        here, the first chunk is ready at once, and ``cached_tokens`` is the prefill's figure;
+        ``transferred_plan``: the output the prefill worker's model state leads to
+        (:meth:`plan_request` there), written instead of planning it again here.
         """
         sampling = request.sampling
         behavior = self.behavior
@@ -445,12 +448,7 @@ class SimulatedEngine(EngineClient):
         seed = request_seed if request_seed is not None else self.seed
         if prompt is None or prompt.ids is not request.input_ids:
             prompt = SimPrompt.of(request.input_ids)
-        data = prompt.data
-        sizes, image_tokens = self._read_images(request, data)
-        if sizes:
-            planned = self.plan_ids(request.input_ids, seed, sampling.constraint, sizes, data)
-        else:
-            planned = self._plan_or_resume(request.input_ids, seed, sampling.constraint, data)
+        planned, image_tokens = self._planned(request, prompt, seed, transferred_plan)
         min_new = sampling.max_new_tokens if sampling.ignore_eos else sampling.min_new_tokens
         if min_new:
             planned = _pad_past_stops(planned, min_new, sampling, self.tokenizer)
@@ -590,6 +588,30 @@ class SimulatedEngine(EngineClient):
         for seconds in chunks:
             clock.hold(seconds, carries_step=True)
             await asyncio.sleep(seconds)
+
+    def plan_request(self, request: GenerateRequest, prompt: SimPrompt | None = None) -> list[int]:
+        """The whole output :meth:`generate` would write for ``request`` before its length limits
+        and stops are applied (memoised: the stream that follows does not plan it again)."""
+        seed = request.sampling.seed
+        if self.behavior is not None:
+            seed = self.behavior.effective_seed(seed)
+        if prompt is None or prompt.ids is not request.input_ids:
+            prompt = SimPrompt.of(request.input_ids)
+        return self._planned(request, prompt, seed if seed is not None else self.seed)[0]
+
+    def _planned(
+        self, request: GenerateRequest, prompt: SimPrompt, seed: int, given: Sequence[int] | None = None
+    ) -> tuple[list[int], int]:
+        """``(planned output, extra prompt tokens of its images)``; ``given``: a plan received with
+        the prompt's KV, used as it is."""
+        data = prompt.data
+        sizes, image_tokens = self._read_images(request, data)
+        constraint = request.sampling.constraint
+        if given is not None:
+            return list(given), image_tokens
+        if sizes:
+            return self.plan_ids(request.input_ids, seed, constraint, sizes, data), image_tokens
+        return self._plan_or_resume(request.input_ids, seed, constraint, data), image_tokens
 
     def _read_images(
         self, request: GenerateRequest, data: bytes | None

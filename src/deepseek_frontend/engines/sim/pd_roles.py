@@ -39,6 +39,7 @@ from deepseek_frontend.engines.sim.disagg import (
     ABORTED,
     BootstrapServer,
     DisaggSettings,
+    KvArrival,
     KvTransferError,
     decode_failure_message,
     fetch_kv,
@@ -57,12 +58,15 @@ RECENT_TRANSFERS = 64
 class PdLeg:
     """What the sim server lends a PD role for one request.
 
-    ``open(request, transferred_cached)`` starts the engine's stream; ``respond(first, stream)`` is
+    ``plan(request)`` is the output the engine's model writes for it (engines/sim/engine.py
+    ``plan_request``); ``open(request, transferred)`` starts the engine's stream (``transferred``:
+    the KV that arrived from a prefill worker, or None); ``respond(first, stream)`` is
     the aggregated worker's answer from there (JSON or SSE, faults applied); ``events(first,
     stream)`` its SSE events alone.
     """
 
-    open: Callable[[GenerateRequest, int | None], AsyncIterator[EngineChunk]]
+    plan: Callable[[GenerateRequest], list[int]]
+    open: Callable[[GenerateRequest, KvArrival | None], AsyncIterator[EngineChunk]]
     respond: Callable[[EngineChunk, AsyncIterator[EngineChunk]], Any]
     events: Callable[[EngineChunk, AsyncIterator[EngineChunk]], AsyncGenerator[bytes, None]]
     sse: Callable[[AsyncGenerator[bytes, None]], Response]
@@ -224,6 +228,11 @@ class SimDisagg:
             return _Abort(prefill_failure_message(rid, exc), 500)
         # SGLang's prefill scheduler sets max_new_tokens to 1: the decode worker writes the rest
         one = dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, max_new_tokens=1))
+        try:
+            plan = leg.plan(one)
+        except (RequestError, EngineError) as exc:
+            self.bootstrap.close(room)
+            return str(exc)
         chunks = leg.open(one, None)
         try:
             first = await anext(chunks)
@@ -231,7 +240,7 @@ class SimDisagg:
                 meta = {"type": "abort", "message": first.message}
                 return _answer(rid, [], meta, first.prompt_tokens, 0, first.cached_tokens)
             token = first.token_ids[0] if first.token_ids else 0
-            self.bootstrap.publish(room, request.input_ids, first.cached_tokens, token)
+            self.bootstrap.publish(room, request.input_ids, first.cached_tokens, token, plan)
             failure = await self.bootstrap.handed_over(room)
             if failure is not None:
                 self.failures[failure.stage] += 1
@@ -282,8 +291,8 @@ class SimDisagg:
         finally:
             await events.aclose()
 
-    async def _fetch(self, request: GenerateRequest, source: _Source) -> int | _Abort:
-        """The room's KV received (the prefill's cached tokens) or the abort SGLang's decode sends."""
+    async def _fetch(self, request: GenerateRequest, source: _Source) -> KvArrival | _Abort:
+        """The room's KV received, or the abort SGLang's decode sends."""
         rid = request.request_id
         room, host, port, rank = source
         started = time.monotonic()
@@ -315,7 +324,7 @@ class SimDisagg:
                 "wait_ms": round((time.monotonic() - started) * 1000, 3),
             }
         )
-        return arrival.cached_tokens
+        return arrival
 
 
 def _answer(

@@ -55,7 +55,7 @@ from deepseek_frontend.engines.base import (
     SamplingParams,
 )
 from deepseek_frontend.engines.sim.behavior import PRESETS, SimBehavior, SimRefusal
-from deepseek_frontend.engines.sim.disagg import DEFAULT_BOOTSTRAP_PORT
+from deepseek_frontend.engines.sim.disagg import DEFAULT_BOOTSTRAP_PORT, KvArrival
 from deepseek_frontend.engines.sim.engine import INPUT_IDS_ERROR, SimulatedEngine
 from deepseek_frontend.engines.sim.pd_roles import PdLeg, SimDisagg
 from deepseek_frontend.engines.sim.prompts import RecentPrompts, SimPrompt
@@ -398,8 +398,20 @@ def build_sim_app(
         """The aggregated answer's parts, for a PD role to run after (decode) or around (prefill) it."""
         fail_after, fail_mode = faults.fail_after, faults.fail_mode
 
-        def open_stream(request: GenerateRequest, transferred: int | None) -> AsyncIterator[EngineChunk]:
-            return engine.generate(request, prompt, transferred_cached=transferred)
+        def plan(request: GenerateRequest) -> list[int]:
+            return engine.plan_request(request, prompt)
+
+        def open_stream(
+            request: GenerateRequest, transferred: KvArrival | None
+        ) -> AsyncIterator[EngineChunk]:
+            if transferred is None:
+                return engine.generate(request, prompt)
+            return engine.generate(
+                request,
+                prompt,
+                transferred_cached=transferred.cached_tokens,
+                transferred_plan=transferred.plan,
+            )
 
         async def respond(first: EngineChunk, stream: AsyncIterator[EngineChunk]) -> Response:
             return await _non_streaming(rid, first, stream, fail_after)
@@ -410,7 +422,7 @@ def build_sim_app(
         def sse(body: AsyncGenerator[bytes, None]) -> Response:
             return _SseResponse(_batched(body, ZERO_DELAY_BATCH) if engine.itl_s == 0 else body)
 
-        return PdLeg(open_stream, respond, events, sse)
+        return PdLeg(plan, open_stream, respond, events, sse)
 
     async def _non_streaming(
         rid: str, first: EngineChunk | None, stream: AsyncIterator[EngineChunk], fail_after: int | None
