@@ -63,7 +63,11 @@ log = logging.getLogger("deepseek_frontend.api")
 #: Optional protocol modules (issue 5); each exposes ``ROUTES`` and may expose
 #: ``ERROR_RENDERERS: dict[path_prefix, ErrorBodyRenderer]`` for errors raised before its handlers run.
 #: Packages whose ``ROUTES`` the app mounts beside the OpenAI chat and completions routes.
-PROTOCOL_ROUTE_MODULES = ("deepseek_frontend.api.anthropic.routes", "deepseek_frontend.api.responses.routes")
+PROTOCOL_ROUTE_MODULES = (
+    "deepseek_frontend.api.anthropic.routes",
+    "deepseek_frontend.api.responses.routes",
+    "deepseek_frontend.api.conversations.routes",
+)
 #: Paths that never require the API key.
 PUBLIC_PATHS = frozenset({"/health", "/live", "/metrics"})
 #: Constraint kinds each engine protocol can enforce, when the backend does not say itself.

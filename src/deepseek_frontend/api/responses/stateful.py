@@ -26,7 +26,15 @@ from deepseek_frontend.state import BrokenChainError, StateStore, StoredItem, St
 from ..stored import not_stored
 from ..validation import check_array, check_boolean, check_object, check_string
 
-__all__ = ["StatefulRequest", "resolve_stateful", "save_response", "stored_items", "stored_output_items"]
+__all__ = [
+    "StatefulRequest",
+    "input_items",
+    "normalize_item",
+    "resolve_stateful",
+    "save_response",
+    "stored_items",
+    "stored_output_items",
+]
 
 #: id prefix of an input item the client sent without an id, by item type
 _ID_PREFIX = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "reasoning": "rs"}
@@ -58,7 +66,7 @@ class StatefulRequest:
         return out
 
 
-def _with_id(item: dict[str, Any]) -> dict[str, Any]:
+def normalize_item(item: dict[str, Any]) -> dict[str, Any]:
     """``item`` as stored and listed: with an ``id``, ``type: message`` for a bare ``{role, content}``
     and a string ``content`` as its one text part (as OpenAI lists input items). A one-part content
     renders the same prompt as the string (:mod:`.convert` joins parts), so nothing changes for
@@ -73,7 +81,7 @@ def _with_id(item: dict[str, Any]) -> dict[str, Any]:
     return item
 
 
-async def _input_items(raw: Any, store: StateStore, owner: str) -> list[dict[str, Any]]:
+async def input_items(raw: Any, store: StateStore, owner: str) -> list[dict[str, Any]]:
     """The request's ``input`` as items with ids; ``item_reference`` items replaced by the stored item."""
     if isinstance(raw, str):
         return [
@@ -101,7 +109,7 @@ async def _input_items(raw: Any, store: StateStore, owner: str) -> list[dict[str
                 raise not_stored("Item", ref, f"input[{i}].id")
             out.append(orjson.loads(found.data))
         else:
-            out.append(_with_id(dict(item)))
+            out.append(normalize_item(dict(item)))
     return out
 
 
@@ -149,7 +157,7 @@ async def resolve_stateful(
             )
     if "input" not in body:
         raise RequestError("input: required", param="input")
-    new_items = await _input_items(body["input"], store, owner)
+    new_items = await input_items(body["input"], store, owner)
     history: list[StoredItem] = []
     if previous is not None:
         try:

@@ -1,0 +1,1 @@
+"""The OpenAI Conversations API (``/v1/conversations``) over the conversation-state store."""
