@@ -183,13 +183,13 @@ class AuthMiddleware:
     def __init__(
         self,
         app: ASGIApp,
-        api_key: str,
+        api_key: str | tuple[str, ...],
         renderers: list[tuple[str, ErrorBodyRenderer]],
         metrics: FrontendMetrics | None = None,
         endpoints: frozenset[str] = frozenset(),
     ) -> None:
         self.app = app
-        self._key = api_key.encode()
+        self._keys = tuple(k.encode() for k in ((api_key,) if isinstance(api_key, str) else api_key))
         self._renderers = renderers
         self._metrics = metrics
         #: paths counted under their own name; any other path is counted as "other" (bounded labels)
@@ -207,7 +207,8 @@ class AuthMiddleware:
                     presented = token.strip()
             elif name == b"x-api-key" and presented is None:
                 presented = value.strip()
-        if presented is not None and hmac.compare_digest(presented, self._key):
+        # every key compared (no early exit): the time taken does not tell which key was close
+        if presented is not None and sum(hmac.compare_digest(presented, key) for key in self._keys):
             await self.app(scope, receive, send)
             return
         message = "Missing API key" if presented is None else "Incorrect API key provided"
@@ -305,17 +306,17 @@ def _worker_json(status: Any) -> dict[str, Any]:
 _WORKER_EXTRA_KEYS = frozenset({"requests", "failures", "capabilities", "role"})
 
 
-def _presents_key(request: Request, api_key: str | None) -> bool:
-    """Whether ``request`` carries ``api_key`` (Bearer or x-api-key); True when no key is configured."""
-    if not api_key:
+def _presents_key(request: Request, api_keys: tuple[str, ...]) -> bool:
+    """Whether ``request`` carries one of ``api_keys`` (Bearer or x-api-key); True when none is configured."""
+    if not api_keys:
         return True
-    key = api_key.encode()
+    keys = [k.encode() for k in api_keys]
     for name, value in request.scope["headers"]:
         if name == b"authorization":
             scheme, _, token = value.partition(b" ")
-            if scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key):
+            if scheme.lower() == b"bearer" and sum(hmac.compare_digest(token.strip(), k) for k in keys):
                 return True
-        elif name == b"x-api-key" and hmac.compare_digest(value.strip(), key):
+        elif name == b"x-api-key" and sum(hmac.compare_digest(value.strip(), k) for k in keys):
             return True
     return False
 
@@ -331,7 +332,7 @@ async def health(request: Request) -> Response:
     workers = [_worker_json(s) for s in state.backend.statuses()]
     healthy = sum(1 for w in workers if w["healthy"])
     status = "ok" if healthy == len(workers) else "degraded" if healthy else "unavailable"
-    if not _presents_key(request, state.config.api_key):
+    if not _presents_key(request, state.config.accepted_api_keys):
         code = 200 if healthy else 503
         return Response(orjson.dumps({"status": status}), status_code=code, media_type="application/json")
     body = {
@@ -534,7 +535,11 @@ def create_app(
     if config.api_key:
         endpoints = frozenset(getattr(r, "path", "") for r in routes) - {""}
         app.add_middleware(
-            AuthMiddleware, api_key=config.api_key, renderers=renderers, metrics=metrics, endpoints=endpoints
+            AuthMiddleware,
+            api_key=config.accepted_api_keys,
+            renderers=renderers,
+            metrics=metrics,
+            endpoints=endpoints,
         )
     # added last, so outermost: a burst queues here before any routing, auth or validation work
     app.add_middleware(TurnGate, turns=pipeline.turns)

@@ -124,6 +124,9 @@ class ServerConfig:
     default_thinking: bool = True
     reasoning_effort_profile: str = "preview"
     api_key: str | None = None
+    #: every accepted key (``--api-key`` repeated); empty: ``api_key`` alone. Stored state is kept
+    #: per key (api/state_config.py), so each key is a tenant of its own
+    api_keys: tuple[str, ...] = ()
     max_body_bytes: int = 32 * 1024 * 1024
     context_length: int = DEFAULT_CONTEXT_LENGTH
     #: output limit when a request sets none; None = whatever room the context leaves
@@ -172,6 +175,11 @@ class ServerConfig:
     def uses_builtin_sim(self) -> bool:
         """True when the in-process simulated engine serves requests."""
         return self.engine == "sim"
+
+    @property
+    def accepted_api_keys(self) -> tuple[str, ...]:
+        """The keys a request may present (none: no auth)."""
+        return self.api_keys or ((self.api_key,) if self.api_key else ())
 
     def resolve_model(self, name: str | None) -> str:
         """The served model a request's ``model`` field names; raises ``ModelNotFoundError``.
@@ -275,7 +283,8 @@ class ServerConfig:
             raise ValueError(f"--reasoning-effort-profile {profile}: a {family} checkpoint takes {expected}")
 
         aliases = tuple(parse_model_alias(a, served) for a in args.model_alias)
-        api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+        keys = args.api_key if isinstance(args.api_key, list) else [args.api_key] if args.api_key else []
+        api_key = keys[0] if keys else os.environ.get(API_KEY_ENV) or None
         return cls(
             served_model_name=served,
             family=family,
@@ -287,6 +296,7 @@ class ServerConfig:
             default_thinking=args.default_thinking,
             reasoning_effort_profile=profile,
             api_key=api_key,
+            api_keys=tuple(keys),
             max_body_bytes=args.max_body_bytes,
             context_length=context_length,
             default_max_tokens=args.default_max_tokens,

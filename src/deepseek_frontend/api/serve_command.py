@@ -369,8 +369,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     http.add_argument(
         "--api-key",
+        action="append",
         default=None,
-        help="require this key (Authorization: Bearer KEY or x-api-key: KEY); "
+        help="require this key (Authorization: Bearer KEY or x-api-key: KEY); repeatable: any of the keys "
+        "is accepted, and each key's stored responses and conversations are its own; "
         "default: $DEEPSEEK_FRONTEND_API_KEY if set, else no auth",
     )
     http.add_argument(
