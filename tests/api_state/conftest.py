@@ -11,7 +11,10 @@ from typing import Any
 import openai
 import pytest
 
+from tests.support.postgres import postgres_server
 from tests.support.servers import Server, start_frontend
+
+__all__ = ["postgres_server"]  # the session fixture, for test_replicas
 
 API_KEY = "state-test-key"
 MODEL = "deepseek-v4-flash"

@@ -4,53 +4,29 @@ PostgreSQL server (a private cluster started once per session, a fresh database 
 from __future__ import annotations
 
 import asyncio
-import secrets
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from deepseek_frontend.state import Retention, StateStore, open_store_url
-from tests.support.postgres import PostgresServer, start_postgres
+from tests.support.postgres import PostgresServer, create_database, postgres_server
 
-
-@pytest.fixture(scope="session")
-def postgres_server() -> Iterator[PostgresServer]:
-    server = start_postgres()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def _create_database(server: PostgresServer) -> str:
-    import asyncpg
-
-    name = "t_" + secrets.token_hex(6)
-
-    async def create() -> None:
-        conn = await asyncpg.connect(server.admin_url)
-        try:
-            await conn.execute(f"CREATE DATABASE {name}")
-        finally:
-            await conn.close()
-
-    asyncio.run(create())
-    return server.url(name)
+__all__ = ["postgres_server"]  # the session fixture, re-exported for this package
 
 
 @pytest.fixture()
 def postgres_url(postgres_server: PostgresServer) -> str:
     """A ``postgresql://`` URL of an empty database of its own."""
-    return _create_database(postgres_server)
+    return create_database(postgres_server)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/state.sqlite3"  # tmp_path is absolute: four slashes in all
-    return _create_database(request.getfixturevalue("postgres_server"))
+    return create_database(request.getfixturevalue("postgres_server"))
 
 
 StoreTest = Callable[[StateStore], Awaitable[Any]]

@@ -8,17 +8,22 @@ as root, so as root the cluster is created and run as the ``postgres`` user that
 
 from __future__ import annotations
 
+import asyncio
 import glob
 import os
+import secrets
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from tests.support.servers import free_port
 
-__all__ = ["PostgresServer", "find_pg_bin", "start_postgres"]
+__all__ = ["PostgresServer", "create_database", "find_pg_bin", "postgres_server", "start_postgres"]
 
 
 def find_pg_bin() -> Path:
@@ -118,3 +123,30 @@ def start_postgres() -> PostgresServer:
         server.stop()
         raise RuntimeError(f"pg_ctl start failed: {started.stdout}{started.stderr}\n{log}")
     return server
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One private PostgreSQL server for the test session (import this fixture into a conftest)."""
+    server = start_postgres()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def create_database(server: PostgresServer) -> str:
+    """A new empty database on ``server``; its ``postgresql://`` URL."""
+    import asyncpg
+
+    name = "t_" + secrets.token_hex(6)
+
+    async def create() -> None:
+        conn = await asyncpg.connect(server.admin_url)
+        try:
+            await conn.execute(f"CREATE DATABASE {name}")
+        finally:
+            await conn.close()
+
+    asyncio.run(create())
+    return server.url(name)
