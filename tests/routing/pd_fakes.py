@@ -199,7 +199,7 @@ class FakeSGLangPd(_Fake):
 
 class FakeVllmPd(_Fake):
     """A vLLM worker with a KV connector (see module docstring); ``role`` is ``prefill`` or
-    ``decode``. ``mode``: ``ok``, ``http_500`` (prefill), ``hang`` (decode: no first token)."""
+    ``decode``. ``mode``: ``ok``, ``http_500`` (prefill), ``hang`` (no answer, no first token)."""
 
     def __init__(self, role: str, engine_id: str) -> None:
         super().__init__()
@@ -230,6 +230,13 @@ class FakeVllmPd(_Fake):
         if self.role == "prefill":
             if self.mode == "http_500":
                 return JSONResponse({"error": {"message": "worker down"}}, status_code=500)
+            if self.mode == "hang":
+                self.open += 1
+                try:
+                    while (await request.receive())["type"] != "http.disconnect":  # until the client leaves
+                        pass
+                finally:
+                    self.open -= 1
             if body.get("stream") or body.get("max_tokens") != 1 or not params.get("do_remote_decode"):
                 return JSONResponse({"error": {"message": "not a prefill request"}}, status_code=400)
             issued = {

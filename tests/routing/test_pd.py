@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from deepseek_frontend.engines.base import GenerateRequest, SamplingParams
-from deepseek_frontend.engines.pool import WorkerPool, from_urls
+from deepseek_frontend.engines.pool import StreamLimits, WorkerPool, from_urls
 from deepseek_frontend.errors import (
     EngineRejectedRequestError,
     EngineTimeoutError,
@@ -396,14 +396,24 @@ def test_metrics_and_the_log_line_name_both_workers_and_the_room(caplog: pytest.
 
 
 @asynccontextmanager
-async def vllm_pd(**config: Any) -> AsyncIterator[tuple[DisaggregatedPool, FakeVllmPd, FakeVllmPd]]:
+async def vllm_pd(
+    limits: StreamLimits | None = None, **config: Any
+) -> AsyncIterator[tuple[DisaggregatedPool, FakeVllmPd, FakeVllmPd]]:
     p, d = FakeVllmPd("prefill", "engine-p"), FakeVllmPd("decode", "engine-d")
     d.prefills.append(p)
     await p.start()
     await d.start()
 
     def pool(url: str) -> WorkerPool:
-        return from_urls("vllm", [url], model="m", health_interval_s=0, max_attempts=1, router=Router())  # type: ignore[arg-type]
+        return from_urls(
+            "vllm",
+            [url],
+            model="m",
+            health_interval_s=0,
+            max_attempts=1,
+            router=Router(),
+            limits=limits,  # type: ignore[arg-type]
+        )
 
     pd = DisaggregatedPool(pool(p.url), pool(d.url), PdConfig(engine="vllm", **config))
     try:
@@ -448,5 +458,18 @@ def test_vllm_decode_without_its_kv_times_out_and_a_failed_prefill_never_starts_
                 await collect(pool, request("req-2"))
             assert len(d.bodies) == 1 and len(p.bodies) == 3  # two prefill tries, no decode leg
             assert pool.stats.bootstrap_failures == 2
+
+    run(scenario)
+
+
+def test_a_vllm_prefill_that_never_answers_ends_at_the_first_token_deadline_with_nothing_running() -> None:
+    async def scenario() -> None:
+        async with vllm_pd(limits=StreamLimits(first_token_timeout_s=0.3)) as (pool, p, d):
+            p.mode = "hang"
+            with pytest.raises(EngineTimeoutError) as err:
+                await collect(pool, request())
+            assert err.value.status_code == 504 and "prefill worker did not answer" in err.value.message
+            await all_closed(p, d)
+            assert d.bodies == []  # no decode leg was started
 
     run(scenario)

@@ -313,9 +313,16 @@ class DisaggregatedPool:
             "remote_host": None,
             "remote_port": None,
         }
-        params = await remote_prefill(
-            dataclasses.replace(request, extra_fields={"kv_transfer_params": asked})
-        )
+        limit = self.prefill.limits.first_token_timeout_s  # the prefill is the wait for the first token
+        try:
+            async with asyncio.timeout(limit):
+                params = await remote_prefill(
+                    dataclasses.replace(request, extra_fields={"kv_transfer_params": asked})
+                )
+        except TimeoutError:
+            raise EngineTimeoutError(
+                f"the prefill worker did not answer within {limit:g} s; the request was aborted"
+            ) from None
         return dict(params)
 
     async def _pair_stream(
