@@ -17,7 +17,7 @@ way; each raises ``RequestError`` with ``param`` set, in the message style of
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -208,6 +208,7 @@ async def respond_with_events(
     converted: ConvertedChat,
     make_encoder: Callable[[ChatRequest, PreparedRequest], E],
     fold: Callable[[E, list[SSEEvent]], Any],
+    wrap: Callable[[Sequence[ChoiceStream]], Sequence[ChoiceStream]] | None = None,
 ) -> Response:
     """Serve a converted request: an SSE stream of the encoder's events, or their fold as JSON.
 
@@ -225,6 +226,8 @@ async def respond_with_events(
     # A client that leaves during prefill, or while a non-streamed answer is folded,
     # cancels the work, which aborts the engine request (as on the OpenAI routes).
     (stream,) = await unless_disconnected(request, pipeline.start(prepared))
+    if wrap is not None:  # e.g. reasoning continuity, which keeps the finished answer (api/continuity.py)
+        (stream,) = wrap([stream])
     encoder = make_encoder(req, prepared)
     if stream.first_cached_tokens:
         encoder.note_cached_prompt(stream.first_cached_tokens)

@@ -46,6 +46,7 @@ from deepseek_frontend.pipeline.chat import (
 )
 
 from ..adapters import length_controls
+from ..continuity import continuity_of
 from ..http import (
     EventStreamResponse,
     RequestTracker,
@@ -722,6 +723,7 @@ async def respond_with_choices(
         [FrontendState, ChatRequest, Sequence[ChoiceStream], int, RequestTracker], AsyncIterator[bytes]
     ],
     build: Callable[[ChatRequest, Sequence[ChoiceAccumulator], int, PromptTokenizer], dict[str, Any]],
+    wrap: Callable[[Sequence[ChoiceStream]], Sequence[ChoiceStream]] | None = None,
 ) -> Response:
     """Both OpenAI endpoints after mapping: start every choice, then stream or answer once.
 
@@ -732,6 +734,8 @@ async def respond_with_choices(
     """
     state = get_state(request)
     streams = await unless_disconnected(request, state.pipeline.start(prepared))
+    if wrap is not None:  # e.g. reasoning continuity, which keeps each finished answer (api/continuity.py)
+        streams = wrap(streams)
     if stream:
         return EventStreamResponse(stream_body(state, req, streams, prepared.created, tracker), tracker)
     accs = await unless_disconnected(request, collect(streams))
@@ -746,6 +750,8 @@ async def chat_completions(request: Request, tracker: RequestTracker) -> Respons
     state = get_state(request)
     body = await read_json(request, state.config.max_body_bytes)
     req = to_chat_request(body, state.config, tracker.request_id)
+    continuity, owner = continuity_of(request)
+    await continuity.restore(owner, req.messages, "chat")  # tool-loop reasoning the client dropped
     await resolve_request_images(state, req.messages)
     prepared = await state.pipeline.prepare_async(req)
     return await respond_with_choices(
@@ -756,4 +762,5 @@ async def chat_completions(request: Request, tracker: RequestTracker) -> Respons
         stream=bool(body.get("stream")),
         stream_body=stream_chat,
         build=build_response,
+        wrap=continuity.wrap(owner),
     )

@@ -29,6 +29,7 @@ from deepseek_frontend.images import family_reads_images
 from deepseek_frontend.routing.session import session_from_headers
 
 from ..adapters import respond_with_events
+from ..continuity import continuity_of
 from ..http import EventStreamResponse, RequestTracker, api_route, get_state, read_json
 from ..log_once import FirstSeen
 from ..openai.chat import logprobs_content
@@ -123,6 +124,8 @@ async def create_response(request: Request, tracker: RequestTracker) -> Response
     )
     echo = response_echo(body)
     echo.update(stateful.echo())
+    continuity, owner = continuity_of(request)
+    await continuity.restore(owner, converted.messages, "responses")  # reasoning items the client dropped
     if converted.warnings:
         echo["warnings"] = list(converted.warnings)
         _log_warnings(request, converted.warnings, tracker.request_id)
@@ -147,7 +150,9 @@ async def create_response(request: Request, tracker: RequestTracker) -> Response
         encoders.append(encoder)
         return encoder
 
-    response = await respond_with_events(request, tracker, converted, make_encoder, _response_object)
+    response = await respond_with_events(
+        request, tracker, converted, make_encoder, _response_object, wrap=continuity.wrap(owner)
+    )
     if stateful.store:
         if isinstance(response, EventStreamResponse):
             response.body_iterator = _saving_stream(

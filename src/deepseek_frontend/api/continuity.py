@@ -1,0 +1,156 @@
+"""Reasoning continuity: the reasoning of a tool-calling answer, restored when a client sends the
+turn back without it.
+
+DeepSeek's thinking models need the reasoning of the current tool loop in the prompt: the format
+renders each assistant turn's ``reasoning_content``, and a turn rendered without the reasoning
+the model wrote is a prompt it was never trained on (DeepSeek's own API refuses such a tool
+turn). Many OpenAI-shaped clients drop ``reasoning_content`` (or Responses ``reasoning`` items)
+when they replay a conversation. So when an answer calls tools, its reasoning is kept in the
+state store (:meth:`~deepseek_frontend.state.StateStore.put_reasoning`) under a key made of
+the answer's tool-call ids and its text, for the API key that asked; a later request of the same
+key whose assistant turn has those tool-call ids and that text, and no reasoning, gets the
+reasoning back -- the prompt is then exactly the one a client that kept it would render.
+
+Never guessing: only a turn with tool calls is matched (the ids are random, handed out by this
+server: no other conversation has them), the text must be byte-equal to what was returned, and
+a turn that carries reasoning of its own is left as sent. Bounded by the store's retention
+(``--state-ttl``, ``--state-max-bytes``) and never across API keys. Restorations are counted in
+``deepseek_frontend_reasoning_restored_total{api}``.
+
+Used by ``/v1/chat/completions`` and ``/v1/responses``. Anthropic's Messages API keeps its
+withheld reasoning in :mod:`.anthropic.hidden_thinking` (keyed by the ``toolu_`` ids it hands
+out); a client given thinking blocks replays them with their signatures.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+from prometheus_client import Counter
+from starlette.requests import Request
+
+from deepseek_frontend.pipeline.chat import ChoiceAccumulator, PipelineChunk
+from deepseek_frontend.state import StateStore
+
+from .http import FrontendState, get_state
+from .stored import owner_of
+
+__all__ = ["ReasoningContinuity", "continuity_of", "turn_key"]
+
+log = logging.getLogger("deepseek_frontend.api")
+
+
+def _text(content: Any) -> str | None:
+    """The text of an assistant turn as a client sent it back: a string (``None`` -> empty), or a
+    list of exactly one text part; anything else matches nothing."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and len(content) == 1 and isinstance(content[0], dict):
+        text = content[0].get("text")
+        return text if isinstance(text, str) else None
+    return None
+
+
+def turn_key(text: str, call_ids: Sequence[str]) -> str | None:
+    """The key of an assistant turn: a SHA-256 of its tool-call ids (in order) and its text;
+    ``None`` for a turn without tool calls (nothing unguessable to match it by)."""
+    if not call_ids:
+        return None
+    digest = hashlib.sha256()
+    for call_id in call_ids:
+        digest.update(call_id.encode() + b"\0")
+    digest.update(b"\1" + text.encode())
+    return "turn:" + digest.hexdigest()
+
+
+class ReasoningContinuity:
+    """Keeps and restores tool-loop reasoning in ``store``; counts restorations in ``restored``."""
+
+    def __init__(self, store: StateStore, restored: Counter) -> None:
+        self.store = store
+        self.restored = restored
+
+    async def restore(self, owner: str, messages: list[dict[str, Any]], api: str) -> int:
+        """Fill the ``reasoning_content`` of assistant tool-call turns of ``messages`` (OpenAI-style
+        chat messages, changed in place) that have none and match a kept answer; how many."""
+        if not self.store.enabled:
+            return 0
+        restored = 0
+        for message in messages:
+            if message.get("role") != "assistant" or message.get("reasoning_content"):
+                continue
+            calls = message.get("tool_calls") or []
+            text = _text(message.get("content"))
+            key = turn_key(text, [str(c.get("id") or "") for c in calls]) if text is not None else None
+            if key is None:
+                continue
+            reasoning = await self.store.get_reasoning(owner, key)
+            if reasoning:
+                message["reasoning_content"] = reasoning
+                restored += 1
+        if restored:
+            self.restored.labels(api).inc(restored)
+        return restored
+
+    async def remember(self, owner: str, acc: ChoiceAccumulator) -> None:
+        """Keep the reasoning of a finished answer that called tools (nothing else is kept)."""
+        reasoning = acc.reasoning_content
+        key = turn_key(acc.content, [call.id for call in acc.tool_calls])
+        if key is None or not reasoning or not self.store.enabled:
+            return
+        try:
+            await self.store.put_reasoning(owner, key, reasoning)
+        except Exception:  # continuity is best effort: the answer itself must not fail for it
+            log.exception("keeping the reasoning of a tool-calling answer failed")
+
+    def wrap(self, owner: str) -> Callable[[Sequence[Any]], list[Any]]:
+        """A function wrapping started choice streams so each remembers its answer at its end."""
+        return lambda streams: [
+            _Remembering(stream, lambda acc: self.remember(owner, acc)) for stream in streams
+        ]
+
+
+class _Remembering:
+    """A started ``ChoiceStream`` whose last chunk is held back until the answer was remembered:
+    a client that replays the turn at once (it has the tool calls only after that chunk) finds it."""
+
+    __slots__ = ("_acc", "_on_end", "_stream")
+
+    def __init__(self, stream: Any, on_end: Callable[[ChoiceAccumulator], Awaitable[None]]) -> None:
+        self._stream = stream
+        self._on_end = on_end
+        self._acc = ChoiceAccumulator(stream.index)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+    async def __aiter__(self) -> AsyncIterator[PipelineChunk]:
+        async for chunk in self._stream:
+            self._acc.add(chunk)
+            if chunk.end is not None:
+                await self._on_end(self._acc)
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+def continuity_of(request: Request) -> tuple[ReasoningContinuity, str]:
+    """The server's :class:`ReasoningContinuity` (made on first use) and the request's owner."""
+    state: FrontendState = get_state(request)
+    continuity = state.extra.get("reasoning_continuity")
+    if continuity is None:
+        counter = Counter(
+            "deepseek_frontend_reasoning_restored",
+            "Assistant turns sent back without the reasoning this server produced for them, "
+            "whose reasoning was restored from the state store (by API).",
+            ["api"],
+            registry=state.metrics.registry,
+        )
+        continuity = state.extra["reasoning_continuity"] = ReasoningContinuity(state.store, counter)
+    return continuity, owner_of(request)
