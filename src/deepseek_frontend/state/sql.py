@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import contextlib
 from abc import abstractmethod
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, TypeVar
 
 from .migrations import MIGRATIONS, SCHEMA_VERSION
 from .records import ItemKind, Page, StoredConversation, StoredItem, StoredResponse
@@ -22,6 +22,7 @@ __all__ = ["SchemaTooNewError", "SqlStore", "Tx"]
 #: objects looked at per round of the size-budget eviction
 _EVICT_BATCH = 256
 _ALIVE = "(expires_at IS NULL OR expires_at > ?)"
+T = TypeVar("T")
 
 
 class SchemaTooNewError(RuntimeError):
@@ -49,6 +50,13 @@ class SqlStore(StateStore):
     @abstractmethod
     def transaction(self) -> contextlib.AbstractAsyncContextManager[Tx]: ...
 
+    async def in_transaction(self, op: Callable[[Tx], Awaitable[T]]) -> T:
+        """Run ``op`` in one transaction (committed when it returns, rolled back when it raises).
+        Every operation of the store goes through here; a backend may run ``op`` in one piece
+        (SQLite: on its thread, in one hand-over)."""
+        async with self.transaction() as tx:
+            return await op(tx)
+
     # ---------------------------------------------------------------- schema
     async def migrate(self, tx: Tx) -> int:
         """Apply the missing migrations in ``tx`` (which holds the write lock); the version reached."""
@@ -74,7 +82,8 @@ class SqlStore(StateStore):
     ) -> None:
         size = len(response.body) + len(response.request)
         size += _items_size(input_items) + _items_size(output_items)
-        async with self.transaction() as tx:
+
+        async def op(tx: Tx) -> Any:
             await tx.execute(
                 "INSERT INTO responses (id, owner, created_at, expires_at, status, body, request,"
                 " previous_response_id, conversation_id, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -94,6 +103,8 @@ class SqlStore(StateStore):
             await self._insert_response_items(tx, response.owner, response.id, "input", input_items)
             await self._insert_response_items(tx, response.owner, response.id, "output", output_items)
 
+        return await self.in_transaction(op)
+
     async def _insert_response_items(
         self, tx: Tx, owner: str, response_id: str, kind: ItemKind, items: Sequence[StoredItem]
     ) -> None:
@@ -107,7 +118,7 @@ class SqlStore(StateStore):
     async def update_response(
         self, owner: str, response_id: str, status: str, body: str, output_items: list[StoredItem] | None
     ) -> bool:
-        async with self.transaction() as tx:
+        async def op(tx: Tx) -> Any:
             rows = await tx.fetch(
                 f"SELECT request FROM responses WHERE id = ? AND owner = ? AND {_ALIVE}",
                 (response_id, owner, self.now()),
@@ -130,18 +141,24 @@ class SqlStore(StateStore):
             )
             return True
 
+        return await self.in_transaction(op)
+
     async def get_response(self, owner: str, response_id: str) -> StoredResponse | None:
-        async with self.transaction() as tx:
+        async def op(tx: Tx) -> Any:
             rows = await tx.fetch(
                 "SELECT id, owner, created_at, status, body, request, previous_response_id, conversation_id"
                 f" FROM responses WHERE id = ? AND owner = ? AND {_ALIVE}",
                 (response_id, owner, self.now()),
             )
-        return StoredResponse(*rows[0]) if rows else None
+            return StoredResponse(*rows[0]) if rows else None
+
+        return await self.in_transaction(op)
 
     async def delete_response(self, owner: str, response_id: str) -> bool:
-        async with self.transaction() as tx:
+        async def op(tx: Tx) -> Any:
             return await self._delete_response(tx, owner, response_id)
+
+        return await self.in_transaction(op)
 
     async def _delete_response(self, tx: Tx, owner: str, response_id: str) -> bool:
         changed = await tx.execute("DELETE FROM responses WHERE id = ? AND owner = ?", (response_id, owner))
@@ -160,7 +177,7 @@ class SqlStore(StateStore):
         limit: int = 20,
         order: Order = "desc",
     ) -> Page | None:
-        async with self.transaction() as tx:
+        async def op(tx: Tx) -> Any:
             found = await tx.fetch(
                 f"SELECT 1 FROM responses WHERE id = ? AND owner = ? AND {_ALIVE}",
                 (response_id, owner, self.now()),
@@ -178,8 +195,10 @@ class SqlStore(StateStore):
                 order,
             )
 
+        return await self.in_transaction(op)
+
     async def history(self, owner: str, response_id: str) -> list[StoredItem] | None:
-        async with self.transaction() as tx:
+        async def op(tx: Tx) -> Any:
             chain = await tx.fetch(
                 "WITH RECURSIVE chain (id, prev, depth) AS ("
                 f" SELECT id, previous_response_id, 0 FROM responses WHERE id = ? AND owner = ? AND {_ALIVE}"
@@ -201,13 +220,16 @@ class SqlStore(StateStore):
                 f" WHERE response_id IN ({marks})",
                 ids,
             )
-        depth = {rid: i for i, rid in enumerate(ids)}  # oldest first
-        rows.sort(key=lambda r: (depth[r[0]], r[1] != "input", r[2]))
-        return [StoredItem(r[3], r[4]) for r in rows]
+            depth = {rid: i for i, rid in enumerate(ids)}  # oldest first
+            rows.sort(key=lambda r: (depth[r[0]], r[1] != "input", r[2]))
+            return [StoredItem(r[3], r[4]) for r in rows]
+
+        return await self.in_transaction(op)
 
     async def find_item(self, owner: str, item_id: str) -> StoredItem | None:
         now = self.now()
-        async with self.transaction() as tx:
+
+        async def op(tx: Tx) -> Any:
             rows = await tx.fetch(
                 "SELECT i.item_id, i.data FROM response_items i JOIN responses r ON r.id = i.response_id"
                 " WHERE i.owner = ? AND i.item_id = ? AND (r.expires_at IS NULL OR r.expires_at > ?)"
@@ -221,12 +243,15 @@ class SqlStore(StateStore):
                     " AND (c.expires_at IS NULL OR c.expires_at > ?) LIMIT 1",
                     (owner, item_id, now),
                 )
-        return StoredItem(*rows[0]) if rows else None
+            return StoredItem(*rows[0]) if rows else None
+
+        return await self.in_transaction(op)
 
     # ---------------------------------------------------------------- conversations
     async def put_conversation(self, conversation: StoredConversation, items: list[StoredItem]) -> None:
         c = conversation
-        async with self.transaction() as tx:
+
+        async def op(tx: Tx) -> Any:
             await tx.execute(
                 "INSERT INTO conversations (id, owner, created_at, expires_at, metadata, size)"
                 " VALUES (?, ?, ?, ?, ?, ?)",
@@ -240,6 +265,8 @@ class SqlStore(StateStore):
                 ),
             )
             await self._insert_conversation_items(tx, c.owner, c.id, 0, items)
+
+        return await self.in_transaction(op)
 
     async def _insert_conversation_items(
         self, tx: Tx, owner: str, conversation_id: str, first: int, items: Sequence[StoredItem]
@@ -255,16 +282,18 @@ class SqlStore(StateStore):
             )
 
     async def get_conversation(self, owner: str, conversation_id: str) -> StoredConversation | None:
-        async with self.transaction() as tx:
+        async def op(tx: Tx) -> Any:
             rows = await tx.fetch(
                 "SELECT id, owner, created_at, metadata FROM conversations"
                 f" WHERE id = ? AND owner = ? AND {_ALIVE}",
                 (conversation_id, owner, self.now()),
             )
-        return StoredConversation(*rows[0]) if rows else None
+            return StoredConversation(*rows[0]) if rows else None
+
+        return await self.in_transaction(op)
 
     async def update_conversation(self, owner: str, conversation_id: str, metadata: str) -> bool:
-        async with self.transaction() as tx:
+        async def op(tx: Tx) -> Any:
             rows = await tx.fetch(
                 f"SELECT metadata FROM conversations WHERE id = ? AND owner = ? AND {_ALIVE}",
                 (conversation_id, owner, self.now()),
@@ -277,9 +306,13 @@ class SqlStore(StateStore):
             )
             return True
 
+        return await self.in_transaction(op)
+
     async def delete_conversation(self, owner: str, conversation_id: str) -> bool:
-        async with self.transaction() as tx:
+        async def op(tx: Tx) -> Any:
             return await self._delete_conversation(tx, owner, conversation_id)
+
+        return await self.in_transaction(op)
 
     async def _delete_conversation(self, tx: Tx, owner: str, conversation_id: str) -> bool:
         changed = await tx.execute(
@@ -291,7 +324,8 @@ class SqlStore(StateStore):
 
     async def add_conversation_items(self, owner: str, conversation_id: str, items: list[StoredItem]) -> bool:
         now = self.now()
-        async with self.transaction() as tx:
+
+        async def op(tx: Tx) -> Any:
             # the UPDATE first: on PostgreSQL it locks the conversation's row, so concurrent appends
             # take their sequence numbers one after the other
             changed = await tx.execute(
@@ -308,15 +342,19 @@ class SqlStore(StateStore):
             await self._insert_conversation_items(tx, owner, conversation_id, int(rows[0][0]) + 1, items)
             return True
 
+        return await self.in_transaction(op)
+
     async def conversation_items(self, owner: str, conversation_id: str) -> list[StoredItem] | None:
-        async with self.transaction() as tx:
+        async def op(tx: Tx) -> Any:
             if not await self._conversation_alive(tx, owner, conversation_id):
                 return None
             rows = await tx.fetch(
                 "SELECT item_id, data FROM conversation_items WHERE conversation_id = ? ORDER BY seq",
                 (conversation_id,),
             )
-        return [StoredItem(*row) for row in rows]
+            return [StoredItem(*row) for row in rows]
+
+        return await self.in_transaction(op)
 
     async def _conversation_alive(self, tx: Tx, owner: str, conversation_id: str) -> bool:
         rows = await tx.fetch(
@@ -335,7 +373,7 @@ class SqlStore(StateStore):
         limit: int = 20,
         order: Order = "desc",
     ) -> Page | None:
-        async with self.transaction() as tx:
+        async def op(tx: Tx) -> Any:
             if not await self._conversation_alive(tx, owner, conversation_id):
                 return None
             return await _page(
@@ -349,10 +387,12 @@ class SqlStore(StateStore):
                 order,
             )
 
+        return await self.in_transaction(op)
+
     async def get_conversation_item(
         self, owner: str, conversation_id: str, item_id: str
     ) -> StoredItem | None:
-        async with self.transaction() as tx:
+        async def op(tx: Tx) -> Any:
             if not await self._conversation_alive(tx, owner, conversation_id):
                 return None
             rows = await tx.fetch(
@@ -360,10 +400,12 @@ class SqlStore(StateStore):
                 " ORDER BY seq LIMIT 1",
                 (conversation_id, item_id),
             )
-        return StoredItem(*rows[0]) if rows else None
+            return StoredItem(*rows[0]) if rows else None
+
+        return await self.in_transaction(op)
 
     async def delete_conversation_item(self, owner: str, conversation_id: str, item_id: str) -> bool:
-        async with self.transaction() as tx:
+        async def op(tx: Tx) -> Any:
             if not await self._conversation_alive(tx, owner, conversation_id):
                 return False
             rows = await tx.fetch(
@@ -382,10 +424,13 @@ class SqlStore(StateStore):
             )
             return True
 
+        return await self.in_transaction(op)
+
     # ---------------------------------------------------------------- reasoning continuity
     async def put_reasoning(self, owner: str, key: str, text: str) -> None:
         now = self.now()
-        async with self.transaction() as tx:
+
+        async def op(tx: Tx) -> Any:
             await tx.execute(
                 "INSERT INTO reasoning (owner, fingerprint, text, created_at, expires_at, size)"
                 " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (owner, fingerprint) DO UPDATE SET"
@@ -394,78 +439,91 @@ class SqlStore(StateStore):
                 (owner, key, text, now, self.retention.expires_at(now), len(text) + len(key)),
             )
 
+        return await self.in_transaction(op)
+
     async def get_reasoning(self, owner: str, key: str) -> str | None:
-        async with self.transaction() as tx:
+        async def op(tx: Tx) -> Any:
             rows = await tx.fetch(
                 f"SELECT text FROM reasoning WHERE owner = ? AND fingerprint = ? AND {_ALIVE}",
                 (owner, key, self.now()),
             )
-        return rows[0][0] if rows else None
+            return rows[0][0] if rows else None
+
+        return await self.in_transaction(op)
 
     # ---------------------------------------------------------------- retention
     async def purge(self, now: float | None = None) -> int:
-        now = self.now() if now is None else now
-        deleted = 0
-        async with self.transaction() as tx:
+        at = self.now() if now is None else now
+
+        async def expired(tx: Tx) -> int:
             await tx.execute(
                 "DELETE FROM response_items WHERE response_id IN"
                 " (SELECT id FROM responses WHERE expires_at IS NOT NULL AND expires_at <= ?)",
-                (now,),
+                (at,),
             )
-            deleted += await tx.execute(
-                "DELETE FROM responses WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)
+            deleted = await tx.execute(
+                "DELETE FROM responses WHERE expires_at IS NOT NULL AND expires_at <= ?", (at,)
             )
             await tx.execute(
                 "DELETE FROM conversation_items WHERE conversation_id IN"
                 " (SELECT id FROM conversations WHERE expires_at IS NOT NULL AND expires_at <= ?)",
-                (now,),
+                (at,),
             )
             deleted += await tx.execute(
-                "DELETE FROM conversations WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)
+                "DELETE FROM conversations WHERE expires_at IS NOT NULL AND expires_at <= ?", (at,)
             )
             deleted += await tx.execute(
-                "DELETE FROM reasoning WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,)
+                "DELETE FROM reasoning WHERE expires_at IS NOT NULL AND expires_at <= ?", (at,)
             )
+            return deleted
+
+        deleted = await self.in_transaction(expired)
         budget = self.retention.max_bytes
         if budget is not None:
-            deleted += await self._evict_to(budget)
+            while True:  # a batch of the oldest objects per transaction, until the budget holds
+                evicted = await self.in_transaction(lambda tx: self._evict_batch(tx, budget))
+                if evicted is None:
+                    break
+                deleted += evicted
         return deleted
 
-    async def _evict_to(self, budget: int) -> int:
-        """Delete the oldest objects until the stored bytes fit ``budget``."""
+    async def _evict_batch(self, tx: Tx, budget: int) -> int | None:
+        """Delete up to a batch of the oldest objects while the stored bytes exceed ``budget``;
+        the objects deleted, or None when the budget holds (or nothing is left)."""
+        excess = await _stored_bytes(tx) - budget
+        if excess <= 0:
+            return None
+        oldest = await tx.fetch(
+            "SELECT kind, id, size, owner FROM ("
+            " SELECT 'r' AS kind, id, size, owner, created_at FROM responses"
+            " UNION ALL SELECT 'c', id, size, owner, created_at FROM conversations"
+            " UNION ALL SELECT 'k', fingerprint, size, owner, created_at FROM reasoning"
+            ") AS objects ORDER BY created_at LIMIT ?",
+            (_EVICT_BATCH,),
+        )
+        if not oldest:
+            return None
         deleted = 0
-        while True:
-            async with self.transaction() as tx:
-                excess = await _stored_bytes(tx) - budget
-                if excess <= 0:
-                    return deleted
-                oldest = await tx.fetch(
-                    "SELECT kind, id, size, owner FROM ("
-                    " SELECT 'r' AS kind, id, size, owner, created_at FROM responses"
-                    " UNION ALL SELECT 'c', id, size, owner, created_at FROM conversations"
-                    " UNION ALL SELECT 'k', fingerprint, size, owner, created_at FROM reasoning"
-                    ") AS objects ORDER BY created_at LIMIT ?",
-                    (_EVICT_BATCH,),
+        for kind, object_id, size, owner in oldest:
+            if kind == "r":
+                await self._delete_response(tx, owner, object_id)
+            elif kind == "c":
+                await self._delete_conversation(tx, owner, object_id)
+            else:
+                await tx.execute(
+                    "DELETE FROM reasoning WHERE owner = ? AND fingerprint = ?", (owner, object_id)
                 )
-                if not oldest:
-                    return deleted
-                for kind, object_id, size, owner in oldest:
-                    if kind == "r":
-                        await self._delete_response(tx, owner, object_id)
-                    elif kind == "c":
-                        await self._delete_conversation(tx, owner, object_id)
-                    else:
-                        await tx.execute(
-                            "DELETE FROM reasoning WHERE owner = ? AND fingerprint = ?", (owner, object_id)
-                        )
-                    deleted += 1
-                    excess -= int(size)
-                    if excess <= 0:
-                        break
+            deleted += 1
+            excess -= int(size)
+            if excess <= 0:
+                break
+        return deleted
 
     async def stored_bytes(self) -> int:
-        async with self.transaction() as tx:
+        async def op(tx: Tx) -> Any:
             return await _stored_bytes(tx)
+
+        return await self.in_transaction(op)
 
 
 async def _stored_bytes(tx: Tx) -> int:

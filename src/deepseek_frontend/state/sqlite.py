@@ -1,12 +1,12 @@
 """The SQLite store: one database file, WAL mode, every call on a thread of its own.
 
 ``sqlite3`` calls block, so none runs on the event loop: the connection lives on a dedicated
-single-thread executor and each statement is handed to it. One connection per process, and
-transactions of that process take turns (an ``asyncio.Lock``); several processes (``serve
---workers N``) share the file through SQLite's own locking -- WAL lets readers go on while one
-writer commits, and every transaction starts ``BEGIN IMMEDIATE`` (the write lock up front, so a
-transaction that reads and then writes never fails half-way on a lock upgrade), waiting up to
-:data:`BUSY_TIMEOUT_MS` for another process's transaction to end.
+single-thread executor, and each operation (a whole transaction) is handed to it at once. One
+connection per process, and transactions of that process take turns (an ``asyncio.Lock``);
+several processes (``serve --workers N``) share the file through SQLite's own locking -- WAL
+lets readers go on while one writer commits, and every transaction starts ``BEGIN IMMEDIATE``
+(the write lock up front, so a transaction that reads and then writes never fails half-way on
+a lock upgrade), waiting up to :data:`BUSY_TIMEOUT_MS` for another process's transaction to end.
 
 Durability: ``synchronous=NORMAL`` in WAL mode loses no committed transaction when the process
 is killed (the WAL is in the operating system's hands); only a power loss may drop the last
@@ -18,10 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from .sql import SqlStore
 from .store import Retention
@@ -30,6 +30,7 @@ __all__ = ["BUSY_TIMEOUT_MS", "SqliteStore"]
 
 #: milliseconds a transaction waits for another process's write lock before failing
 BUSY_TIMEOUT_MS = 10_000
+T = TypeVar("T")
 
 
 class _SqliteTx:
@@ -49,6 +50,35 @@ class _SqliteTx:
 
     async def fetch(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return await self._run(lambda: self._conn.execute(sql, tuple(args)).fetchall())
+
+
+class _InlineTx:
+    """A transaction whose statements run where it is used: on the store's thread, inside
+    :meth:`SqliteStore.in_transaction` (its coroutines never suspend)."""
+
+    __slots__ = ("_conn",)
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
+        return self._conn.execute(sql, tuple(args)).rowcount
+
+    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+        self._conn.executemany(sql, rows)
+
+    async def fetch(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self._conn.execute(sql, tuple(args)).fetchall()
+
+
+def _drive(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine that never suspends (an operation over :class:`_InlineTx`) to its end."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value  # type: ignore[no-any-return]
+    coro.close()
+    raise RuntimeError("a SQLite store operation awaited something other than its transaction")
 
 
 class SqliteStore(SqlStore):
@@ -94,6 +124,28 @@ class SqliteStore(SqlStore):
             self._executor.shutdown(wait=True)
             self._executor = None
             self._conn = None
+
+    async def in_transaction(self, op: Callable[[Any], Awaitable[T]]) -> T:
+        """Run the whole of ``op`` -- BEGIN, its statements, COMMIT (or ROLLBACK) -- on the store's
+        thread in one hand-over: a turn's read or write costs one thread switch, not one per
+        statement. A caller cancelled meanwhile leaves the transaction to finish on the thread
+        (committed or rolled back whole) before the next one starts."""
+        async with self._lock:
+            conn = self._conn
+            assert conn is not None, "SqliteStore used before open()"
+
+            def work() -> T:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    result = _drive(op(_InlineTx(conn)))  # type: ignore[arg-type]
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+                return result
+
+            return await self._run(work)  # type: ignore[no-any-return]
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[_SqliteTx]:
