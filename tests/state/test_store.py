@@ -246,6 +246,13 @@ def test_reasoning_is_kept_per_owner_and_replaced(store_url: str) -> None:
         assert await store.get_reasoning(ALICE, "turn-1") == "second"
         assert await store.get_reasoning(BOB, "turn-1") == "bob's"
         assert await store.get_reasoning(ALICE, "turn-2") is None
+        await store.put_reasoning(ALICE, "turn-3", "third")
+        assert await store.get_reasonings(ALICE, ["turn-1", "turn-2", "turn-3"]) == {
+            "turn-1": "second",
+            "turn-3": "third",
+        }
+        assert await store.get_reasonings(BOB, ["turn-3"]) == {}
+        assert await store.get_reasonings(ALICE, []) == {}
 
     run_with_store(store_url, body)
 

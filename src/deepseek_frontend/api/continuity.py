@@ -80,16 +80,21 @@ class ReasoningContinuity:
         chat messages, changed in place) that have none and match a kept answer; how many."""
         if not self.store.enabled:
             return 0
-        restored = 0
+        wanted: list[tuple[dict[str, Any], str]] = []
         for message in messages:
             if message.get("role") != "assistant" or message.get("reasoning_content"):
                 continue
             calls = message.get("tool_calls") or []
             text = _text(message.get("content"))
             key = turn_key(text, [str(c.get("id") or "") for c in calls]) if text is not None else None
-            if key is None:
-                continue
-            reasoning = await self.store.get_reasoning(owner, key)
+            if key is not None:
+                wanted.append((message, key))
+        if not wanted:
+            return 0
+        found = await self.store.get_reasonings(owner, [key for _, key in wanted])  # one look-up for all
+        restored = 0
+        for message, key in wanted:
+            reasoning = found.get(key)
             if reasoning:
                 message["reasoning_content"] = reasoning
                 restored += 1

@@ -451,6 +451,21 @@ class SqlStore(StateStore):
 
         return await self.in_transaction(op)
 
+    async def get_reasonings(self, owner: str, keys: list[str]) -> dict[str, str]:
+        if not keys:
+            return {}
+        marks = ", ".join("?" for _ in keys)
+
+        async def op(tx: Tx) -> dict[str, str]:
+            rows = await tx.fetch(
+                f"SELECT fingerprint, text FROM reasoning WHERE owner = ? AND fingerprint IN ({marks})"
+                f" AND {_ALIVE}",
+                (owner, *keys, self.now()),
+            )
+            return {row[0]: row[1] for row in rows}
+
+        return await self.in_transaction(op)
+
     # ---------------------------------------------------------------- retention
     async def purge(self, now: float | None = None) -> int:
         at = self.now() if now is None else now

@@ -178,6 +178,15 @@ class StateStore(ABC):
     @abstractmethod
     async def get_reasoning(self, owner: str, key: str) -> str | None: ...
 
+    async def get_reasonings(self, owner: str, keys: list[str]) -> dict[str, str]:
+        """The reasoning kept under each of ``keys`` that has some (one round trip where the store can)."""
+        found = {}
+        for key in keys:
+            text = await self.get_reasoning(owner, key)
+            if text is not None:
+                found[key] = text
+        return found
+
     # ---------------------------------------------------------------- retention
     @abstractmethod
     async def purge(self, now: float | None = None) -> int:
