@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
+import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -78,8 +80,13 @@ class _Fake:
         self.url = ""
         self._stack = contextlib.AsyncExitStack()
 
-    async def start(self, app: Starlette) -> str:
-        self.url = await self._stack.enter_async_context(serve_app(app))
+    async def start(self, app: Starlette, host: str | None = None, port: int = 0) -> str:
+        """Serve on a free localhost port, or on ``host:port`` (a DNS test puts workers on several
+        loopback addresses behind one port)."""
+        if host is None:
+            self.url = await self._stack.enter_async_context(serve_app(app))
+        else:
+            self.url = await self._stack.enter_async_context(_serve_at(app, host, port))
         return self.url
 
     async def close(self) -> None:
@@ -94,12 +101,32 @@ class _Fake:
             self.open -= 1
 
 
+@contextlib.asynccontextmanager
+async def _serve_at(app: Starlette, host: str, port: int) -> AsyncIterator[str]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind((host, port))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off", access_log=False))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            task.result()
+        await asyncio.sleep(0.005)
+    try:
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()
+
+
 class FakeSGLangPd(_Fake):
     """One SGLang worker in ``role`` (see module docstring). ``mode``:
 
     ``ok``; ``fail`` (an abort with status 500 before any token); ``http_500``; ``hang`` (headers, then
     nothing until the client leaves); ``reject`` (an abort with status 400); decode only:
     ``fail_after`` (one token, then the connection breaks), ``slow`` (``itl_s`` between tokens).
+    A prefill given ``hold`` answers only once it is set (after its decode partner has arrived),
+    with an abort (status 500) when ``late`` is ``fail``.
     """
 
     def __init__(
@@ -122,8 +149,10 @@ class FakeSGLangPd(_Fake):
         self.break_times = 0
         self.itl_s = 0.05
         self.dp_size = 1
+        self.hold: asyncio.Event | None = None
+        self.late = "ok"
 
-    async def start(self) -> str:  # type: ignore[override]
+    async def start(self, host: str | None = None, port: int = 0) -> str:  # type: ignore[override]
         app = Starlette(
             routes=[
                 Route("/server_info", self._info, methods=["GET"]),
@@ -131,7 +160,7 @@ class FakeSGLangPd(_Fake):
                 Route("/abort_request", self._abort, methods=["POST"]),
             ]
         )
-        return await super().start(app)
+        return await super().start(app, host, port)
 
     async def _info(self, request: Request) -> Response:
         info: dict[str, Any] = {"disaggregation_mode": self.report, "page_size": 64, "dp_size": self.dp_size}
@@ -182,6 +211,11 @@ class FakeSGLangPd(_Fake):
             yield _abort(500, f"KVTransferError(bootstrap_room={room}): the partner never arrived")
             return
         if self.role == "prefill":
+            if self.hold is not None:
+                await self.hold.wait()
+                if self.late == "fail":
+                    yield _abort(500, f"KVTransferError(bootstrap_room={room}): failed after the transfer")
+                    return
             yield _chunk([FIRST], 1, {"type": "length", "length": 1})
             yield b"data: [DONE]\n\n"
             return

@@ -100,7 +100,20 @@ def test_a_disaggregated_answer_is_the_aggregated_one(
     transfers = sim_stats(d)["pd_transfers"]
     assert isinstance(transfers, list) and len(transfers) >= 2
     assert all(t["tokens"] == expected.usage.prompt_tokens for t in transfers[-2:])
-    assert metric(fe, "deepseek_frontend_pd_requests_total")['{outcome="ok"}'] >= 2
+    wait_until(  # a request is counted once its prefill answer has been checked too
+        lambda: metric(fe, "deepseek_frontend_pd_requests_total").get('{outcome="ok"}', 0) >= 2,
+        "both requests counted",
+    )
+    # each role's router is exported, told apart by a role label (the names are the aggregated ones)
+    decisions = metric(fe, "deepseek_frontend_routing_decisions_total")
+    for role in ("prefill", "decode"):
+        assert decisions.get(f'{{reason="single-candidate",role="{role}"}}', 0) >= 2, decisions
+        assert f'{{role="{role}"}}' in metric(fe, "deepseek_frontend_routing_choose_total")
+    prompts = metric(fe, "deepseek_frontend_worker_prompt_tokens_total")
+    assert (
+        prompts[f'{{role="prefill",worker="{p.url}"}}'] > 0
+        and prompts[f'{{role="decode",worker="{d.url}"}}'] > 0
+    )
     wait_until(lambda: nothing_running(p, d), "both legs finished")
 
 

@@ -98,6 +98,7 @@ def test_both_legs_get_the_same_body_with_the_bootstrap_trio_and_the_client_gets
         async with sglang_pd() as (pool, (p,), (d,)):
             assert await collect(pool, request()) == TOKENS
             await all_closed(p, d)
+            await wait_until(lambda: pool.stats.outcomes["ok"] == 1)
             (pb,), (db,) = p.bodies, d.bodies
             assert pb == db  # one body, token ids included, sent to both legs
             assert pb["input_ids"] == PROMPT and pb["rid"] == "req-1" and pb["stream"] is True
@@ -219,11 +220,15 @@ def test_a_decode_failing_before_its_first_token_aborts_the_prefill_and_retries(
     run(scenario)
 
 
-def test_a_decode_failing_after_its_first_token_continues_on_a_new_pair() -> None:
+def test_a_decode_failing_after_its_first_token_continues_on_a_new_pair(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     async def scenario() -> None:
         async with sglang_pd(migration_limit=1) as (pool, (p,), (d,)):
             d.break_times = 1
-            assert await collect(pool, request()) == [FIRST, *TOKENS[:4]]
+            with caplog.at_level(logging.INFO, logger="deepseek_frontend.routing.pd"):
+                assert await collect(pool, request()) == [FIRST, *TOKENS[:4]]
+                await wait_until(lambda: sum(pool.stats.outcomes.values()) >= 1)
             await all_closed(p, d)
             first, continued = d.bodies
             assert continued["input_ids"] == [*PROMPT, FIRST]  # the prompt plus the token already streamed
@@ -233,7 +238,14 @@ def test_a_decode_failing_after_its_first_token_continues_on_a_new_pair() -> Non
                 first["bootstrap_room"],
                 continued["bootstrap_room"],
             ]
-            assert pool.stats.outcomes["decode_failed"] == 1 and pool.stats.outcomes["ok"] == 1
+            # one request: one outcome and one log line naming both pairs' workers and rooms
+            assert dict(pool.stats.outcomes) == {"migrated": 1}
+            (line,) = [r.getMessage() for r in caplog.records if r.name == "deepseek_frontend.routing.pd"]
+            rooms = f"room={first['bootstrap_room']},{continued['bootstrap_room']}"
+            assert "outcome=migrated" in line and rooms in line and "migrations=1" in line
+            assert f"prefill={p.url},{p.url}" in line and f"decode={d.url},{d.url}" in line
+            assert "stream broke" in line  # what broke the first pair
+            assert pool.decode.router is not None and pool.decode.router.migrations == 1
 
     run(scenario)
 
@@ -378,6 +390,7 @@ def test_metrics_and_the_log_line_name_both_workers_and_the_room(caplog: pytest.
         async with sglang_pd() as (pool, (p,), (d,)):
             with caplog.at_level(logging.INFO, logger="deepseek_frontend.routing.pd"):
                 assert await collect(pool, request()) == TOKENS
+                await wait_until(lambda: pool.stats.outcomes["ok"] == 1)  # logged once the prefill answered
             room = p.bodies[0]["bootstrap_room"]
             (line,) = [r.getMessage() for r in caplog.records if r.name == "deepseek_frontend.routing.pd"]
             assert f"prefill={p.url}" in line and f"decode={d.url}" in line and f"room={room}" in line
@@ -430,6 +443,7 @@ def test_vllm_prefill_answer_kv_transfer_params_go_verbatim_into_the_decode_requ
         async with vllm_pd() as (pool, p, d):
             assert await collect(pool, request()) == TOKENS
             await all_closed(p, d)
+            await wait_until(lambda: pool.stats.outcomes["ok"] == 1)
             (pb,), (db,) = p.bodies, d.bodies
             assert pb["stream"] is False and pb["max_tokens"] == 1 and pb["prompt"] == PROMPT
             assert pb["kv_transfer_params"] == {

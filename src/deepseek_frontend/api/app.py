@@ -459,10 +459,11 @@ def create_app(
     if hasattr(tok, "cache_stats"):
         metrics.watch_caches(tok.cache_stats)
     router = getattr(back.target, "router", None)
-    if router is not None:
+    routers = getattr(back.target, "routers", None)  # one per role (prefill/decode): labelled by role
+    if router is not None or routers:
         from deepseek_frontend.routing.metrics import RoutingCollector
 
-        metrics.registry.register(RoutingCollector(router))
+        metrics.registry.register(RoutingCollector(routers or router))
     if hasattr(back.target, "pd_stats"):
         from deepseek_frontend.routing.pd_metrics import PdCollector
 

@@ -46,6 +46,11 @@ reads them at scrape time.
 Discovery: a ``dns+http://host:port`` worker URL (for example a Kubernetes headless
 Service) is resolved every ``dns_interval_s``; each A/AAAA record becomes a worker
 ``http://IP:port``, added and removed as records change.
+
+Vetting: an owner may set :attr:`WorkerPool.vet` (``(url, capabilities) -> reason or None``); it
+runs on every discovery, and a worker it refuses gets no request until a later discovery accepts
+it. With a vet set, a worker added after construction (DNS) is held back until its first discovery
+has been vetted (the prefill/decode orchestrator checks roles this way).
 """
 
 from __future__ import annotations
@@ -265,6 +270,8 @@ class _Worker:
     extra: dict[str, object] = field(default_factory=dict)
     #: what discovery last learned (None: not yet, or the worker does not say)
     capabilities: WorkerCapabilities | None = None
+    #: why the pool's vet refuses this worker (None: usable)
+    refused: str | None = None
 
     def can_enforce(self, kind: ConstraintKind) -> bool:
         """Whether this worker enforces constraints of ``kind`` (its client decides while unknown)."""
@@ -332,6 +339,8 @@ class WorkerPool:
         self._caps_refs: list[WorkerCapabilities | None] = []
         #: background capability discoveries of re-admitted workers (cancelled by aclose)
         self._discoveries: set[asyncio.Task[None]] = set()
+        #: ``(url, capabilities) -> reason to refuse the worker, or None`` (see module docstring)
+        self.vet: Callable[[str, WorkerCapabilities], str | None] | None = None
         self.name = "pool"
 
     def __repr__(self) -> str:
@@ -348,14 +357,20 @@ class WorkerPool:
                 w.in_flight,
                 w.consecutive_failures,
                 w.last_error,
-                {"requests": w.requests, "failures": w.failures, **w.extra},
+                {
+                    "requests": w.requests,
+                    "failures": w.failures,
+                    **w.extra,
+                    **({"refused": w.refused} if w.refused is not None else {}),
+                },
             )
             for w in self._workers
         ]
 
     @property
     def healthy_count(self) -> int:
-        return sum(1 for w in self._workers if w.healthy)
+        """Admitted workers (a refused one is not admitted)."""
+        return sum(1 for w in self._workers if w.healthy and w.refused is None)
 
     @property
     def in_flight(self) -> int:
@@ -373,7 +388,38 @@ class WorkerPool:
     def generate_on(self, url: str, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
         """Stream ``request`` on worker ``url`` alone, with the pool's limits, deadlines, output checks
         and health accounting; a failure before the first chunk raises (no other worker is tried)."""
-        return self._generate_once(request, frozenset(w.url for w in self._workers if w.url != url))
+        others = frozenset(w.url for w in self._workers if w.url != url)
+        return self._generate_once(request, others, routed=False)  # chosen already: not a decision
+
+    @contextlib.asynccontextmanager
+    async def occupy(self, url: str, request: GenerateRequest) -> AsyncIterator[EngineClient]:
+        """Hold a slot on worker ``url`` for a request the caller sends through the yielded client
+        itself (vLLM's unstreamed prefill leg): it waits for capacity, counts in flight and with
+        the router as a stream of :meth:`generate_on` does, and charges the worker an
+        ``EngineUnavailableError`` or ``EngineTimeoutError`` raised inside (a success clears them)."""
+        await self._await_capacity()
+        worker = next((w for w in self._workers if w.url == url), None)
+        if worker is None:
+            raise NoHealthyWorkerError(f"no healthy engine worker could take the request ({url}: gone)")
+        ticket = self.router.begin(url, request) if self.router is not None else None
+        worker.in_flight += 1
+        worker.requests += 1
+        self._total_in_flight += 1
+        try:
+            yield worker.client
+        except (EngineUnavailableError, EngineTimeoutError) as exc:
+            self._record_failure(worker, exc.message)
+            raise
+        else:
+            self._record_success(worker)
+        finally:
+            if ticket is not None:
+                ticket.end()
+            worker.in_flight -= 1
+            self._total_in_flight -= 1
+            self._wake_capacity_waiter()
+            if worker.in_flight == 0 and all(w is not worker for w in self._workers):
+                await worker.client.aclose()  # removed by discovery meanwhile
 
     def client_of(self, url: str) -> tuple[EngineClient, WorkerCapabilities | None] | None:
         """Worker ``url``'s client and what discovery learned about it (None: no such worker)."""
@@ -383,8 +429,10 @@ class WorkerPool:
         return None
 
     def add_client(self, client: EngineClient) -> None:
-        """Admit a new worker (discovery uses this)."""
+        """Admit a new worker (discovery uses this); with a :attr:`vet`, only once it has been vetted."""
         self._workers.append(_Worker(client, getattr(client, "name", repr(client))))
+        if self.vet is not None:
+            self._workers[-1].refused = "not yet vetted (its discovery has not answered)"
         if self.router is not None:
             self.router.worker_added(self._workers[-1].url)
 
@@ -454,6 +502,7 @@ class WorkerPool:
             w
             for w in self._workers
             if w.healthy
+            and w.refused is None
             and id(w) not in tried
             and (kind is None or w.can_enforce(kind))
             and w.in_flight < self.limits.max_in_flight_per_worker
@@ -464,6 +513,7 @@ class WorkerPool:
                 w
                 for w in self._workers
                 if id(w) not in tried
+                and w.refused is None
                 and w.ejected_at is not None
                 and now - w.ejected_at >= self.readmit_after_s
                 and (kind is None or w.can_enforce(kind))
@@ -497,10 +547,16 @@ class WorkerPool:
             self.router.migrations += 1
 
     async def _generate_once(
-        self, request: GenerateRequest, avoid: frozenset[str] = frozenset(), served: list[str] | None = None
+        self,
+        request: GenerateRequest,
+        avoid: frozenset[str] = frozenset(),
+        served: list[str] | None = None,
+        *,
+        routed: bool = True,
     ) -> AsyncIterator[EngineChunk]:
         """One request on one worker at a time (see :meth:`generate`); ``avoid``: worker URLs not to
-        use; ``served`` (out): the URL of the worker that produced the first chunk."""
+        use; ``served`` (out): the URL of the worker that produced the first chunk; ``routed=False``:
+        the worker was chosen by :meth:`choose_url` already (the router counts no second decision)."""
         tried: set[int] = {id(w) for w in self._workers if w.url in avoid}
         errors: list[str] = []
         constraint = request.sampling.constraint
@@ -509,7 +565,7 @@ class WorkerPool:
         watch = _Watch(asyncio.get_running_loop().time(), limits.request_timeout_s)
         for _ in range(self.max_attempts):
             await self._await_capacity()
-            worker = self._pick(tried, kind, request)
+            worker = self._pick(tried, kind, request if routed else None)
             if worker is None:
                 break
             tried.add(id(worker))
@@ -747,6 +803,13 @@ class WorkerPool:
         if caps is None:
             return
         worker.capabilities = caps
+        if self.vet is not None:
+            refused = self.vet(worker.url, caps)
+            if refused is not None and refused != worker.refused:
+                logger.warning("refusing worker %s: %s", worker.url, refused)
+            elif refused is None and worker.refused is not None:
+                logger.info("worker %s vetted", worker.url)
+            worker.refused = refused
         if self.router is not None:
             self.router.worker_added(worker.url, caps)  # page size, KV event endpoints
         worker.extra["capabilities"] = {

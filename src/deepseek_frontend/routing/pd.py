@@ -24,6 +24,12 @@ decode router (load, plus overlap where decode workers publish a cache) -- and r
 
 The client's stream is the decode leg's. The prefill leg's answer is read to the end and checked
 (a finish that is not an abort); a bad answer after the decode's first token is logged and counted.
+The client's response ends when the decode ends: a prefill answer still on its way then is read in
+the background, at most ``PdConfig.prefill_grace_s``, then the leg is aborted (a late failure).
+
+Roles: every worker's ``/server_info`` ``disaggregation_mode`` is checked at start (a mismatch stops
+``serve``), and each pool's vet checks it again at every later discovery: a worker found later by
+DNS gets no leg until it is checked, and none of a role it does not report (logged, counted).
 
 Faults (no leg outlives the client's request: every exit path closes both):
 
@@ -39,18 +45,20 @@ Faults (no leg outlives the client's request: every exit path closes both):
 * a refusal (4xx) by either leg is the client's error: both legs aborted, no retry;
 * the client leaves -> both legs aborted.
 
-Each request ends with one log line (logger ``deepseek_frontend.routing.pd``) naming both workers,
-the room, the outcome and the transfer time; :class:`PdStats` feeds ``routing/pd_metrics.py``.
+Each request -- whatever the pairs its retries and migrations used -- ends with one log line (logger
+``deepseek_frontend.routing.pd``) naming every pair's workers and room, one outcome (``migrated``
+when a continuation finished it) and the transfer time; :class:`PdStats` feeds
+``routing/pd_metrics.py``. The vLLM prefill leg holds a slot of the prefill pool like any leg.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any
 
 from deepseek_frontend.engines.base import (
     ConstraintKind,
@@ -68,11 +76,11 @@ from deepseek_frontend.errors import (
     NoHealthyWorkerError,
     RequestError,
 )
+from deepseek_frontend.routing.pd_legs import sglang_legs, sglang_prefill, vllm_prefill
 from deepseek_frontend.routing.pd_parts import (
     DEFAULT_BOOTSTRAP_PORT,
     OUTCOMES,
     PAIR_ATTEMPTS,
-    PREFILL_GRACE_S,
     TRANSFER_BUCKETS,
     TRANSFER_TIMEOUT_S,
     LegFailed,
@@ -83,9 +91,14 @@ from deepseek_frontend.routing.pd_parts import (
     Trace,
     first_chunk,
     leg_failure,
+    leg_message,
     log_request,
     quietly_cancel,
 )
+
+if TYPE_CHECKING:
+    from deepseek_frontend.routing.pd_parts import Role
+    from deepseek_frontend.routing.router import Router
 
 __all__ = [
     "DEFAULT_BOOTSTRAP_PORT",
@@ -122,12 +135,24 @@ class DisaggregatedPool:
         self.stats = PdStats()
         #: background aborts of legs stopped before their first token (aclose waits for them)
         self._aborts: set[asyncio.Task[None]] = set()
-        #: the prefill router: the app installs session middleware and exports routing metrics from it
+        #: background reads of prefill answers still on their way when the decode finished, each
+        #: with the prefill leg's task it waits for
+        self._settles: dict[asyncio.Task[None], asyncio.Task[Any]] = {}
+        #: the prefill router: the app installs session middleware from it
         self.router = prefill.router
         self.name = "pd"
+        # a worker discovered later (DNS) gets no request until its role has been checked
+        prefill.vet = functools.partial(self._vet, "prefill")
+        decode.vet = functools.partial(self._vet, "decode")
 
     def __repr__(self) -> str:
         return f"DisaggregatedPool(prefill={self.prefill!r}, decode={self.decode!r})"
+
+    @property
+    def routers(self) -> dict[str, Router]:
+        """Each role's router (the app exports their metrics with a ``role`` label)."""
+        pairs = (("prefill", self.prefill.router), ("decode", self.decode.router))
+        return {role: router for role, router in pairs if router is not None}
 
     # ------------------------------------------------------------------ engine interface
 
@@ -135,16 +160,37 @@ class DisaggregatedPool:
         """Stream ``request`` from a prefill/decode pair; a stream broken after its first token
         continues on a new pair up to ``migration_limit`` times (not for constrained requests)."""
         if self.migration_limit and request.sampling.constraint is None:
-            from deepseek_frontend.routing.migration import migrating_stream
-
-            return migrating_stream(
-                self._pair_stream, request, self.migration_limit, on_migrate=self._migrated
-            )
+            return self._migrating(request)
         return self._pair_stream(request)
 
-    def _migrated(self, url: str, tokens: int) -> None:
-        if self.router is not None:
-            self.router.migrations += 1
+    async def _migrating(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
+        """``request`` over as many pairs as migration needs, as one request: one trace, so one
+        outcome (``migrated`` when a continuation finished it) and one log line."""
+        from deepseek_frontend.routing.migration import migrating_stream
+
+        trace = Trace(request.request_id)
+
+        def attempt(
+            req: GenerateRequest, avoid: frozenset[str], served: list[str]
+        ) -> AsyncIterator[EngineChunk]:
+            return self._pair_stream(req, avoid, served, trace)
+
+        def migrated(url: str, tokens: int) -> None:
+            trace.migrations += 1
+            if self.decode.router is not None:
+                self.decode.router.migrations += 1  # the decode leg broke: the decode role's count
+
+        stream = migrating_stream(attempt, request, self.migration_limit, on_migrate=migrated)
+        try:
+            async for chunk in stream:
+                yield chunk
+        finally:
+            try:
+                await stream.aclose()  # type: ignore[attr-defined]
+            finally:
+                if trace.migrations and trace.outcome == "ok":
+                    trace.outcome = "migrated"
+                self._release(trace)
 
     async def abort(self, request_id: str) -> None:
         await asyncio.gather(self.prefill.abort(request_id), self.decode.abort(request_id))
@@ -196,7 +242,8 @@ class DisaggregatedPool:
         """Compare each worker's reported ``disaggregation_mode`` with the flag that named it.
 
         A worker that reports another role (``null`` included) is a :class:`RoleMismatchError`; one
-        that reports nothing (unreachable, or vLLM, which has no such field) is only logged.
+        that reports nothing (unreachable, or vLLM, which has no such field) is only logged. Workers
+        found later by DNS are checked by :meth:`_vet` as they are discovered.
         """
         problems = []
         for role, pool in (("prefill", self.prefill), ("decode", self.decode)):
@@ -219,8 +266,22 @@ class DisaggregatedPool:
         if problems:
             raise RoleMismatchError("; ".join(problems))
 
+    def _vet(self, role: Role, url: str, caps: WorkerCapabilities) -> str | None:
+        """The pools' vet (each discovery of a worker): why a worker that reports another role than
+        ``role`` must get no ``role`` leg (counted in ``role_mismatches``), or None."""
+        mode = caps.extra.get("disaggregation_mode")
+        if mode is None or mode == role:
+            return None
+        self.stats.role_mismatches[role] += 1
+        return (
+            f'{role} worker reports disaggregation_mode "{mode}"; it gets no {role} legs until it '
+            f"reports {role}"
+        )
+
     async def aclose(self) -> None:
-        await asyncio.gather(*self._aborts, return_exceptions=True)
+        for leg in self._settles.values():
+            leg.cancel()  # aborts the leg; its settle then counts it missing and writes the line
+        await asyncio.gather(*self._settles, *self._aborts, return_exceptions=True)
         await asyncio.gather(self.prefill.aclose(), self.decode.aclose())
 
     def pd_stats(self) -> PdStats:
@@ -244,93 +305,33 @@ class DisaggregatedPool:
             return None
         return p, d
 
-    def _bootstrap_port(self, url: str) -> int:
-        if self.config.bootstrap_port is not None:
-            return self.config.bootstrap_port
-        found = self.prefill.client_of(url)
-        caps = found[1] if found is not None else None
-        port = caps.extra.get("disaggregation_bootstrap_port") if caps is not None else None
-        return (
-            port
-            if isinstance(port, int) and not isinstance(port, bool) and port > 0
-            else DEFAULT_BOOTSTRAP_PORT
-        )
-
     def sglang_legs(
         self, request: GenerateRequest, prefill_url: str, decode_url: str, room: int
     ) -> tuple[GenerateRequest, GenerateRequest]:
-        """The two legs' requests: the same body plus the bootstrap trio and DP rank hints."""
-        common: dict[str, Any] = {
-            "bootstrap_host": urlsplit(prefill_url).hostname or "",
-            "bootstrap_port": self._bootstrap_port(prefill_url),
-            "bootstrap_room": room,
-        }
-        prefill_fields, decode_fields = dict(common), common
-        p_router, d_router = self.prefill.router, self.decode.router
-        p_rank = p_router.best_rank(prefill_url, request) if p_router is not None else None
-        if p_rank is not None:
-            prefill_fields["routed_dp_rank"] = p_rank
-            prefill_fields["disagg_prefill_dp_rank"] = p_rank
-            decode_fields["disagg_prefill_dp_rank"] = p_rank
-        d_rank = d_router.best_rank(decode_url, request) if d_router is not None else None
-        if d_rank is not None:
-            decode_fields["routed_dp_rank"] = d_rank
-        return (
-            dataclasses.replace(request, extra_fields=prefill_fields),
-            dataclasses.replace(request, extra_fields=decode_fields),
-        )
+        """The two legs' requests (routing/pd_legs.py)."""
+        return sglang_legs(self.prefill, self.decode, self.config, request, prefill_url, decode_url, room)
 
-    async def _sglang_prefill(self, url: str, request: GenerateRequest) -> float:
-        """Run the SGLang prefill leg to its end; the loop time it ended. Raises on a bad answer."""
-        stream = self.prefill.generate_on(url, request)
-        last: EngineChunk | None = None
-        try:
-            async for chunk in stream:
-                last = chunk
-                if chunk.finish_reason is not None:
-                    break
-        finally:
-            await stream.aclose()  # type: ignore[attr-defined]
-        if last is None or last.finish_reason is None:
-            raise EngineUnavailableError(f"{url}: the prefill leg ended without an answer")
-        if last.finish_reason == "abort":
-            raise EngineUnavailableError(
-                f"{url}: the prefill leg was aborted: {last.message or 'no reason given'}"
-            )
-        return asyncio.get_running_loop().time()
-
-    async def _vllm_prefill(self, url: str, request: GenerateRequest) -> dict[str, Any]:
-        found = self.prefill.client_of(url)
-        client = found[0] if found is not None else None
-        remote_prefill = getattr(client, "remote_prefill", None)
-        if remote_prefill is None:
-            raise EngineUnavailableError(f"{url}: not a vLLM worker")
-        asked = {
-            "do_remote_decode": True,
-            "do_remote_prefill": False,
-            "remote_engine_id": None,
-            "remote_block_ids": None,
-            "remote_host": None,
-            "remote_port": None,
-        }
-        limit = self.prefill.limits.first_token_timeout_s  # the prefill is the wait for the first token
-        try:
-            async with asyncio.timeout(limit):
-                params = await remote_prefill(
-                    dataclasses.replace(request, extra_fields={"kv_transfer_params": asked})
-                )
-        except TimeoutError:
-            raise EngineTimeoutError(
-                f"the prefill worker did not answer within {limit:g} s; the request was aborted"
-            ) from None
-        return dict(params)
+    def _release(self, trace: Trace) -> None:
+        """One holder of ``trace`` is done; the last one counts the outcome and writes the line."""
+        trace.pending -= 1
+        if trace.pending == 0:
+            self.stats.outcomes[trace.outcome] += 1
+            log_request(trace)
 
     async def _pair_stream(
-        self, request: GenerateRequest, avoid: frozenset[str] = frozenset(), served: list[str] | None = None
+        self,
+        request: GenerateRequest,
+        avoid: frozenset[str] = frozenset(),
+        served: list[str] | None = None,
+        trace: Trace | None = None,
     ) -> AsyncIterator[EngineChunk]:
         """One request on a pair (see module docstring); ``avoid``: decode URLs not to use (a
-        migration's broken worker); ``served`` (out): the decode worker that streamed."""
-        trace = Trace(request.request_id)
+        migration's broken worker); ``served`` (out): the decode worker that streamed; ``trace``:
+        the request's, when this is one of its pairs (migration), else this stream owns one."""
+        owned = trace is None
+        if trace is None:
+            trace = Trace(request.request_id)
+        trace.outcome = "error"  # until this pair says otherwise
         stats = self.stats
         tried_p: set[str] = set()
         tried_d: set[str] = set(avoid)
@@ -351,11 +352,10 @@ class DisaggregatedPool:
                     if not attempt
                     else dataclasses.replace(request, request_id=f"{request.request_id}-pd{attempt}")
                 )
-                trace.prefill, trace.decode, trace.attempts = p_url, d_url, attempt + 1
                 prefill_task: asyncio.Task[Any]
                 if self.config.engine == "vllm":
-                    trace.room = None
-                    prefill_task = loop.create_task(self._vllm_prefill(p_url, leg_request))
+                    trace.pairs.append((p_url, d_url, None))
+                    prefill_task = loop.create_task(vllm_prefill(self.prefill, p_url, leg_request))
                     try:
                         await asyncio.wait({prefill_task})
                     except BaseException:
@@ -367,19 +367,20 @@ class DisaggregatedPool:
                         trace.outcome = "prefill_failed"
                         errors.append(failure)
                         continue
-                    prefill_end = loop.time()
+                    prefill_end: float | None = loop.time()
                     decode_request = dataclasses.replace(
                         leg_request, extra_fields={"kv_transfer_params": prefill_task.result()}
                     )
                 else:
-                    trace.room = room = self.rooms.draw()
+                    room = self.rooms.draw()
+                    trace.pairs.append((p_url, d_url, room))
                     prefill_request, decode_request = self.sglang_legs(leg_request, p_url, d_url, room)
-                    prefill_task = loop.create_task(self._sglang_prefill(p_url, prefill_request))
+                    prefill_task = loop.create_task(sglang_prefill(self.prefill, p_url, prefill_request))
                     prefill_end = None
                 decode = self.decode.generate_on(d_url, decode_request)
                 first_task: asyncio.Task[EngineChunk] = loop.create_task(first_chunk(decode))
                 try:
-                    prefill_end = await self._await_first(prefill_task, first_task, prefill_end, trace)
+                    await self._await_first(prefill_task, first_task, prefill_end, trace)
                 except LegFailed as exc:
                     await self._stop_legs(
                         prefill_task, first_task, decode, p_url, d_url, leg_request.request_id
@@ -407,44 +408,44 @@ class DisaggregatedPool:
                             trace.outcome = "ok"
                         yield chunk
                 except StopAsyncIteration:
-                    trace.outcome, trace.detail = "decode_failed", f"{d_url}: stream ended without a finish"
+                    trace.note(f"{d_url}: stream ended without a finish", "decode_failed")
                     raise EngineUnavailableError(
                         f"{d_url}: the decode stream ended without a finish"
                     ) from None
                 except EngineError as exc:
-                    trace.outcome, trace.detail = "decode_failed", f"{d_url}: {exc.message}"
+                    trace.note(f"{d_url}: {exc.message}", "decode_failed")
                     raise
                 finally:
-                    if not prefill_task.done() and finished:
-                        # the answer is normally in already; give one on its way a moment
-                        await asyncio.wait({prefill_task}, timeout=PREFILL_GRACE_S)
-                    await quietly_cancel(prefill_task)
-                    self._check_late_prefill(prefill_task, p_url, trace)
+                    if finished and not prefill_task.done():
+                        # the client's response ends with the decode: the answer is read in the background
+                        self._settle_later(prefill_task, p_url, trace)
+                    else:
+                        await quietly_cancel(prefill_task)
+                        self._check_late_prefill(prefill_task, p_url, trace)
                     await decode.aclose()  # type: ignore[attr-defined]
                 return
             if not errors:
                 trace.outcome = "no_worker"  # else the last pair's failure (prefill_failed, decode_failed)
             detail = "; ".join(errors) if errors else "no prefill or no decode worker is admitted"
-            trace.detail = detail
+            trace.note(detail)
             raise NoHealthyWorkerError(f"no prefill/decode pair could take the request ({detail})")
         except (GeneratorExit, asyncio.CancelledError):
             if trace.outcome != "ok":
                 trace.outcome = "client_gone"
             raise
         except EngineTimeoutError as exc:
-            if trace.outcome == "error":
-                trace.outcome, trace.detail = "decode_failed", exc.message
+            trace.note(exc.message, "decode_failed" if trace.outcome == "error" else None)
             raise
         except RequestError as exc:
-            trace.outcome, trace.detail = "rejected", exc.message
+            trace.note(exc.message, "rejected")
             raise
         except FrontendError as exc:
             if trace.outcome == "error":
-                trace.detail = exc.message
+                trace.note(exc.message)
             raise
         finally:
-            stats.outcomes[trace.outcome] += 1
-            log_request(trace)
+            if owned:
+                self._release(trace)
 
     async def _await_first(
         self,
@@ -452,8 +453,8 @@ class DisaggregatedPool:
         first_task: asyncio.Task[EngineChunk],
         prefill_end: float | None,
         trace: Trace,
-    ) -> float | None:
-        """Wait for the decode's first chunk while watching the prefill leg; the prefill's end time.
+    ) -> None:
+        """Wait for the decode's first chunk while watching the prefill leg.
 
         Raises :class:`LegFailed` for a failure another pair may not repeat, the leg's own
         ``RequestError`` for a refusal, and ``EngineTimeoutError`` past the transfer timeout.
@@ -487,7 +488,6 @@ class DisaggregatedPool:
         if prefill_end is not None:
             trace.transfer_s = max(0.0, loop.time() - prefill_end)
             stats.observe_transfer(trace.transfer_s)
-        return prefill_end
 
     async def _stop_legs(
         self,
@@ -515,15 +515,40 @@ class DisaggregatedPool:
                 self._aborts.add(task)
                 task.add_done_callback(self._aborts.discard)
 
+    def _settle_later(self, task: asyncio.Task[Any], url: str, trace: Trace) -> None:
+        """Read the prefill answer of a finished request in the background (:meth:`_settle`); the
+        request's line waits for it."""
+        trace.pending += 1
+        settle = asyncio.get_running_loop().create_task(self._settle(task, url, trace))
+        self._settles[settle] = task
+        settle.add_done_callback(lambda done: self._settles.pop(done, None))
+
+    async def _settle(self, task: asyncio.Task[Any], url: str, trace: Trace) -> None:
+        """Wait at most ``prefill_grace_s`` for the prefill answer, then abort the leg (a missing
+        answer is a late failure), check the answer and release the request's trace."""
+        grace = self.config.prefill_grace_s
+        try:
+            await asyncio.wait({task}, timeout=grace)
+        finally:
+            missing = not task.done() or task.cancelled()  # cancelled: by aclose
+            await quietly_cancel(task)
+            if missing:
+                self.stats.late_prefill_failures += 1
+                trace.warn = True
+                trace.note(f"{url}: no prefill answer within {grace:g} s of the decode's end; aborted")
+            self._check_late_prefill(task, url, trace)
+            self._release(trace)
+
     def _check_late_prefill(self, task: asyncio.Task[Any], url: str, trace: Trace) -> None:
-        """Count and log a prefill answer that went wrong after the decode had started."""
+        """Count a prefill answer that went wrong after the decode had started (the request's line,
+        at WARNING, says what)."""
         if task.cancelled():
             return
         exc = task.exception()
         if exc is not None:
             self.stats.late_prefill_failures += 1
-            trace.detail = trace.detail or f"prefill answer: {exc}"
-            logger.warning("pd request %s: the prefill leg on %s failed late: %s", trace.rid, url, exc)
+            trace.warn = True
+            trace.note(f"late prefill answer: {leg_message(exc)}")
         elif trace.transfer_s is None and isinstance(task.result(), float):
             self.stats.observe_transfer(0.0)  # the decode started before the prefill's answer arrived
             trace.transfer_s = 0.0

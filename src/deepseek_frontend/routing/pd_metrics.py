@@ -2,14 +2,18 @@
 
 Exported (prefix ``deepseek_frontend_``):
 
-* ``pd_requests_total{outcome}`` -- PD requests by how they ended (``ok``, ``client_gone``,
+* ``pd_requests_total{outcome}`` -- PD requests by how they ended, one outcome per client request
+  whatever pairs it used (``ok``, ``migrated`` (finished by a continuation), ``client_gone``,
   ``rejected``, ``prefill_failed``, ``decode_failed``, ``transfer_timeout``, ``no_worker``, ``error``);
 * ``pd_bootstrap_failures_total`` -- prefill legs that failed (handshake, prefill or KV send);
 * ``pd_transfer_failures_total`` -- decode legs that failed before their first token or waited past
   ``--pd-transfer-timeout``;
 * ``pd_pair_retries_total`` -- pairs retried on other workers; ``pd_late_prefill_failures_total``;
 * ``pd_transfer_seconds`` (histogram) -- from the prefill leg's end to the decode's first token;
-* ``pd_role_in_flight{role}`` / ``pd_role_healthy_workers{role}`` -- per-role load and admission.
+* ``pd_role_in_flight{role}`` / ``pd_role_healthy_workers{role}`` -- per-role load and admission
+  (a refused worker is not admitted);
+* ``pd_role_mismatches_total{role}`` -- discoveries of a worker reporting another role than the one
+  it was given as (it then gets no leg).
 """
 
 from __future__ import annotations
@@ -80,8 +84,15 @@ class PdCollector:
         healthy = GaugeMetricFamily(
             f"{PREFIX}_pd_role_healthy_workers", "Admitted workers per role.", labels=["role"]
         )
+        mismatches = CounterMetricFamily(
+            f"{PREFIX}_pd_role_mismatches",
+            "Worker discoveries that found another role than the one the worker was given as.",
+            labels=["role"],
+        )
         for role, pool in (("prefill", self.pool.prefill), ("decode", self.pool.decode)):
             in_flight.add_metric([role], pool.in_flight)
             healthy.add_metric([role], pool.healthy_count)
+            mismatches.add_metric([role], stats.role_mismatches.get(role, 0))
         yield in_flight
         yield healthy
+        yield mismatches

@@ -37,6 +37,7 @@ __all__ = [
     "Trace",
     "first_chunk",
     "leg_failure",
+    "leg_message",
     "log_request",
     "quietly_cancel",
 ]
@@ -54,7 +55,8 @@ RECENT_ROOMS = 1 << 16
 TRANSFER_TIMEOUT_S = 60.0
 #: pairs one request may try before its first token (the first and one retry)
 PAIR_ATTEMPTS = 2
-#: seconds a finished decode waits for a prefill answer still on its way before that leg is aborted
+#: seconds a prefill answer still on its way when the decode finished is awaited (in the background,
+#: after the client's response has ended) before that leg is aborted and counted as a late failure
 PREFILL_GRACE_S = 1.0
 #: histogram bounds (seconds) of the time from the prefill's end to the decode's first token
 TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -63,6 +65,7 @@ Role = Literal["prefill", "decode"]
 #: how a PD request ended (the ``outcome`` label of ``pd_requests_total``)
 OUTCOMES = (
     "ok",
+    "migrated",
     "client_gone",
     "rejected",
     "prefill_failed",
@@ -107,6 +110,8 @@ class PdConfig:
     engine: Literal["sglang", "vllm"] = "sglang"
     transfer_timeout_s: float | None = TRANSFER_TIMEOUT_S
     bootstrap_port: int | None = None
+    #: see :data:`PREFILL_GRACE_S`
+    prefill_grace_s: float = PREFILL_GRACE_S
 
 
 @dataclass(slots=True)
@@ -120,8 +125,11 @@ class PdStats:
     transfer_failures: int = 0
     #: pairs retried on other workers before the first token
     retries: int = 0
-    #: prefill answers that were bad after the decode had started (logged, the client unaffected)
+    #: prefill answers that were bad, or missing past the grace, after the decode had started
+    #: (logged, the client unaffected)
     late_prefill_failures: int = 0
+    #: workers refused because their ``/server_info`` reports another role, by the role they were given
+    role_mismatches: Counter[str] = field(default_factory=Counter)
     transfer_counts: list[int] = field(default_factory=lambda: [0] * (len(TRANSFER_BUCKETS) + 1))
     transfer_sum: float = 0.0
 
@@ -141,16 +149,27 @@ class LegFailed(Exception):
 
 @dataclass(slots=True)
 class Trace:
-    """What the request's log line says."""
+    """One client request across every pair it used (retries and migrations): its log line and
+    outcome, written once, when the request has ended and ``pending`` background checks of
+    prefill answers are done (``pending`` counts the request itself too)."""
 
     rid: str
-    prefill: str = "-"
-    decode: str = "-"
-    room: int | None = None
-    attempts: int = 0
+    #: ``(prefill URL, decode URL, room or None)`` of every pair tried, in order
+    pairs: list[tuple[str, str, int | None]] = field(default_factory=list)
+    migrations: int = 0
     outcome: str = "error"
     transfer_s: float | None = None
-    detail: str = ""
+    details: list[str] = field(default_factory=list)
+    pending: int = 1
+    #: something went wrong that the outcome does not say (a late prefill failure): log at WARNING
+    warn: bool = False
+
+    def note(self, detail: str, outcome: str | None = None) -> None:
+        """Set the outcome (when given) and add ``detail`` to the line (once)."""
+        if outcome is not None:
+            self.outcome = outcome
+        if detail and detail not in self.details:
+            self.details.append(detail)
 
 
 async def first_chunk(stream: AsyncIterator[EngineChunk]) -> EngineChunk:
@@ -169,16 +188,17 @@ def leg_failure(role: Role, exc: BaseException | None) -> str | None:
     if exc is None:
         return None
     if isinstance(exc, EngineError) and not isinstance(exc, EngineTimeoutError):
-        message = exc.message
-        # a leg runs on one worker: the pool's "no healthy worker (url: why)" wrapper says nothing more
-        if (
-            isinstance(exc, NoHealthyWorkerError)
-            and message.startswith(_POOL_WRAPPER)
-            and message.endswith(")")
-        ):
-            message = _REPEATED_URL.sub(r"\1: ", message[len(_POOL_WRAPPER) : -1])
-        return f"{role} leg: {message}"
+        return f"{role} leg: {leg_message(exc)}"
     raise exc
+
+
+def leg_message(exc: BaseException) -> str:
+    """What went wrong with a leg, without the pool's "no healthy worker (url: why)" wrapper (a leg
+    runs on one worker: the wrapper says nothing more)."""
+    message = exc.message if isinstance(exc, EngineError) else str(exc)
+    if isinstance(exc, NoHealthyWorkerError) and message.startswith(_POOL_WRAPPER) and message.endswith(")"):
+        message = _REPEATED_URL.sub(r"\1: ", message[len(_POOL_WRAPPER) : -1])
+    return message
 
 
 _POOL_WRAPPER = "no healthy engine worker could take the request ("
@@ -197,15 +217,21 @@ async def quietly_cancel(*tasks: asyncio.Task[Any]) -> None:
 
 
 def log_request(trace: Trace) -> None:
+    """The request's one log line; ``prefill``, ``decode`` and ``room`` list every pair, in order."""
     transfer = f"{trace.transfer_s * 1000:.1f}ms" if trace.transfer_s is not None else "-"
-    logger.info(
-        "pd request %s outcome=%s prefill=%s decode=%s room=%s attempts=%d transfer=%s%s",
+    pairs = trace.pairs or [("-", "-", None)]
+    detail = "; ".join(trace.details)
+    bad = trace.warn or trace.outcome not in ("ok", "migrated", "client_gone", "rejected")
+    logger.log(
+        logging.WARNING if bad else logging.INFO,
+        "pd request %s outcome=%s prefill=%s decode=%s room=%s attempts=%d migrations=%d transfer=%s%s",
         trace.rid,
         trace.outcome,
-        trace.prefill,
-        trace.decode,
-        trace.room if trace.room is not None else "-",
-        trace.attempts,
+        ",".join(p for p, _, _ in pairs),
+        ",".join(d for _, d, _ in pairs),
+        ",".join("-" if r is None else str(r) for _, _, r in pairs),
+        len(trace.pairs),
+        trace.migrations,
         transfer,
-        f" detail={trace.detail!r}" if trace.detail else "",
+        f" detail={detail!r}" if detail else "",
     )
