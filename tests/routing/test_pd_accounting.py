@@ -17,6 +17,7 @@ from deepseek_frontend.engines.sglang import SGLangClient
 from deepseek_frontend.routing.metrics import RoutingCollector
 from deepseek_frontend.routing.pd import DisaggregatedPool, PdConfig
 from deepseek_frontend.routing.pd_metrics import PdCollector
+from deepseek_frontend.routing.pd_parts import quietly_cancel
 from deepseek_frontend.routing.router import Router
 from tests.engines.conftest import wait_until
 
@@ -172,5 +173,38 @@ def test_both_routers_are_exported_with_a_role_label_and_an_aggregated_one_witho
             text = generate_latest(single).decode()
             assert 'deepseek_frontend_routing_decisions_total{reason="single-candidate"} 1.0' in text
             assert "deepseek_frontend_routing_choose_total 1.0" in text and "role=" not in text
+
+    run(scenario)
+
+
+def test_stopping_a_pair_keeps_the_callers_own_cancellation() -> None:
+    """A client that leaves while a failed pair's legs are being stopped ends the request: the
+    orchestrator must not swallow that cancellation and go on to start another pair."""
+
+    async def scenario() -> None:
+        closing, release = asyncio.Event(), asyncio.Event()
+
+        async def leg() -> None:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                closing.set()
+                await release.wait()  # a leg takes a moment to close its stream
+                raise
+
+        leg_task = asyncio.create_task(leg())
+        went_on: list[str] = []
+
+        async def orchestrator() -> None:
+            await quietly_cancel(leg_task)
+            went_on.append("the next pair")
+
+        task = asyncio.create_task(orchestrator())
+        await closing.wait()
+        task.cancel()  # the client leaves now
+        release.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert went_on == [] and leg_task.cancelled()
 
     run(scenario)

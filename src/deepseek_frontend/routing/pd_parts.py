@@ -4,7 +4,6 @@ request's log line and the helpers that stop and judge a leg."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import re
 import secrets
@@ -208,12 +207,25 @@ _REPEATED_URL = re.compile(r"^(\S+): \1: ")
 
 async def quietly_cancel(*tasks: asyncio.Task[Any]) -> None:
     """Cancel ``tasks`` and wait for them, swallowing what they end with (their failures are handled
-    by the caller or no longer matter). Cancelling a leg's task closes its stream, which aborts it."""
+    by the caller or no longer matter). Cancelling a leg's task closes its stream, which aborts it.
+
+    Only the tasks' outcomes are swallowed: a caller cancelled meanwhile (the client left while a
+    failed pair was being stopped) still waits for the tasks to end, then is cancelled -- it must not
+    go on to start another pair.
+    """
     for task in tasks:
         task.cancel()
-    for task in tasks:
-        with contextlib.suppress(BaseException):
-            await task
+    if not tasks:
+        return
+    try:
+        await asyncio.wait(tasks)
+    except asyncio.CancelledError:
+        await asyncio.wait(tasks)  # already cancelled: they end at once
+        raise
+    finally:
+        for task in tasks:
+            if task.done() and not task.cancelled():
+                task.exception()  # retrieved: no "exception was never retrieved" warning
 
 
 def log_request(trace: Trace) -> None:
