@@ -208,3 +208,22 @@ def test_stopping_a_pair_keeps_the_callers_own_cancellation() -> None:
         assert went_on == [] and leg_task.cancelled()
 
     run(scenario)
+
+
+def test_a_client_leaving_a_migrating_request_counts_once_and_leaves_no_leg(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def scenario() -> None:
+        async with sglang_pd(migration_limit=2) as (pool, (p,), (d,)):
+            d.mode, d.itl_s = "slow", 5.0
+            with caplog.at_level(logging.INFO, logger="deepseek_frontend.routing.pd"):
+                stream = pool.generate(request())
+                assert (await anext(stream)).token_ids == [TOKENS[0]]
+                await stream.aclose()  # type: ignore[attr-defined]
+                await all_closed(p, d)
+                await wait_until(lambda: "req-1" in d.aborts)
+            assert dict(pool.stats.outcomes) == {"client_gone": 1}
+            lines = [r.getMessage() for r in caplog.records if r.name == "deepseek_frontend.routing.pd"]
+            assert len(lines) == 1 and "outcome=client_gone" in lines[0]
+
+    run(scenario)

@@ -31,7 +31,9 @@ Roles: every worker's ``/server_info`` ``disaggregation_mode`` is checked at sta
 ``serve``), and each pool's vet checks it again at every later discovery: a worker found later by
 DNS gets no leg until it is checked, and none of a role it does not report (logged, counted).
 
-Faults (no leg outlives the client's request: every exit path closes both):
+Faults (no leg outlives the client's request -- every exit path closes both -- except a prefill leg
+whose answer is awaited, at most ``prefill_grace_s``, after a decode that finished; ``aclose`` aborts
+those at once):
 
 * prefill leg fails before the decode's first token -> the decode leg is aborted (SGLang
   ``/abort_request`` with its rid, by closing its stream) and the pair retried once, on other
