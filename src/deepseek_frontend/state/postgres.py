@@ -11,8 +11,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import re
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from .sql import SqlStore
 from .store import Retention
@@ -22,6 +22,7 @@ __all__ = ["PostgresStore", "to_dollar_params"]
 #: the advisory lock key migrations hold (any constant; "dsfe" in ASCII)
 _MIGRATION_LOCK = 0x64736665
 _MARK = re.compile(r"\?")
+T = TypeVar("T")
 
 
 @functools.lru_cache(maxsize=256)
@@ -84,6 +85,13 @@ class PostgresStore(SqlStore):
         pool, self._pool = self._pool, None
         if pool is not None:
             await pool.close()
+
+    async def in_transaction(self, op: Callable[[Any], Awaitable[T]], readonly: bool = False) -> T:
+        if not readonly:
+            return await super().in_transaction(op)
+        assert self._pool is not None, "PostgresStore used before open()"
+        async with self._pool.acquire() as conn:  # no BEGIN / COMMIT: two round trips fewer
+            return await op(_PgTx(conn))
 
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[_PgTx]:

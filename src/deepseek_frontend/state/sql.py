@@ -50,10 +50,12 @@ class SqlStore(StateStore):
     @abstractmethod
     def transaction(self) -> contextlib.AbstractAsyncContextManager[Tx]: ...
 
-    async def in_transaction(self, op: Callable[[Tx], Awaitable[T]]) -> T:
+    async def in_transaction(self, op: Callable[[Tx], Awaitable[T]], readonly: bool = False) -> T:
         """Run ``op`` in one transaction (committed when it returns, rolled back when it raises).
         Every operation of the store goes through here; a backend may run ``op`` in one piece
-        (SQLite: on its thread, in one hand-over)."""
+        (SQLite: on its thread, in one hand-over). ``readonly``: ``op`` only reads, so a backend
+        may skip the write lock (SQLite) or the BEGIN / COMMIT round trips (PostgreSQL, whose
+        READ COMMITTED gives each statement its own snapshot inside a transaction anyway)."""
         async with self.transaction() as tx:
             return await op(tx)
 
@@ -152,7 +154,7 @@ class SqlStore(StateStore):
             )
             return StoredResponse(*rows[0]) if rows else None
 
-        return await self.in_transaction(op)
+        return await self.in_transaction(op, readonly=True)
 
     async def delete_response(self, owner: str, response_id: str) -> bool:
         async def op(tx: Tx) -> Any:
@@ -195,7 +197,7 @@ class SqlStore(StateStore):
                 order,
             )
 
-        return await self.in_transaction(op)
+        return await self.in_transaction(op, readonly=True)
 
     async def history(self, owner: str, response_id: str) -> list[StoredItem] | None:
         async def op(tx: Tx) -> Any:
@@ -224,7 +226,7 @@ class SqlStore(StateStore):
             rows.sort(key=lambda r: (depth[r[0]], r[1] != "input", r[2]))
             return [StoredItem(r[3], r[4]) for r in rows]
 
-        return await self.in_transaction(op)
+        return await self.in_transaction(op, readonly=True)
 
     async def find_item(self, owner: str, item_id: str) -> StoredItem | None:
         now = self.now()
@@ -245,7 +247,7 @@ class SqlStore(StateStore):
                 )
             return StoredItem(*rows[0]) if rows else None
 
-        return await self.in_transaction(op)
+        return await self.in_transaction(op, readonly=True)
 
     # ---------------------------------------------------------------- conversations
     async def put_conversation(self, conversation: StoredConversation, items: list[StoredItem]) -> None:
@@ -290,7 +292,7 @@ class SqlStore(StateStore):
             )
             return StoredConversation(*rows[0]) if rows else None
 
-        return await self.in_transaction(op)
+        return await self.in_transaction(op, readonly=True)
 
     async def update_conversation(self, owner: str, conversation_id: str, metadata: str) -> bool:
         async def op(tx: Tx) -> Any:
@@ -354,7 +356,7 @@ class SqlStore(StateStore):
             )
             return [StoredItem(*row) for row in rows]
 
-        return await self.in_transaction(op)
+        return await self.in_transaction(op, readonly=True)
 
     async def _conversation_alive(self, tx: Tx, owner: str, conversation_id: str) -> bool:
         rows = await tx.fetch(
@@ -387,7 +389,7 @@ class SqlStore(StateStore):
                 order,
             )
 
-        return await self.in_transaction(op)
+        return await self.in_transaction(op, readonly=True)
 
     async def get_conversation_item(
         self, owner: str, conversation_id: str, item_id: str
@@ -402,7 +404,7 @@ class SqlStore(StateStore):
             )
             return StoredItem(*rows[0]) if rows else None
 
-        return await self.in_transaction(op)
+        return await self.in_transaction(op, readonly=True)
 
     async def delete_conversation_item(self, owner: str, conversation_id: str, item_id: str) -> bool:
         async def op(tx: Tx) -> Any:
@@ -449,7 +451,7 @@ class SqlStore(StateStore):
             )
             return rows[0][0] if rows else None
 
-        return await self.in_transaction(op)
+        return await self.in_transaction(op, readonly=True)
 
     async def get_reasonings(self, owner: str, keys: list[str]) -> dict[str, str]:
         if not keys:
@@ -464,7 +466,7 @@ class SqlStore(StateStore):
             )
             return {row[0]: row[1] for row in rows}
 
-        return await self.in_transaction(op)
+        return await self.in_transaction(op, readonly=True)
 
     # ---------------------------------------------------------------- retention
     async def purge(self, now: float | None = None) -> int:
@@ -538,7 +540,7 @@ class SqlStore(StateStore):
         async def op(tx: Tx) -> Any:
             return await _stored_bytes(tx)
 
-        return await self.in_transaction(op)
+        return await self.in_transaction(op, readonly=True)
 
 
 async def _stored_bytes(tx: Tx) -> int:

@@ -125,7 +125,7 @@ class SqliteStore(SqlStore):
             self._executor = None
             self._conn = None
 
-    async def in_transaction(self, op: Callable[[Any], Awaitable[T]]) -> T:
+    async def in_transaction(self, op: Callable[[Any], Awaitable[T]], readonly: bool = False) -> T:
         """Run the whole of ``op`` -- BEGIN, its statements, COMMIT (or ROLLBACK) -- on the store's
         thread in one hand-over: a turn's read or write costs one thread switch, not one per
         statement. A caller cancelled meanwhile leaves the transaction to finish on the thread
@@ -135,7 +135,8 @@ class SqliteStore(SqlStore):
             assert conn is not None, "SqliteStore used before open()"
 
             def work() -> T:
-                conn.execute("BEGIN IMMEDIATE")
+                # a read needs no write lock: other processes' writers go on meanwhile (WAL)
+                conn.execute("BEGIN" if readonly else "BEGIN IMMEDIATE")
                 try:
                     result = _drive(op(_InlineTx(conn)))  # type: ignore[arg-type]
                     conn.execute("COMMIT")
