@@ -81,6 +81,13 @@ def normalize_item(item: dict[str, Any]) -> dict[str, Any]:
     return item
 
 
+def _references(raw: Any) -> bool:
+    """Whether an ``input`` list holds an ``item_reference`` item."""
+    return isinstance(raw, list) and any(
+        isinstance(item, Mapping) and item.get("type") == "item_reference" for item in raw
+    )
+
+
 async def input_items(raw: Any, store: StateStore, owner: str) -> list[dict[str, Any]]:
     """The request's ``input`` as items with ids; ``item_reference`` items replaced by the stored item."""
     if isinstance(raw, str):
@@ -157,7 +164,11 @@ async def resolve_stateful(
             )
     if "input" not in body:
         raise RequestError("input: required", param="input")
-    new_items = await input_items(body["input"], store, owner)
+    raw = body["input"]
+    if not (store_it or previous or conversation_id) and not _references(raw):
+        # nothing stored, nothing read: the body goes to the translation as the client sent it
+        return StatefulRequest(body=body, owner=owner, background=background)
+    new_items = await input_items(raw, store, owner)
     history: list[StoredItem] = []
     if previous is not None:
         try:
