@@ -55,6 +55,7 @@ from .http import (
     new_request_id,
 )
 from .http_protocol import LIVE_BODY
+from .memory import MemoryReleaser
 from .metrics import CONTENT_TYPE, FrontendMetrics
 from .state_config import open_state_store
 
@@ -474,6 +475,7 @@ def create_app(
     lim = config.limits
     state.admission = Admission(lim.max_concurrent_requests, lim.max_queued_requests, lim.queue_timeout)
     state.body_readers = BodyReaders(lim.max_body_readers, lim.max_body_readers_per_client, lim.queue_timeout)
+    state.memory = MemoryReleaser()
     state.recent_heads = RecentHeads()
     state.store = config.state.build()
     if lim.arrival_hold_timeout:

@@ -37,6 +37,7 @@ from deepseek_frontend.pipeline.offload import CURRENT_TURN, release_current_tur
 from .admission import Admission, BodyReaders
 from .arrivals import ArrivalPacer
 from .errors import ErrorBodyRenderer, as_frontend_error, error_response, openai_error_body
+from .memory import LARGE_BODY_BYTES, MemoryReleaser
 from .sse import MEDIA_TYPE, SSE_HEADERS
 
 if TYPE_CHECKING:
@@ -68,6 +69,8 @@ class FrontendState:
     admission: Admission | None = None
     #: bounds the requests whose body is still arriving, before admission (None: unlimited)
     body_readers: BodyReaders | None = None
+    #: gives the memory of large requests back once they are done (None: left to the allocator)
+    memory: MemoryReleaser | None = None
     #: heads of recent request bodies: a request that starts like one of them is served first
     recent_heads: RecentHeads | None = None
     #: paces the starts of cold requests (used by ``serve``'s HTTP protocol)
@@ -305,6 +308,7 @@ class RequestTracker:
         "deferred",
         "endpoint",
         "metrics",
+        "on_done",
         "request_id",
         "started",
         "stream_error",
@@ -321,6 +325,8 @@ class RequestTracker:
         self._done = False
         #: gives the request's admission slot back (set once admitted)
         self._release: Callable[[], None] | None = None
+        #: called once when the request is done (a large request's MemoryReleaser.finished)
+        self.on_done: Callable[[], None] | None = None
         metrics.in_flight.labels(endpoint).inc()
 
     def finish(self, status: int, error_type: str = "", message: str = "") -> None:
@@ -336,6 +342,9 @@ class RequestTracker:
         release, self._release = self._release, None
         if release is not None:
             release()
+        done, self.on_done = self.on_done, None
+        if done is not None:
+            done()
         m = self.metrics
         elapsed = time.perf_counter() - self.started
         m.in_flight.labels(self.endpoint).dec()
@@ -385,6 +394,10 @@ def api_route(
                     # the body first: a slow one holds a reader slot (per client address), never an
                     # admission slot (receive_body)
                     await receive_body(request)
+                    memory = state.memory
+                    if memory is not None and len(getattr(request.state, BODY_ATTR)) >= LARGE_BODY_BYTES:
+                        memory.started()
+                        tracker.on_done = memory.finished
                 admission = state.admission
                 if admission is not None:
                     # After the body, before parsing: a refused request costs no parsing. A request
@@ -412,6 +425,11 @@ def api_route(
                 tracker.finish(response.status_code, err.error_type, err.message)
                 if err.status_code >= 500:
                     log.warning("request failed: %s", err.message, extra={"request_id": request_id})
+                # The traceback holds this frame, whose ``err`` holds the error: a reference cycle
+                # through every frame of the failed request (its body, prompt and ids: hundreds of
+                # MB for a multi-MB prompt) that only a full collection would free. Break it now.
+                exc.__traceback__ = err.__traceback__ = None
+                del err
             else:
                 if not tracker.deferred:
                     tracker.finish(response.status_code)

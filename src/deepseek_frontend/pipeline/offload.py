@@ -111,7 +111,10 @@ class OffloadPool:
                 loop.call_soon_threadsafe(self._done)
             except RuntimeError:  # the loop is closed: nobody is waiting any more
                 pass
-            del job, future, result, error
+            # Drop every reference to the job before waiting for the next: the thread's frame would
+            # otherwise keep its arguments (a request's prompt, its ids: hundreds of MB for a
+            # multi-MB prompt) alive until another job comes.
+            del job, loop, future, fn, args, result, error
 
     def _done(self) -> None:
         self.pending -= 1

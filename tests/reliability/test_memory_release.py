@@ -1,0 +1,93 @@
+"""Memory comes back after large prompts (api/memory.py, the error path of api/http.py ``api_route``).
+
+A real ``serve``; a sequence of unique multi-MB prompts of random words -- chat completions refused
+with 400 for their length after being tokenized, and ``/v1/messages/count_tokens`` answered 200 --
+grows the process by hundreds of MB. A minute after the last one, its resident memory must be
+back within 15% of what it was when warm.
+"""
+
+from __future__ import annotations
+
+import random
+import string
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.support.servers import Server, start_frontend
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+#: how far above its warm baseline the process may stay once the large prompts are done
+TOLERANCE = 1.15
+
+
+@pytest.fixture(scope="module")
+def frontend() -> Iterator[Server]:
+    # a short cache idle time: the prompt caches are empty again well within the minute
+    server = start_frontend("--cache-idle-seconds", "5")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _rss_mb(server: Server) -> float:
+    with open(f"/proc/{server.proc.pid}/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def _random_words(rng: random.Random, chars: int) -> str:
+    words: list[str] = []
+    size = 0
+    while size < chars:
+        word = "".join(rng.choices(string.ascii_lowercase, k=rng.randint(2, 9)))
+        words.append(word)
+        size += len(word) + 1
+    return " ".join(words)
+
+
+def test_memory_returns_to_its_warm_baseline_after_large_prompts(frontend: Server) -> None:
+    client = httpx.Client(base_url=frontend.url, timeout=120)
+    for i in range(4):  # warm: every route and the pipeline have run once
+        r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": f"hi {i}"}]})
+        assert r.status_code == 200, r.text
+        r = client.post(
+            "/v1/messages/count_tokens",
+            json={"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": "hi"}]},
+        )
+        assert r.status_code == 200, r.text
+    baseline = _rss_mb(frontend)
+    rng = random.Random(25)
+    peak = baseline
+    for i in range(6):
+        text = _random_words(rng, 3_000_000 + 500_000 * (i % 3))
+        if i % 3 == 2:
+            r = client.post(
+                "/v1/messages/count_tokens",
+                json={"model": "deepseek-v4-flash", "messages": [{"role": "user", "content": text}]},
+            )
+            assert r.status_code == 200, r.text
+            assert r.json()["input_tokens"] > 1_000_000
+        else:
+            r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": text}]})
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["code"] == "context_length_exceeded"
+        peak = max(peak, _rss_mb(frontend))
+    # the prompts did cost memory (else this test could not fail) ...
+    assert peak > baseline * TOLERANCE + 100, (baseline, peak)
+    # ... and it comes back within a minute
+    wait_until(
+        lambda: _rss_mb(frontend) <= baseline * TOLERANCE,
+        f"RSS back within 15% of its warm baseline {baseline:.0f} MB (peak {peak:.0f} MB)",
+        timeout=60,
+        interval=1.0,
+    )
+    # and the server still serves
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "still here"}]})
+    assert r.status_code == 200, r.text
