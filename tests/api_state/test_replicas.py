@@ -58,3 +58,18 @@ def _in_flight(server: object) -> int:
         headers={"Authorization": f"Bearer {API_KEY}"},
     ).json()
     return sum(worker["in_flight"] for worker in health["workers"])
+
+
+def test_serve_workers_share_one_sqlite_file() -> None:
+    """``--workers 3``: the processes share the default SQLite store, whichever one answers."""
+    with start_stored("--workers", "3") as server:
+        clients = [sdk(server) for _ in range(3)]  # connections of their own, accepted by any process
+        previous = clients[0].responses.create(model=MODEL, input="Turn 0").id
+        for turn in range(1, 12):
+            response = clients[turn % 3].responses.create(
+                model=MODEL, previous_response_id=previous, input=f"Turn {turn}"
+            )
+            assert response.previous_response_id == previous
+            previous = response.id
+        for client in clients:
+            assert client.responses.retrieve(previous).status == "completed"
