@@ -14,7 +14,7 @@ import pytest
 from tests.support import tools
 from tests.support.servers import Server
 
-from .conftest import MODEL, sdk, start_stored
+from .conftest import API_KEY, MODEL, sdk, start_stored
 
 OTHER_KEY = "continuity-other-key"
 QUESTION = "What's the weather in Paris?"
@@ -93,3 +93,47 @@ def test_responses_reasoning_item_dropped_by_the_client_is_restored(server: Serv
         **common, input=[{"role": "user", "content": QUESTION}, *without, result]
     )
     assert other.usage is not None and other.usage.input_tokens < kept.usage.input_tokens
+
+
+def test_anthropic_thinking_dropped_by_the_client_is_restored(server: Server) -> None:
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key=API_KEY, max_retries=0, timeout=60)
+    common: dict[str, Any] = {
+        "model": MODEL,
+        "max_tokens": 1024,
+        "tools": [tools.WEATHER.anthropic()],
+        "thinking": {"type": "enabled", "budget_tokens": 1024},
+    }
+    question = {"role": "user", "content": QUESTION}
+    first = client.messages.create(**common, messages=[question])
+    blocks = [block.model_dump(exclude_none=True) for block in first.content]
+    assert blocks[0]["type"] == "thinking" and any(b["type"] == "tool_use" for b in blocks)
+    use = next(b for b in blocks if b["type"] == "tool_use")
+    result = {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": use["id"], "content": "21 C"}],
+    }
+    before = _restored(server, "anthropic")
+    kept = client.messages.create(
+        **common, messages=[question, {"role": "assistant", "content": blocks}, result]
+    )
+    without = [b for b in blocks if b["type"] != "thinking"]
+    dropped = client.messages.create(
+        **common, messages=[question, {"role": "assistant", "content": without}, result]
+    )
+    assert _prompt_tokens(dropped.usage) == _prompt_tokens(kept.usage)
+    assert _restored(server, "anthropic") == before + 1
+    other = anthropic.Anthropic(base_url=server.url, api_key=OTHER_KEY, max_retries=0, timeout=60)
+    counted = other.messages.count_tokens(
+        **{k: v for k, v in common.items() if k != "max_tokens"},
+        messages=[question, {"role": "assistant", "content": without}, result],
+    )
+    assert counted.input_tokens < _prompt_tokens(kept.usage)  # another key: rendered as sent
+
+
+def _prompt_tokens(usage: Any) -> int:
+    """Anthropic's usage splits the prompt: uncached input plus cache reads and writes."""
+    return (
+        usage.input_tokens + (usage.cache_read_input_tokens or 0) + (usage.cache_creation_input_tokens or 0)
+    )

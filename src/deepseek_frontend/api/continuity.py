@@ -17,9 +17,9 @@ a turn that carries reasoning of its own is left as sent. Bounded by the store's
 (``--state-ttl``, ``--state-max-bytes``) and never across API keys. Restorations are counted in
 ``deepseek_frontend_reasoning_restored_total{api}``.
 
-Used by ``/v1/chat/completions`` and ``/v1/responses``. Anthropic's Messages API keeps its
-withheld reasoning in :mod:`.anthropic.hidden_thinking` (keyed by the ``toolu_`` ids it hands
-out); a client given thinking blocks replays them with their signatures.
+Used by ``/v1/chat/completions``, ``/v1/responses`` and ``/v1/messages`` (keyed there by the
+``toolu_`` ids the Anthropic encoder hands out; its per-process store of withheld reasoning,
+:mod:`.anthropic.hidden_thinking`, is consulted first).
 """
 
 from __future__ import annotations
@@ -38,7 +38,10 @@ from deepseek_frontend.state import StateStore
 from .http import FrontendState, get_state
 from .stored import owner_of
 
-__all__ = ["ReasoningContinuity", "continuity_of", "turn_key"]
+__all__ = ["IdsOf", "ReasoningContinuity", "continuity_of", "turn_key"]
+
+#: the tool-call ids a client was shown for an answer's calls, or None when not all are known
+IdsOf = Callable[[ChoiceAccumulator], "list[str] | None"]
 
 log = logging.getLogger("deepseek_frontend.api")
 
@@ -102,10 +105,15 @@ class ReasoningContinuity:
             self.restored.labels(api).inc(restored)
         return restored
 
-    async def remember(self, owner: str, acc: ChoiceAccumulator) -> None:
-        """Keep the reasoning of a finished answer that called tools (nothing else is kept)."""
+    async def remember(self, owner: str, acc: ChoiceAccumulator, ids_of: IdsOf | None = None) -> None:
+        """Keep the reasoning of a finished answer that called tools (nothing else is kept).
+        ``ids_of`` gives the ids the client was shown for the answer's calls (None: not all known,
+        keep nothing); by default the calls' own ids."""
         reasoning = acc.reasoning_content
-        key = turn_key(acc.content, [call.id for call in acc.tool_calls])
+        ids = [call.id for call in acc.tool_calls] if ids_of is None else ids_of(acc)
+        if ids is None:
+            return
+        key = turn_key(acc.content, ids)
         if key is None or not reasoning or not self.store.enabled:
             return
         try:
@@ -113,10 +121,11 @@ class ReasoningContinuity:
         except Exception:  # continuity is best effort: the answer itself must not fail for it
             log.exception("keeping the reasoning of a tool-calling answer failed")
 
-    def wrap(self, owner: str) -> Callable[[Sequence[Any]], list[Any]]:
-        """A function wrapping started choice streams so each remembers its answer at its end."""
+    def wrap(self, owner: str, ids_of: IdsOf | None = None) -> Callable[[Sequence[Any]], list[Any]]:
+        """A function wrapping started choice streams so each remembers its answer at its end
+        (``ids_of``: as in :meth:`remember`, for an API that shows its own tool-call ids)."""
         return lambda streams: [
-            _Remembering(stream, lambda acc: self.remember(owner, acc)) for stream in streams
+            _Remembering(stream, lambda acc: self.remember(owner, acc, ids_of)) for stream in streams
         ]
 
 

@@ -21,6 +21,8 @@ the replayed turn (:mod:`.hidden_thinking`), so the tool loop renders as it was 
 
 from __future__ import annotations
 
+from typing import Any
+
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
@@ -29,6 +31,7 @@ from starlette.routing import Route
 from deepseek_frontend.images import family_reads_images, resolve_request_images
 
 from ..adapters import respond_with_events, to_chat_request
+from ..continuity import continuity_of
 from ..errors import ErrorBodyRenderer
 from ..http import RequestTracker, api_route, get_state, read_json
 from .convert import convert_messages_request
@@ -46,20 +49,36 @@ async def create_message(request: Request, tracker: RequestTracker) -> Response:
         body, read_images=family_reads_images(get_state(request).config.family)
     )
     HIDDEN_REASONING.restore(converted.messages)
+    continuity, owner = continuity_of(request)  # reasoning the client dropped (api/continuity.py)
+    await continuity.restore(owner, converted.messages, "anthropic")
     # Anthropic's semantics: thinking blocks only when the request enables thinking. Without a
     # `thinking` field the model still runs in the server's default mode; its reasoning is withheld.
     show_thinking = converted.thinking is True
+    encoders: list[MessagesStreamEncoder] = []
+
+    def make_encoder(req: Any, prepared: Any) -> MessagesStreamEncoder:
+        encoders.append(
+            MessagesStreamEncoder(
+                model=req.response_model,
+                input_tokens=prepared.prompt_tokens,
+                show_thinking=show_thinking,
+                hidden_reasoning=HIDDEN_REASONING,
+            )
+        )
+        return encoders[-1]
+
+    def shown_ids(acc: Any) -> list[str] | None:
+        # the toolu_ ids the client was shown; None when one is not handed out yet (nothing kept)
+        ids = [encoders[0].tool_ids.get(call.index) for call in acc.tool_calls] if encoders else [None]
+        return None if None in ids else ids  # type: ignore[return-value]
+
     return await respond_with_events(
         request,
         tracker,
         converted,
-        lambda req, prepared: MessagesStreamEncoder(
-            model=req.response_model,
-            input_tokens=prepared.prompt_tokens,
-            show_thinking=show_thinking,
-            hidden_reasoning=HIDDEN_REASONING,
-        ),
+        make_encoder,
         lambda _encoder, events: accumulate_message(events),
+        wrap=continuity.wrap(owner, shown_ids),
     )
 
 
@@ -76,6 +95,8 @@ async def count_tokens(request: Request, tracker: RequestTracker) -> Response:
         body, require_max_tokens=False, read_images=family_reads_images(state.config.family)
     )
     HIDDEN_REASONING.restore(converted.messages)
+    continuity, owner = continuity_of(request)
+    await continuity.restore(owner, converted.messages, "anthropic")
     req = to_chat_request(converted, state.config, tracker.request_id)
     # images are resolved (read, limited) as for /v1/messages: their token counts are part of the answer
     await resolve_request_images(state, req.messages)
