@@ -177,7 +177,7 @@ def start_setup(disaggregated: bool, args: argparse.Namespace, tag: str) -> tupl
 
 
 async def _stream(
-    client: httpx.AsyncClient, path: str, body: dict[str, object], run: Run, long: bool
+    client: httpx.AsyncClient, path: str, body: dict[str, object] | bytes, run: Run, long: bool
 ) -> None:
     """One streamed request: its TTFT, its gaps between content chunks, its tokens."""
     started = time.perf_counter()
@@ -186,7 +186,12 @@ async def _stream(
     tokens = 0
     run.requests += 1
     try:
-        async with client.stream("POST", path, json=body) as response:
+        sent = (
+            {"content": body, "headers": {"content-type": "application/json"}}
+            if isinstance(body, bytes)
+            else {"json": body}
+        )
+        async with client.stream("POST", path, **sent) as response:  # type: ignore[arg-type]
             if response.status_code != 200:
                 run.lost += 1
                 run.errors.append(f"{response.status_code} {(await response.aread())[:200]!r}")
@@ -223,6 +228,21 @@ async def drive(url: str, args: argparse.Namespace, lengths: Sequence[int] | Non
     """The trace against one frontend (see the module docstring)."""
     run = Run()
     rng = random.Random(seed)
+    # the long prompts' arrivals and bodies, made before the run: encoding a 64K-id body on the
+    # client's loop would show up as a gap in every stream it reads
+    arrivals: list[tuple[float, bytes]] = []
+    at = rng.expovariate(1 / args.long_every_s)
+    while at < args.duration_s:
+        n = rng.choice(lengths) if lengths else rng.randint(args.long_min, args.long_max)
+        prompt = [rng.randrange(*VOCAB) for _ in range(n)]
+        body = {
+            "model": "deepseek-v4-flash",
+            "prompt": prompt,
+            "max_tokens": args.long_tokens,
+            "stream": True,
+        }
+        arrivals.append((at, json.dumps(body).encode()))
+        at += rng.expovariate(1 / args.long_every_s)
     limits = httpx.Limits(max_connections=args.streams + 64, max_keepalive_connections=args.streams + 64)
     async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
         stop_at = time.perf_counter() + args.duration_s
@@ -242,18 +262,9 @@ async def drive(url: str, args: argparse.Namespace, lengths: Sequence[int] | Non
 
         async def longs() -> None:
             pending: list[asyncio.Task[None]] = []
-            while True:
-                await asyncio.sleep(rng.expovariate(1 / args.long_every_s))
-                if time.perf_counter() >= stop_at:
-                    break
-                n = rng.choice(lengths) if lengths else rng.randint(args.long_min, args.long_max)
-                prompt = [rng.randrange(*VOCAB) for _ in range(n)]
-                body = {
-                    "model": "deepseek-v4-flash",
-                    "prompt": prompt,
-                    "max_tokens": args.long_tokens,
-                    "stream": True,
-                }
+            begin = time.perf_counter()
+            for at, body in arrivals:
+                await asyncio.sleep(max(0.0, begin + at - time.perf_counter()))
                 pending.append(asyncio.create_task(_stream(client, "/v1/completions", body, run, long=True)))
             await asyncio.gather(*pending)
 
@@ -300,11 +311,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=64)
     parser.add_argument("--stream-tokens", type=int, default=100)
     parser.add_argument("--itl-ms", type=float, default=40.0)
-    parser.add_argument("--prefill-us-per-token", type=float, default=25.0)
+    parser.add_argument("--prefill-us-per-token", type=float, default=15.0)
     parser.add_argument("--kv-cache-tokens", type=int, default=4_000_000)
     parser.add_argument("--kv-bytes-per-token", type=int, default=64)
     parser.add_argument("--transfer-bandwidth-mbps", type=float, default=400.0)
-    parser.add_argument("--long-every-s", type=float, default=2.0)
+    parser.add_argument("--long-every-s", type=float, default=1.0)
     parser.add_argument("--long-min", type=int, default=16_384)
     parser.add_argument("--long-max", type=int, default=65_536)
     parser.add_argument("--long-tokens", type=int, default=16)
