@@ -1,16 +1,21 @@
 """A private PostgreSQL server for tests: a fresh cluster in a temporary folder on a free port.
 
-Uses the server binaries of the machine (Debian's ``postgresql`` package puts them in
-``/usr/lib/postgresql/N/bin``; ``.ci/stage-postgres.sh`` installs it). ``initdb`` refuses to run
-as root, so as root the cluster is created and run as the ``postgres`` user that package adds
-(``runuser``). Trust authentication on 127.0.0.1 only; the folder is removed on stop.
+The server binaries come from the ``pgserver`` wheel of the test extra (PostgreSQL built for
+manylinux, in ``pgserver/pginstall``; only its files are used, never its Python layer), so the
+README's test command needs no system package; without that wheel, the machine's own (Debian's
+``/usr/lib/postgresql/N/bin``). ``initdb`` refuses to run as root, so as root the cluster is created
+and run as an unprivileged user (``postgres`` where it exists, else ``nobody``, through ``runuser``),
+with the wheel's binaries copied into the cluster's folder where that user can run them. Trust
+authentication on 127.0.0.1 only; the folder is removed on stop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import glob
+import importlib.util
 import os
+import pwd
 import secrets
 import shutil
 import subprocess
@@ -26,22 +31,48 @@ from tests.support.servers import free_port
 __all__ = ["PostgresServer", "create_database", "find_pg_bin", "postgres_server", "start_postgres"]
 
 
+def _wheel_install() -> Path | None:
+    """``pgserver``'s PostgreSQL install tree (bin/, lib/, share/), when the wheel is installed."""
+    spec = importlib.util.find_spec("pgserver")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    tree = Path(next(iter(spec.submodule_search_locations))) / "pginstall"
+    return tree if (tree / "bin" / "initdb").is_file() else None
+
+
+def _server_user() -> str | None:
+    """The user the server runs as: None (the current one) unless this is root."""
+    if os.geteuid() != 0:
+        return None
+    for name in ("postgres", "nobody"):
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            continue
+        return name
+    raise RuntimeError("running as root and neither a postgres nor a nobody user exists to run PostgreSQL")
+
+
 def find_pg_bin() -> Path:
-    """The folder holding ``initdb`` and ``pg_ctl`` (the newest installed version)."""
+    """The folder holding ``initdb`` and ``pg_ctl``: the ``pgserver`` wheel's, else the machine's."""
+    wheel = _wheel_install()
+    if wheel is not None:
+        return wheel / "bin"
     on_path = shutil.which("pg_ctl")
     if on_path and shutil.which("initdb"):
         return Path(os.path.realpath(on_path)).parent
     versions = sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl"), key=lambda p: int(p.split("/")[-3]))
     if not versions:
         raise RuntimeError(
-            "PostgreSQL server binaries not found: install them with .ci/stage-postgres.sh "
-            "(apt-get install postgresql)"
+            "PostgreSQL server binaries not found: install the test extra (pip install '.[test]', which "
+            "brings the pgserver wheel) or the machine's postgresql package"
         )
     return Path(versions[-1]).parent
 
 
 def _as_server_user(cmd: list[str]) -> list[str]:
-    return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
+    user = _server_user()
+    return ["runuser", "-u", user, "--", *cmd] if user else cmd
 
 
 @dataclass
@@ -73,8 +104,19 @@ def start_postgres() -> PostgresServer:
     """initdb + pg_ctl start (waiting until it accepts connections); raises with the server's log."""
     pg_bin = find_pg_bin()
     root = Path(tempfile.mkdtemp(prefix="dsfe-pg-"))
-    if os.geteuid() == 0:
-        shutil.chown(root, "postgres", "postgres")
+    user = _server_user()
+    if user is not None:
+        if _wheel_install() is not None:
+            # the wheel lives under a folder the server's user may not enter (a root-owned checkout
+            # or virtualenv): its tree is copied beside the data with the libraries auditwheel put
+            # in pgserver.libs, keeping the binaries' relative rpath ($ORIGIN/../../../pgserver.libs)
+            site = pg_bin.parents[2]
+            shutil.copytree(pg_bin.parent, root / "wheel" / "pgserver" / "pginstall", symlinks=True)
+            if (site / "pgserver.libs").is_dir():
+                shutil.copytree(site / "pgserver.libs", root / "wheel" / "pgserver.libs", symlinks=True)
+            pg_bin = root / "wheel" / "pgserver" / "pginstall" / "bin"
+        for path in (root, *root.rglob("*")):
+            shutil.chown(path, user)
     data = root / "data"
     port = free_port()
     subprocess.run(
