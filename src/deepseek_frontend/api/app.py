@@ -112,6 +112,14 @@ class _Backend:
         return [WorkerStatus(url=getattr(self.target, "name", "sim"), healthy=True, in_flight=running)]
 
     async def start(self) -> None:
+        """Start the target. A worker pool discovers its workers in the background, so the server
+        answers ``/live`` at once whatever its workers do (``/health`` names the workers still
+        being discovered; requests get a 503 with ``Retry-After`` until one is ready)."""
+        from deepseek_frontend.engines.pool import WorkerPool
+
+        if isinstance(self.target, WorkerPool):
+            await self.target.start(wait_for_discovery=False)
+            return
         fn = getattr(self.target, "start", None)
         if fn is not None:
             await fn()
@@ -169,6 +177,7 @@ def stream_limits(config: ServerConfig, tokenizer: Any) -> Any:
         max_in_flight=max(lim.max_concurrent_requests, lim.max_requests_per_worker),
         capacity_wait_s=lim.queue_timeout,
         first_token_timeout_s=lim.first_token_timeout or None,
+        response_timeout_s=lim.worker_response_timeout or None,
         idle_timeout_s=lim.idle_timeout or None,
         request_timeout_s=lim.request_timeout or None,
         vocab_size=getattr(tokenizer, "vocab_size", None),
@@ -304,7 +313,7 @@ def _worker_json(status: Any) -> dict[str, Any]:
 
 
 #: WorkerStatus.extra entries /health shows per worker
-_WORKER_EXTRA_KEYS = frozenset({"requests", "failures", "capabilities", "role"})
+_WORKER_EXTRA_KEYS = frozenset({"requests", "failures", "capabilities", "role", "discovery"})
 
 
 def _presents_key(request: Request, api_keys: tuple[str, ...]) -> bool:
@@ -517,6 +526,9 @@ def create_app(
         finally:
             sweeper.cancel()
             purger.cancel()
+            runs = state.extra.get("background_runs")  # made on the first background response
+            if runs is not None:
+                await runs.aclose()  # before the store closes: their responses are marked failed
             await state.store.close()
             await back.aclose()
             resolver = state.extra.get("image_resolver")  # made on the first image request

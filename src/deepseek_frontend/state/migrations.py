@@ -74,7 +74,11 @@ _V1 = (
     "CREATE INDEX reasoning_expires ON reasoning (expires_at)",
 )
 
+#: when a response was last written or, while a background task generates it, last renewed: a
+#: queued or in-progress response not renewed for a while has lost its task (its process died)
+_V2 = ("ALTER TABLE responses ADD COLUMN updated_at DOUBLE PRECISION",)
+
 #: migration n (index n - 1) brings the schema from version n - 1 to n
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1,)
+MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2)
 #: the version this code writes
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -74,6 +74,8 @@ class StoredResponse:
     request: str = "{}"
     previous_response_id: str | None = None
     conversation_id: str | None = None
+    #: when it was last written or renewed (``StateStore.touch_response``); None before schema 2
+    updated_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,7 +88,8 @@ class SqlStore(StateStore):
         async def op(tx: Tx) -> Any:
             await tx.execute(
                 "INSERT INTO responses (id, owner, created_at, expires_at, status, body, request,"
-                " previous_response_id, conversation_id, size) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " previous_response_id, conversation_id, size, updated_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     response.id,
                     response.owner,
@@ -100,6 +101,7 @@ class SqlStore(StateStore):
                     response.previous_response_id,
                     response.conversation_id,
                     size,
+                    self.now(),
                 ),
             )
             await self._insert_response_items(tx, response.owner, response.id, "input", input_items)
@@ -138,8 +140,8 @@ class SqlStore(StateStore):
             )
             size = len(body) + len(rows[0][0]) + int(inputs[0][0])
             await tx.execute(
-                "UPDATE responses SET status = ?, body = ?, size = ? WHERE id = ?",
-                (status, body, size, response_id),
+                "UPDATE responses SET status = ?, body = ?, size = ?, updated_at = ? WHERE id = ?",
+                (status, body, size, self.now(), response_id),
             )
             return True
 
@@ -148,13 +150,24 @@ class SqlStore(StateStore):
     async def get_response(self, owner: str, response_id: str) -> StoredResponse | None:
         async def op(tx: Tx) -> Any:
             rows = await tx.fetch(
-                "SELECT id, owner, created_at, status, body, request, previous_response_id, conversation_id"
-                f" FROM responses WHERE id = ? AND owner = ? AND {_ALIVE}",
+                "SELECT id, owner, created_at, status, body, request, previous_response_id, conversation_id,"
+                f" updated_at FROM responses WHERE id = ? AND owner = ? AND {_ALIVE}",
                 (response_id, owner, self.now()),
             )
             return StoredResponse(*rows[0]) if rows else None
 
         return await self.in_transaction(op, readonly=True)
+
+    async def touch_response(self, owner: str, response_id: str) -> bool:
+        async def op(tx: Tx) -> Any:
+            changed = await tx.execute(
+                "UPDATE responses SET updated_at = ? WHERE id = ? AND owner = ?"
+                " AND status IN ('queued', 'in_progress')",
+                (self.now(), response_id, owner),
+            )
+            return bool(changed)
+
+        return await self.in_transaction(op)
 
     async def delete_response(self, owner: str, response_id: str) -> bool:
         async def op(tx: Tx) -> Any:

@@ -98,6 +98,11 @@ class StateStore(ABC):
         response is not there. Used for background responses as they progress."""
 
     @abstractmethod
+    async def touch_response(self, owner: str, response_id: str) -> bool:
+        """Record that a queued or in-progress response is still being generated (its
+        ``updated_at`` becomes now); False when it is not there or no longer running."""
+
+    @abstractmethod
     async def get_response(self, owner: str, response_id: str) -> StoredResponse | None: ...
 
     @abstractmethod
@@ -211,6 +216,9 @@ class NullStore(StateStore):
     async def update_response(
         self, owner: str, response_id: str, status: str, body: str, output_items: list[StoredItem] | None
     ) -> bool:
+        return False
+
+    async def touch_response(self, owner: str, response_id: str) -> bool:
         return False
 
     async def get_response(self, owner: str, response_id: str) -> StoredResponse | None:

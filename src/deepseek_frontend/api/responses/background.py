@@ -7,6 +7,12 @@ which closes the engine stream (the engine request is aborted). A cancel that re
 process or replica than the one generating only marks the store: the generating task reads its
 response's status every :data:`CANCEL_POLL_S` seconds and stops when it finds ``cancelled``, so a
 cancellation wins wherever it lands, and a finished task never overwrites it.
+
+Nothing is left ``in_progress`` for ever. While its task runs, a response's lease is renewed every
+:data:`LEASE_RENEW_S` seconds (``StateStore.touch_response``); a queued or in-progress response whose
+lease is older than :data:`LEASE_S` lost its task with its process (killed, crashed) and is read as
+``failed`` (:func:`expire_if_lost`, which also writes it so). A server shutting down marks its own
+running responses ``failed`` at once.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 import orjson
 
 from deepseek_frontend.images import resolve_request_images
+from deepseek_frontend.state import StateStore, StoredResponse
 
 from ..adapters import ConvertedChat, to_chat_request
 from ..errors import as_frontend_error
@@ -26,14 +33,35 @@ from ..http import FrontendState
 from .events import ResponsesStreamEncoder
 from .stateful import StatefulRequest, save_response, stored_items, stored_output_items
 
-__all__ = ["CANCEL_POLL_S", "BackgroundRuns"]
+__all__ = ["CANCEL_POLL_S", "LEASE_RENEW_S", "LEASE_S", "BackgroundRuns", "expire_if_lost"]
 
 log = logging.getLogger("deepseek_frontend.api")
 
 #: seconds between a background task's looks at its stored status (a cancel from elsewhere)
 CANCEL_POLL_S = 1.0
+#: seconds between renewals of a running background response's lease
+LEASE_RENEW_S = 5.0
+#: seconds after its last renewal a queued or in-progress response counts as lost
+LEASE_S = 30.0
 #: statuses after which a response never changes again
 TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled"})
+LOST_MESSAGE = "the server generating this background response stopped before it finished; create it again"
+SHUTDOWN_MESSAGE = "the server shut down before this background response finished; create it again"
+
+
+async def expire_if_lost(store: StateStore, stored: StoredResponse) -> StoredResponse:
+    """``stored``, or -- when it is queued or in progress and its lease ran out (its task's process
+    is gone) -- the same response marked ``failed`` with a ``server_error``, as written to the store."""
+    if stored.status in TERMINAL or stored.updated_at is None:
+        return stored
+    if store.now() - stored.updated_at <= LEASE_S:
+        return stored
+    body: dict[str, Any] = orjson.loads(stored.body)
+    body["status"] = "failed"
+    body["error"] = {"code": "server_error", "message": LOST_MESSAGE}
+    log.warning("background response %s lost its task (lease expired): marked failed", stored.id)
+    await store.update_response(stored.owner, stored.id, "failed", orjson.dumps(body).decode(), None)
+    return await store.get_response(stored.owner, stored.id) or stored
 
 
 class BackgroundRuns:
@@ -41,6 +69,8 @@ class BackgroundRuns:
 
     def __init__(self) -> None:
         self.tasks: dict[str, asyncio.Task[None]] = {}
+        #: set by :meth:`aclose`: a task cancelled now ends ``failed``, not ``cancelled``
+        self.closing = False
 
     async def start(
         self, state: FrontendState, stateful: StatefulRequest, converted: ConvertedChat, echo: dict[str, Any]
@@ -65,6 +95,8 @@ class BackgroundRuns:
         return True
 
     async def aclose(self) -> None:
+        """Stop every running task; their responses are marked ``failed`` (the server shut down)."""
+        self.closing = True
         for response_id in list(self.tasks):
             await self.cancel(response_id)
 
@@ -78,6 +110,7 @@ class BackgroundRuns:
     ) -> None:
         store, owner, response_id = state.store, stateful.owner, queued["id"]
         encoder: ResponsesStreamEncoder | None = None
+        renewer = asyncio.create_task(_renew_lease(state, owner, response_id))
         try:
             req = to_chat_request(converted, state.config, "resp-" + response_id.removeprefix("resp_"))
             await resolve_request_images(state, req.messages)
@@ -113,12 +146,15 @@ class BackgroundRuns:
             if written and stateful.conversation_id is not None:
                 await _append_to_conversation(state, stateful, final)
         except asyncio.CancelledError:
-            snapshot = (encoder or _placeholder(queued, echo)).snapshot("cancelled")
+            base = encoder or _placeholder(queued, echo)
+            if self.closing:
+                status = "failed"
+                snapshot = base.snapshot(status, error={"code": "server_error", "message": SHUTDOWN_MESSAGE})
+            else:
+                status, snapshot = "cancelled", base.snapshot("cancelled")
             with contextlib.suppress(Exception):
                 await asyncio.shield(
-                    store.update_response(
-                        owner, response_id, "cancelled", orjson.dumps(snapshot).decode(), None
-                    )
+                    store.update_response(owner, response_id, status, orjson.dumps(snapshot).decode(), None)
                 )
             raise
         except Exception as exc:
@@ -129,6 +165,8 @@ class BackgroundRuns:
             )
             with contextlib.suppress(Exception):
                 await _update_unless_cancelled(state, owner, response_id, failed, None)
+        finally:
+            renewer.cancel()
 
 
 def _placeholder(queued: dict[str, Any], echo: dict[str, Any]) -> ResponsesStreamEncoder:
@@ -163,6 +201,17 @@ async def _append_to_conversation(
         stateful.conversation_id,
         stored_items(stateful.new_items) + stored_output_items(final),
     )
+
+
+async def _renew_lease(state: FrontendState, owner: str, response_id: str) -> None:
+    """Renew the response's lease every :data:`LEASE_RENEW_S` seconds until cancelled; a store
+    error is logged and retried at the next renewal (the lease has :data:`LEASE_S` to spare)."""
+    while True:
+        await asyncio.sleep(LEASE_RENEW_S)
+        try:
+            await state.store.touch_response(owner, response_id)
+        except Exception as exc:
+            log.warning("background response %s: lease renewal failed: %s", response_id, exc)
 
 
 async def _watch_for_cancel(state: FrontendState, owner: str, response_id: str, task: Any) -> None:

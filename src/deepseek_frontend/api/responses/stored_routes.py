@@ -20,7 +20,7 @@ from deepseek_frontend.errors import RequestError
 
 from ..http import RequestTracker, api_route, get_state
 from ..stored import json_response, list_body, list_query, not_stored, owner_of, read_page, store_of
-from .background import TERMINAL, BackgroundRuns
+from .background import TERMINAL, BackgroundRuns, expire_if_lost
 
 __all__ = ["ROUTES", "background_runs"]
 
@@ -44,10 +44,11 @@ async def retrieve_response(request: Request, tracker: RequestTracker) -> Respon
     if request.query_params.get("stream") in ("true", "1"):
         raise RequestError("stream: streaming a stored response again is not supported", param="stream")
     response_id = _response_id(request)
-    stored = await store_of(request).get_response(owner_of(request), response_id)
+    store = store_of(request)
+    stored = await store.get_response(owner_of(request), response_id)
     if stored is None:
         raise not_stored("Response", response_id)
-    return json_response(stored.body)
+    return json_response((await expire_if_lost(store, stored)).body)
 
 
 @api_route("/v1/responses/{id}", prefix="resp")
@@ -87,6 +88,7 @@ async def cancel_response(request: Request, tracker: RequestTracker) -> Response
     stored = await store.get_response(owner, response_id)
     if stored is None:
         raise not_stored("Response", response_id)
+    stored = await expire_if_lost(store, stored)
     if not orjson.loads(stored.request).get("background"):
         raise RequestError("Only responses created with background: true can be cancelled.")
     if stored.status != "cancelled":
