@@ -18,7 +18,9 @@ Each class carries the HTTP status and the OpenAI ``error.type`` it maps to, so
     ├── UnsupportedModelError (400 invalid_request_error) -- detected a family without an encoder
     └── EngineError (502 engine_error)
         ├── EngineUnavailableError (503 service_unavailable) -- before the first token: retry elsewhere
+        │   ├── WorkerSilentError                       -- no response headers in time: retry elsewhere
         │   └── NoHealthyWorkerError                    -- nothing left to retry on
+        │       └── WorkersStartingError                -- no worker discovered yet (``Retry-After``)
         ├── EngineStreamError (502 engine_error)         -- after the first token: terminal for the request
         └── EngineTimeoutError (504 timeout_error)       -- the worker was too slow (first token, idle, total)
 
@@ -155,8 +157,26 @@ class EngineUnavailableError(EngineError):
     error_type = "service_unavailable"
 
 
+class WorkerSilentError(EngineUnavailableError):
+    """The worker took the request but sent no response headers in time.
+
+    SGLang and vLLM send the headers of a streamed generate before the prefill starts, so a worker
+    that stays silent is not computing: it is wedged (or its HTTP server is). The pool ejects it
+    and moves the requests still waiting on it to other workers.
+    """
+
+
 class NoHealthyWorkerError(EngineUnavailableError):
     """No worker is healthy (or all retries were used)."""
+
+
+class WorkersStartingError(NoHealthyWorkerError):
+    """No worker has answered its capability discovery yet (the server is starting): retry after
+    ``retry_after_s`` (sent as ``Retry-After``)."""
+
+    def __init__(self, message: str, *, retry_after_s: int = 2) -> None:
+        super().__init__(message)
+        self.retry_after_s = max(1, int(retry_after_s))
 
 
 class EngineStreamError(EngineError):

@@ -25,12 +25,12 @@ HERE = Path(__file__).resolve().parent
 _ADDRESS = re.compile(r"listening on (http://[0-9.]+:\d+)")
 
 
-def start_fake_worker() -> Server:
-    """Run ``fake_worker.py`` and wait for its address (it answers at once)."""
+def start_fake_worker(*flags: str) -> Server:
+    """Run ``fake_worker.py`` (with ``flags``, such as ``--mute``) and wait for its address."""
     fd, name = tempfile.mkstemp(prefix="dsfe-fake-worker-", suffix=".log")
     log_path = Path(name)
     proc = subprocess.Popen(
-        [sys.executable, str(HERE / "fake_worker.py"), "--port", "0"],
+        [sys.executable, str(HERE / "fake_worker.py"), "--port", "0", *flags],
         stdout=fd,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

@@ -10,6 +10,7 @@ let it: close a connection in the middle of a chunk, send an endless line, never
 ``ok``             ``min(max_new_tokens, tokens)`` tokens, then finish ``length`` (or ``stop``)
 ``slow``           like ``ok`` with ``itl_ms`` between tokens
 ``hang_first``     HTTP 200 and headers, then nothing until the client leaves
+``silent``         no answer at all, not even headers, until the client leaves (a wedged HTTP server)
 ``hang_after``     one token, then nothing until the client leaves
 ``overflow``       ``max_new_tokens + 20`` tokens, ignoring the limit, and no end until the client leaves
 ``unknown_id``     one good token, then an id far outside any vocabulary
@@ -25,6 +26,9 @@ let it: close a connection in the middle of a chunk, send an endless line, never
 ``GET /stats`` returns ``{"generate": n, "aborts": n, "open": n, "disconnects": n}``: requests
 seen, ``/abort_request`` calls, streams open now, streams the client closed before their end.
 ``GET /server_info`` (the frontend's health probe and capability discovery) always answers 200.
+
+Started with ``--mute``, the worker accepts connections and reads requests but never answers any
+(``/server_info`` included): a worker whose process is up and whose HTTP server is wedged.
 """
 
 from __future__ import annotations
@@ -95,6 +99,17 @@ async def _stream(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, bo
     if mode == "http_500":
         writer.write(_response(500, b'{"error": {"message": "internal worker failure"}}'))
         return True
+    if mode == "silent":
+        st.open += 1
+        try:
+            while await reader.read(65536):  # the client closing its end is the only way out
+                pass
+        except ConnectionError:
+            pass
+        finally:
+            st.open -= 1
+            st.disconnects += 1
+        return False
     writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n")
 
     def send(data: bytes) -> None:
@@ -170,6 +185,18 @@ async def _stream(writer: asyncio.StreamWriter, reader: asyncio.StreamReader, bo
             st.disconnects += 1
 
 
+async def mute(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Hold the connection and answer nothing (``--mute``)."""
+    try:
+        while await reader.read(65536):
+            pass
+    except ConnectionError:
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            writer.close()
+
+
 async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     st = STATE
     try:
@@ -213,8 +240,8 @@ async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
             writer.close()
 
 
-async def main(port: int) -> None:
-    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=4096)
+async def main(port: int, silent: bool = False) -> None:
+    server = await asyncio.start_server(mute if silent else handle, "127.0.0.1", port, backlog=4096)
     address = server.sockets[0].getsockname()
     print(f"listening on http://{address[0]}:{address[1]}", flush=True)
     async with server:
@@ -224,10 +251,11 @@ async def main(port: int) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--mute", action="store_true", help="accept connections, answer nothing")
     args = parser.parse_args()
     try:
         import uvloop
 
-        uvloop.run(main(args.port))
+        uvloop.run(main(args.port, args.mute))
     except ImportError:
-        asyncio.run(main(args.port))
+        asyncio.run(main(args.port, args.mute))

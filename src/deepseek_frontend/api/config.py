@@ -74,6 +74,8 @@ class ServingLimits:
     queue_timeout: float = 10.0
     #: engine requests one worker runs at once (the engine client's connections are sized to match)
     max_requests_per_worker: int = 1024
+    #: seconds from sending a request to a worker to its response headers (sent before the prefill)
+    worker_response_timeout: float = 10.0
     #: seconds from sending a request to a worker to its first token
     first_token_timeout: float = 600.0
     #: seconds a started stream may go without a chunk from its worker

@@ -221,6 +221,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "match (default: %(default)g)",
     )
     limits.add_argument(
+        "--worker-response-timeout",
+        type=float,
+        default=LIMIT_DEFAULTS.worker_response_timeout,
+        help="seconds a worker may take to send the response headers of a generate request (SGLang and "
+        "vLLM send them before the prefill); then it is ejected as silent and its requests still "
+        "waiting for a first token move to another worker (default: %(default)g)",
+    )
+    limits.add_argument(
         "--first-token-timeout",
         type=float,
         default=LIMIT_DEFAULTS.first_token_timeout,

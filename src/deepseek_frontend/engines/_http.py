@@ -40,7 +40,12 @@ import httpx
 import orjson
 
 from deepseek_frontend.engines.base import EngineChunk, EngineClient, SamplingParams
-from deepseek_frontend.errors import EngineRejectedRequestError, EngineStreamError, EngineUnavailableError
+from deepseek_frontend.errors import (
+    EngineRejectedRequestError,
+    EngineStreamError,
+    EngineUnavailableError,
+    WorkerSilentError,
+)
 
 #: connections per worker; a frontend streams hundreds of requests to one worker at once
 MAX_CONNECTIONS = 1024
@@ -48,10 +53,18 @@ MAX_CONNECTIONS = 1024
 #: whole output (about 7 bytes an id), so this leaves room for ~2M tokens, and bounds what a worker
 #: that never sends a newline can make us buffer
 MAX_SSE_LINE_BYTES = 16 * 1024 * 1024
-#: seconds to wait for a worker to accept a request and send headers
+#: seconds to wait for a connection to a worker (the headers' wait: :data:`RESPONSE_TIMEOUT_S`)
 CONNECT_TIMEOUT_S = 10.0
 #: seconds an abort or health probe may take before we give up on it
 CONTROL_TIMEOUT_S = 5.0
+#: seconds from sending a generate request to its response headers. SGLang (0.5.23) returns its
+#: streaming response -- headers first -- before the request reaches the tokenizer manager, and vLLM
+#: after rendering the prompt but before scheduling it: the headers never wait for a prefill, so a
+#: worker that sends none within seconds is not computing, it is wedged.
+RESPONSE_TIMEOUT_S = 10.0
+#: aborts of unanswered requests (sent, no headers) one client runs at once: such a worker is likely
+#: silent, each abort may hang for the control timeout, and a burst of them must not pile up
+MAX_UNANSWERED_ABORTS = 8
 
 _SSE_HEADERS = {"content-type": "application/json", "accept": "text/event-stream"}
 
@@ -82,11 +95,16 @@ class StreamSession:
 
     The session is made on first use, inside the running event loop (aiohttp binds a session to its
     loop); used from another loop later (tests run one per test) it is replaced. No read timeout: a
-    stream may pause for a long prefill, and the pool's watchdog owns the deadlines.
+    stream may pause for a long prefill, and the pool's watchdog owns the deadlines. Only the wait
+    for a response's headers is bounded, by ``response_timeout_s`` (None: unbounded; see
+    :data:`RESPONSE_TIMEOUT_S`).
     """
 
-    def __init__(self, max_connections: int = MAX_CONNECTIONS) -> None:
+    def __init__(
+        self, max_connections: int = MAX_CONNECTIONS, response_timeout_s: float | None = RESPONSE_TIMEOUT_S
+    ) -> None:
         self.max_connections = max_connections
+        self.response_timeout_s = response_timeout_s
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -375,16 +393,22 @@ async def open_event_stream(
     """POST the JSON ``body`` to ``url`` and hold its SSE response open (status 200 checked); the
     block gets the response body's bytes as they arrive.
 
-    Raises, before the body is entered: :class:`EngineUnavailableError` when the worker cannot be reached
-    or answers 5xx / 408 / 429 (or any other non-200), :class:`EngineRejectedRequestError` with the
+    Raises, before the body is entered: :class:`WorkerSilentError` when the response headers do not
+    arrive within the session's ``response_timeout_s``; :class:`EngineUnavailableError` when the
+    worker cannot be reached or answers 5xx / 408 / 429 (or any other non-200),
+    :class:`EngineRejectedRequestError` with the
     worker's status and message for any other 4xx. Leaving the block before the body's end closes
     the connection -- which engines treat as an abort of an unfinished request; a body read to its
     end leaves the connection in the pool.
     """
+    limit = streams.response_timeout_s
     try:
-        response = await streams.session().post(url, data=body, headers=_SSE_HEADERS)
+        async with asyncio.timeout(limit):
+            response = await streams.session().post(url, data=body, headers=_SSE_HEADERS)
     except aiohttp.ClientError as exc:
         raise EngineUnavailableError(f"{name}: cannot reach worker: {exc!r}") from exc
+    except TimeoutError:
+        raise WorkerSilentError(f"{name}: no response headers within {limit:g} s") from None
     try:
         if response.status != 200:
             try:
@@ -432,6 +456,8 @@ class HTTPEngineClient(EngineClient):
         self._streams = streams or StreamSession()
         #: abort calls started in the background; :meth:`aclose` waits for them
         self._pending_aborts: set[asyncio.Task[None]] = set()
+        #: the ones of them for requests that got no response headers (bounded)
+        self._unanswered_aborts: set[asyncio.Task[None]] = set()
 
     async def check_health(self) -> bool:
         try:
@@ -469,6 +495,19 @@ class HTTPEngineClient(EngineClient):
             await self._abort_shielded(engine_id)
         else:
             self._abort_in_background(engine_id)
+
+    def _abort_unanswered(self, engine_id: str) -> None:
+        """Abort, in the background, a request that was sent but got no response headers (it timed
+        out, or its caller left while waiting): the worker may hold it, or take it up later.
+
+        Best effort and bounded: such a worker is probably silent, each abort may wait the control
+        timeout, so at most :data:`MAX_UNANSWERED_ABORTS` run at once and the others are not sent.
+        """
+        if len(self._unanswered_aborts) >= MAX_UNANSWERED_ABORTS:
+            return
+        task = self._abort_in_background(engine_id)
+        self._unanswered_aborts.add(task)
+        task.add_done_callback(self._unanswered_aborts.discard)
 
     async def aclose(self) -> None:
         """Wait for the aborts still running, then close the HTTP client if this client created it."""

@@ -20,13 +20,18 @@ chunk nothing is retried -- the client has seen tokens -- and the error propagat
 eject a worker; a passing health check re-admits it.
 Without a running health loop an ejected worker gets one trial request once
 ``readmit_after_s`` has passed (a half-open circuit), so a pool never stays empty forever.
+A worker that sends no response headers within ``StreamLimits.response_timeout_s``
+(:class:`~deepseek_frontend.errors.WorkerSilentError`) is ejected at once, and the requests still
+waiting for their first token on it move to other workers (:meth:`WorkerPool._silenced`); a
+passing probe re-admits it only once ``readmit_after_s`` has passed, a successful request at once.
 
 Health: the probe is each client's ``check_health`` (SGLang: ``GET /server_info``, which does not
 generate) bounded by ``health_timeout_s`` (default 30 s, above SGLang's own 20 s health wait), plus
 the outcomes of real requests. A slow worker that still answers is never charged a failure.
 
 Capabilities: :meth:`WorkerPool.start` asks every worker what it can serve
-(``EngineClient.discover``), and asks again when a worker is added or re-admitted, or passes a
+(``EngineClient.discover``; a worker gets no request before its first answer, and ``start`` may
+return before them, see its docstring), and asks again when a worker is added or re-admitted, or passes a
 probe while nothing is known about it. A request that needs a constraint kind goes only to workers
 that enforce it; :meth:`WorkerPool.capabilities` combines what the admitted workers reported
 (smallest context, largest output reservation, seeds only if all honour them).
@@ -70,7 +75,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from deepseek_frontend._tasks import cancel_and_wait
-from deepseek_frontend.engines._http import StreamSession, new_http_client
+from deepseek_frontend.engines._http import RESPONSE_TIMEOUT_S, StreamSession, new_http_client
 from deepseek_frontend.engines.base import (
     ConstraintKind,
     EngineChunk,
@@ -87,6 +92,8 @@ from deepseek_frontend.errors import (
     FrontendError,
     NoHealthyWorkerError,
     OverloadedError,
+    WorkerSilentError,
+    WorkersStartingError,
 )
 
 if TYPE_CHECKING:
@@ -136,6 +143,11 @@ class StreamLimits:
     * ``first_token_timeout_s``, ``idle_timeout_s`` (between chunks), ``request_timeout_s``
       (from the first attempt): on expiry the engine request is aborted, the worker is charged a
       failure and :class:`~deepseek_frontend.errors.EngineTimeoutError` (504) is raised.
+    * ``response_timeout_s``: from sending a request to the worker's response headers (which
+      SGLang and vLLM send before the prefill). On expiry the worker is ejected as silent, the
+      request moves to another worker (nothing reached the client yet), and so do the other
+      requests still waiting for their first token on it. Applied by the HTTP clients' stream
+      session (:func:`from_urls` passes it on).
     * ``vocab_size``: a token id outside ``0..vocab_size-1`` is the worker's fault
       (:class:`~deepseek_frontend.errors.EngineStreamError`, or a retry before the first token).
       Output beyond the request's ``max_new_tokens`` is always cut (finish ``length``).
@@ -148,6 +160,7 @@ class StreamLimits:
     idle_timeout_s: float | None = IDLE_TIMEOUT_S
     request_timeout_s: float | None = REQUEST_TIMEOUT_S
     vocab_size: int | None = None
+    response_timeout_s: float | None = RESPONSE_TIMEOUT_S
 
     @property
     def watched(self) -> bool:
@@ -169,16 +182,18 @@ class _Watch:
     """The deadline of one request's current wait on its worker (read by the watchdog).
 
     ``task`` is set only while the request awaits the worker, so a deadline never interrupts the
-    consumer's own work (a slow client write, say); ``fired`` tells the waiter why it was cancelled.
+    consumer's own work (a slow client write, say); ``fired`` tells the waiter why it was cancelled,
+    ``moved`` that its worker was found silent and the request should try another.
     """
 
-    __slots__ = ("deadline", "end", "fired", "limit_s", "task", "what")
+    __slots__ = ("deadline", "end", "fired", "limit_s", "moved", "task", "what")
 
     def __init__(self, now: float, request_timeout_s: float | None) -> None:
         self.end = now + request_timeout_s if request_timeout_s is not None else None
         self.deadline = 0.0
         self.task: asyncio.Task[object] | None = None
         self.fired = ""
+        self.moved = ""
         self.what = ""
         self.limit_s: float | None = None
 
@@ -272,6 +287,12 @@ class _Worker:
     capabilities: WorkerCapabilities | None = None
     #: why the pool's vet refuses this worker (None: usable)
     refused: str | None = None
+    #: its first discovery is still running (start-up): no request goes to it yet
+    discovering: bool = False
+    #: when it last left a request without response headers (None: not since its last success)
+    silent_at: float | None = None
+    #: the requests waiting for their first token on it (moved elsewhere when it falls silent)
+    waiting: set[_Watch] = field(default_factory=set)
 
     def can_enforce(self, kind: ConstraintKind) -> bool:
         """Whether this worker enforces constraints of ``kind`` (its client decides while unknown)."""
@@ -339,6 +360,8 @@ class WorkerPool:
         self._caps_refs: list[WorkerCapabilities | None] = []
         #: background capability discoveries of re-admitted workers (cancelled by aclose)
         self._discoveries: set[asyncio.Task[None]] = set()
+        #: :meth:`start`'s DNS resolution, first discoveries and router start (then the health loop)
+        self._startup: asyncio.Task[None] | None = None
         #: ``(url, capabilities) -> reason to refuse the worker, or None`` (see module docstring)
         self.vet: Callable[[str, WorkerCapabilities], str | None] | None = None
         self.name = "pool"
@@ -353,7 +376,7 @@ class WorkerPool:
         return [
             WorkerStatus(
                 w.url,
-                w.healthy,
+                w.healthy and not w.discovering,
                 w.in_flight,
                 w.consecutive_failures,
                 w.last_error,
@@ -362,6 +385,7 @@ class WorkerPool:
                     "failures": w.failures,
                     **w.extra,
                     **({"refused": w.refused} if w.refused is not None else {}),
+                    **({"discovery": "pending"} if w.discovering else {}),
                 },
             )
             for w in self._workers
@@ -369,8 +393,8 @@ class WorkerPool:
 
     @property
     def healthy_count(self) -> int:
-        """Admitted workers (a refused one is not admitted)."""
-        return sum(1 for w in self._workers if w.healthy and w.refused is None)
+        """Admitted workers (a refused one, or one still being discovered, is not admitted)."""
+        return sum(1 for w in self._workers if w.healthy and w.refused is None and not w.discovering)
 
     @property
     def in_flight(self) -> int:
@@ -475,12 +499,31 @@ class WorkerPool:
 
     def _record_success(self, worker: _Worker) -> None:
         worker.consecutive_failures = 0
+        worker.silent_at = None
         if not worker.healthy:
             worker.healthy = True
             worker.ejected_at = None
             logger.warning("re-admitting worker %s", worker.url)
             self._notify(worker)
             self._rediscover_later(worker)
+
+    def _silenced(self, worker: _Worker, error: str) -> None:
+        """``worker`` left a request without response headers: eject it at once, and move the other
+        requests waiting for their first token on it to other workers.
+
+        Its HTTP server is wedged, and a streamed answer -- a prefill finishing included -- comes
+        through that server: waiting for those requests' first-token deadline (minutes) would hold
+        them for nothing. Nothing of them reached a client yet, so they retry safely; each closes
+        its stream and sends a bounded, best-effort abort (the clients' ``_abort_unanswered``).
+        """
+        worker.silent_at = self._clock()
+        worker.consecutive_failures = max(worker.consecutive_failures, self.eject_after_failures - 1)
+        self._record_failure(worker, error)
+        for watch in list(worker.waiting):
+            task = watch.task
+            if task is not None and not watch.fired and not watch.moved:
+                watch.moved = f"{worker.url}: moved off a silent worker ({error})"
+                task.cancel()
 
     def _rediscover_later(self, worker: _Worker) -> None:
         """Ask a re-admitted worker its capabilities again (it may have restarted with other flags),
@@ -503,6 +546,7 @@ class WorkerPool:
             for w in self._workers
             if w.healthy
             and w.refused is None
+            and not w.discovering
             and id(w) not in tried
             and (kind is None or w.can_enforce(kind))
             and w.in_flight < self.limits.max_in_flight_per_worker
@@ -514,6 +558,7 @@ class WorkerPool:
                 for w in self._workers
                 if id(w) not in tried
                 and w.refused is None
+                and not w.discovering
                 and w.ejected_at is not None
                 and now - w.ejected_at >= self.readmit_after_s
                 and (kind is None or w.can_enforce(kind))
@@ -577,11 +622,17 @@ class WorkerPool:
             started = False
             if limits.watched:
                 self._watch(watch)
+            watch.moved = ""
+            worker.waiting.add(watch)
             try:
                 try:
                     first = await self._next(stream, watch, limits.first_token_timeout_s, "the first token")
                 except EngineUnavailableError as exc:
-                    self._record_failure(worker, exc.message)
+                    worker.waiting.discard(watch)
+                    if isinstance(exc, WorkerSilentError):
+                        self._silenced(worker, exc.message)
+                    elif not watch.moved:  # a moved request's worker was charged already
+                        self._record_failure(worker, exc.message)
                     errors.append(f"{worker.url}: {exc.message}")
                     continue
                 except (FrontendError, asyncio.CancelledError):
@@ -593,6 +644,7 @@ class WorkerPool:
                     errors.append(message)
                     continue
                 started = True
+                worker.waiting.discard(watch)
                 if ticket is not None:
                     ticket.first_token(first.cached_tokens)
                 if served is not None:
@@ -636,6 +688,7 @@ class WorkerPool:
                     ticket.end()
                 watch.task = None
                 self._watches.discard(watch)
+                worker.waiting.discard(watch)
                 worker.in_flight -= 1
                 self._total_in_flight -= 1
                 self._wake_capacity_waiter()
@@ -643,6 +696,10 @@ class WorkerPool:
                 if worker.in_flight == 0 and all(w is not worker for w in self._workers):
                     # removed by discovery while this request ran: close it now
                     await worker.client.aclose()
+        if not errors and any(w.discovering for w in self._workers):
+            raise WorkersStartingError(
+                "no engine worker is ready yet: the server is still discovering its workers; retry shortly"
+            )
         detail = "; ".join(errors) if errors else "no worker is admitted"
         raise NoHealthyWorkerError(f"no healthy engine worker could take the request ({detail})")
 
@@ -711,15 +768,16 @@ class WorkerPool:
         deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
         if watch.end is not None and (deadline is None or watch.end < deadline):
             deadline, what, timeout_s = watch.end, "the end of the request", self.limits.request_timeout_s
-        if deadline is None:
-            return await anext(stream)
-        watch.deadline = deadline
+        # no deadline: the task is still recorded, so a request can be moved off a silent worker
+        watch.deadline = deadline if deadline is not None else float("inf")
         watch.what = what
         watch.limit_s = timeout_s
         watch.task = task = asyncio.current_task()
         try:
             return await anext(stream)
         except asyncio.CancelledError:
+            if watch.moved and not watch.fired and task is not None and task.uncancel() == 0:
+                raise EngineUnavailableError(watch.moved) from None
             if watch.fired and task is not None and task.uncancel() == 0:
                 raise EngineTimeoutError(
                     f"the engine worker did not deliver {watch.fired} within {watch.limit_s:g} s; "
@@ -838,6 +896,10 @@ class WorkerPool:
                 ok, error = False, f"health check timed out after {self.health_timeout_s:g} s"
             except Exception as exc:  # a probe error is a failed check, whatever it is
                 ok, error = False, f"health check error: {exc!r}"
+            silent = worker.silent_at
+            if ok and silent is not None and self._clock() - silent < self.readmit_after_s:
+                # its probe answers, its generate did not: the probe alone does not re-admit it yet
+                return
             if ok:
                 self._record_success(worker)  # a re-admission asks for capabilities again
                 if worker.capabilities is None:
@@ -889,22 +951,57 @@ class WorkerPool:
             await asyncio.sleep(interval_s)
             await self.refresh_dns()
 
-    async def start(self) -> None:
-        """Resolve DNS sources once, then run health checks and discovery in the background."""
-        if self._dns_sources:
-            await self.refresh_dns()
-            interval = min(s.interval_s for s in self._dns_sources)
-            self._tasks.append(asyncio.create_task(self._dns_loop(interval)))
-        # before serving: the pipeline sizes default max_tokens and checks constraints with these
-        await asyncio.gather(*(self._discover(w) for w in self._workers if w.capabilities is None))
-        if self.router is not None:
-            await self.router.start()
+    async def start(self, *, wait_for_discovery: bool = True) -> None:
+        """Resolve DNS sources once and ask every worker what it serves, then run health checks
+        (and DNS refreshes) in the background.
+
+        A worker gets no request until its first discovery has answered or failed (the pipeline
+        sizes default ``max_tokens`` and checks constraints with what it learns): meanwhile its
+        status says ``discovery: pending`` and a request that finds no other worker gets
+        :class:`~deepseek_frontend.errors.WorkersStartingError` (503 with ``Retry-After``).
+        ``wait_for_discovery=False`` returns at once and lets all of that run in the background
+        (the server does, so that it answers ``/live`` while a worker is slow to answer);
+        :meth:`wait_discovered` waits for it.
+        """
+        pending = [w for w in self._workers if w.capabilities is None]
+        for w in pending:
+            w.discovering = True
+        self._startup = asyncio.create_task(self._start_up(pending))
+        if wait_for_discovery:
+            await self.wait_discovered()
+
+    async def wait_discovered(self) -> None:
+        """Return once :meth:`start`'s DNS resolution and first discoveries are done."""
+        if self._startup is not None:
+            await asyncio.shield(self._startup)
+
+    async def _start_up(self, pending: list[_Worker]) -> None:
+        async def first_discovery(worker: _Worker) -> None:
+            try:
+                await self._discover(worker)
+            finally:
+                worker.discovering = False
+                self._notify(worker)
+
+        try:
+            if self._dns_sources:
+                await self.refresh_dns()
+                interval = min(s.interval_s for s in self._dns_sources)
+                self._tasks.append(asyncio.create_task(self._dns_loop(interval)))
+            await asyncio.gather(*(first_discovery(w) for w in pending))
+            if self.router is not None:
+                await self.router.start()
+        finally:
+            for w in pending:
+                w.discovering = False
         if self.health_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._health_loop()))
 
     async def aclose(self) -> None:
         """Stop background tasks and close every client (and the shared HTTP client, if owned)."""
         self._tasks.extend(self._discoveries)
+        if self._startup is not None:
+            self._tasks.append(self._startup)
         await cancel_and_wait(*self._tasks)
         self._tasks.clear()
         if self.router is not None:
@@ -959,7 +1056,7 @@ def from_urls(
     # connections keep probes and aborts from queueing behind streams (a probe stuck there would
     # eject a healthy worker).
     shared = http or new_http_client(limits.max_in_flight + CONTROL_CONNECTIONS)
-    streams = StreamSession(limits.max_in_flight + CONTROL_CONNECTIONS)
+    streams = StreamSession(limits.max_in_flight + CONTROL_CONNECTIONS, limits.response_timeout_s)
     probe_timeout_s = float(pool_options.get("health_timeout_s", HEALTH_TIMEOUT_S))  # type: ignore[arg-type]
 
     def factory(url: str) -> EngineClient:

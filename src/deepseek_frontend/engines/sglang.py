@@ -16,7 +16,11 @@ length, the output slots EAGLE reserves, whether seeds take effect, the KV page 
 Failure mapping (the pool decides by type, never by message):
 
 * connect error, timeout, HTTP 5xx / 408 / 429, or a worker-side error event / broken stream before
-  any token -> :class:`EngineUnavailableError` (retry on another worker, counts against it);
+  any token -> :class:`EngineUnavailableError` (retry on another worker, counts against it); no
+  response headers within the stream session's ``response_timeout_s`` ->
+  :class:`~deepseek_frontend.errors.WorkerSilentError` (a subclass; SGLang's streaming ``/generate``
+  sends its headers before the request reaches the tokenizer manager, so they never wait for a
+  prefill), after which the request is aborted in the background;
 * HTTP 4xx otherwise, an error event with a 4xx ``code`` or ``"retryable": false``, or an abort
   finish ``{"type": "abort", "status_code": 4xx}`` (how SGLang refuses a grammar it cannot compile,
   or any grammar without a backend), before or after the first token ->
@@ -69,7 +73,7 @@ from deepseek_frontend.engines.base import (
     TokenLogprob,
     WorkerCapabilities,
 )
-from deepseek_frontend.errors import EngineRejectedRequestError, EngineUnavailableError
+from deepseek_frontend.errors import EngineRejectedRequestError, EngineUnavailableError, WorkerSilentError
 
 __all__ = ["GRAMMAR_BACKEND_KINDS", "SGLangClient", "capabilities_from_server_info", "new_http_client"]
 
@@ -329,6 +333,7 @@ class SGLangClient(HTTPEngineClient):
         running = False
         finished = False
         consumer_left = False
+        silent = False
         try:
             async with open_event_stream(
                 self._streams, self.name, self.base_url + "/generate", body
@@ -397,7 +402,13 @@ class SGLangClient(HTTPEngineClient):
         except (GeneratorExit, asyncio.CancelledError):
             consumer_left = True
             raise
+        except WorkerSilentError:
+            silent = True
+            raise
         finally:
+            if not running and (silent or consumer_left):
+                # sent but unanswered: the worker may hold the request, or take it up later
+                self._abort_unanswered(rid)
             if running and not finished:
                 await self._abort_unfinished(rid, consumer_left=consumer_left)
 

@@ -79,6 +79,7 @@ from deepseek_frontend.errors import (
     EngineRejectedRequestError,
     EngineUnavailableError,
     UnsupportedFeatureError,
+    WorkerSilentError,
 )
 
 __all__ = [
@@ -343,7 +344,7 @@ class VLLMClient(HTTPEngineClient):
         completion = 0
         #: the id vLLM runs the request under (the generate stream says; abort needs it)
         engine_id = _GENERATE_ID_PREFIX + request.request_id
-        running = finished = consumer_left = False
+        running = finished = consumer_left = silent = False
         try:
             # leaving the block closes the stream, which vLLM also treats as an abort
             url = self.base_url + path
@@ -414,7 +415,13 @@ class VLLMClient(HTTPEngineClient):
         except (GeneratorExit, asyncio.CancelledError):
             consumer_left = True
             raise
+        except WorkerSilentError:
+            silent = True
+            raise
         finally:
+            if not running and (silent or consumer_left) and not completions:
+                # sent but unanswered: the worker may hold the request, or take it up later
+                self._abort_unanswered(engine_id)
             # /v1/completions has no abort endpoint: closing its stream is the abort
             if running and not finished and not completions:
                 await self._abort_unfinished(engine_id, consumer_left=consumer_left)

@@ -1,0 +1,123 @@
+"""A worker that takes connections and never answers costs seconds, not the first-token timeout.
+
+Real sockets throughout: fake SGLang workers (fake_worker.py) as processes -- one healthy, one
+that answers ``/server_info`` but never answers ``/generate`` (mode ``silent``), one that answers
+nothing at all (``--mute``) -- behind ``serve`` with its default 600 s first-token timeout and a
+1 s worker response timeout. Every request must be answered by the healthy worker; the clients'
+30 s read timeout is the hang detector (a request held until the first-token timeout would trip
+it), not a speed measurement.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.reliability.conftest import set_fault, start_fake_worker, worker_stats
+from tests.support.servers import Server, start_frontend
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.timeout(120)
+
+#: far below the 600 s first-token timeout the frontend keeps: a request past it is a hang
+HANG_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def workers() -> Iterator[tuple[Server, Server, Server]]:
+    """(healthy, silent on /generate, mute) fake workers."""
+    started: list[Server] = []
+    try:
+        for flags in ((), (), ("--mute",)):
+            started.append(start_fake_worker(*flags))
+        healthy, silent, mute = started
+        set_fault(healthy, "ok", tokens=4, itl_ms=0)
+        set_fault(silent, "silent")
+        yield healthy, silent, mute
+    finally:
+        for server in started:
+            server.stop()
+            server.log_path.unlink(missing_ok=True)
+
+
+def workers_json(frontend: Server) -> dict[str, dict[str, Any]]:
+    body = httpx.get(frontend.url + "/health", timeout=5).json()
+    return {w["url"]: w for w in body["workers"]}
+
+
+def chat(frontend: Server, stream: bool) -> httpx.Response:
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": stream}
+    return httpx.post(frontend.url + "/v1/chat/completions", json=body, timeout=HANG_S)
+
+
+def test_requests_routed_to_silent_workers_are_answered_by_the_healthy_one(
+    workers: tuple[Server, Server, Server],
+) -> None:
+    healthy, silent, mute = workers
+    frontend = start_frontend(
+        *("--worker", healthy.url, "--worker", silent.url, "--worker", mute.url),
+        *("--health-check-interval", "0.2", "--health-check-timeout", "1"),
+        *("--worker-response-timeout", "1"),
+    )
+    try:
+        # the mute worker's discovery gives up after the 1 s probe timeout; from then on it is a candidate
+        wait_until(
+            lambda: all("discovery" not in w for w in workers_json(frontend).values()),
+            "every worker's first discovery ended",
+            timeout=HANG_S,
+        )
+        before = worker_stats(healthy)["generate"]
+        # least-outstanding routing spreads these over all three workers at once
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            answers = list(pool.map(lambda i: chat(frontend, stream=i % 2 == 0), range(12)))
+        for answer in answers:
+            assert answer.status_code == 200, answer.text
+            assert "error" not in answer.text
+        streamed = [a for i, a in enumerate(answers) if i % 2 == 0]
+        assert all(a.text.rstrip().endswith("data: [DONE]") for a in streamed)
+        assert worker_stats(healthy)["generate"] - before == 12  # each answered there, once
+        # the generate-silent worker got requests and saw them given up on (closed, and aborted)
+        assert worker_stats(silent)["generate"] >= 1
+        wait_until(lambda: worker_stats(silent)["open"] == 0, "the silent worker's streams were closed")
+        wait_until(lambda: worker_stats(silent)["aborts"] >= 1, "the silent worker was sent an abort")
+        # ejected as silent, and its passing /server_info probe does not re-admit it at once
+        states = workers_json(frontend)
+        assert states[silent.url]["healthy"] is False
+        assert "no response headers within 1 s" in (states[silent.url]["last_error"] or "")
+        assert states[healthy.url]["healthy"] is True
+        # later requests go to the healthy worker only
+        assert chat(frontend, stream=False).status_code == 200
+        assert worker_stats(healthy)["generate"] - before == 13
+    finally:
+        frontend.stop()
+
+
+def test_live_answers_while_the_only_worker_never_answers_discovery(
+    workers: tuple[Server, Server, Server],
+) -> None:
+    _, _, mute = workers
+    # discovery would wait 60 s for the mute worker: the server must answer meanwhile
+    frontend = start_frontend("--worker", mute.url, "--health-check-timeout", "60", expect_healthy=False)
+    try:
+        live = httpx.get(frontend.url + "/live", timeout=5)
+        assert live.status_code == 200
+        health = httpx.get(frontend.url + "/health", timeout=5)
+        assert health.status_code == 503
+        worker = health.json()["workers"][0]
+        assert worker["url"] == mute.url
+        assert worker["healthy"] is False
+        assert worker["discovery"] == "pending"
+        answer = chat(frontend, stream=False)
+        assert answer.status_code == 503
+        assert int(answer.headers["retry-after"]) >= 1
+        error = answer.json()["error"]
+        assert "discovering" in error["message"]
+        assert error["type"] == "service_unavailable"
+        # /live is still answered after that
+        assert httpx.get(frontend.url + "/live", timeout=5).status_code == 200
+    finally:
+        frontend.stop()
