@@ -55,6 +55,7 @@ from .http import (
     new_request_id,
 )
 from .http_protocol import LIVE_BODY
+from .logs import key_name
 from .memory import MemoryReleaser
 from .metrics import CONTENT_TYPE, FrontendMetrics
 from .state_config import open_state_store
@@ -219,6 +220,8 @@ class AuthMiddleware:
                 presented = value.strip()
         # every key compared (no early exit): the time taken does not tell which key was close
         if presented is not None and sum(hmac.compare_digest(presented, key) for key in self._keys):
+            # the request's log line names the key by a short digest (never the key itself)
+            scope.setdefault("state", {})["api_key_name"] = key_name(presented)
             await self.app(scope, receive, send)
             return
         message = "Missing API key" if presented is None else "Incorrect API key provided"
@@ -465,7 +468,7 @@ def create_app(
 
     tok = tokenizer if tokenizer is not None else _load_tokenizer(config)
     back = _Backend(backend, config.engine) if backend is not None else build_backend(config, tok)
-    metrics = FrontendMetrics()
+    metrics = FrontendMetrics(model=config.served_model_name)
     if hasattr(tok, "cache_stats"):
         metrics.watch_caches(tok.cache_stats)
     router = getattr(back.target, "router", None)

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from deepseek_frontend.tokenization import PromptTokenizer
 
     from .config import ServerConfig
-    from .metrics import FrontendMetrics
+    from .metrics import FrontendMetrics, RequestFigures
 
 log = logging.getLogger("deepseek_frontend.api")
 
@@ -307,6 +307,7 @@ class RequestTracker:
         "_release",
         "deferred",
         "endpoint",
+        "key_name",
         "metrics",
         "on_done",
         "request_id",
@@ -322,6 +323,8 @@ class RequestTracker:
         self.deferred = False
         #: error type of an in-band error event a stream ended with ('' if none)
         self.stream_error = ""
+        #: the API key's name in logs (api/logs.key_name), '' without API keys
+        self.key_name = ""
         self._done = False
         #: gives the request's admission slot back (set once admitted)
         self._release: Callable[[], None] | None = None
@@ -350,20 +353,42 @@ class RequestTracker:
         m.in_flight.labels(self.endpoint).dec()
         m.requests.labels(self.endpoint, str(status), error_type).inc()
         m.e2e.observe(elapsed)
-        log_request_done(self.request_id, self.endpoint, status, error_type, message, elapsed)
+        figures = m.ledger.take(self.request_id)
+        log_request_done(
+            self.request_id, self.endpoint, status, error_type, message, elapsed, figures, self.key_name
+        )
 
 
 def log_request_done(
-    request_id: str, endpoint: str, status: int, error_type: str, message: str, seconds: float
+    request_id: str,
+    endpoint: str,
+    status: int,
+    error_type: str,
+    message: str,
+    seconds: float,
+    figures: RequestFigures | None = None,
+    key_name: str = "",
 ) -> None:
-    """The one "request done" line of a request (INFO, WARNING for 5xx), with the error message if any."""
+    """The one "request done" line of a request (INFO, WARNING for 5xx), with the error message if any.
+
+    Fields: ``request_id``, ``endpoint``, ``status``, ``error_type``, ``model`` and ``key_name``
+    (``-`` when unknown), ``prompt_tokens``, ``cached_tokens``, ``completion_tokens`` (0 when the
+    request generated nothing), ``ttft_seconds`` (only when a token came) and ``seconds`` (total).
+    """
     extra: dict[str, object] = {
         "request_id": request_id,
         "endpoint": endpoint,
         "status": status,
         "error_type": error_type or "-",
-        "seconds": round(seconds, 4),
+        "model": (figures.model if figures is not None else "") or "-",
+        "key_name": key_name or "-",
+        "prompt_tokens": figures.prompt_tokens if figures is not None else 0,
+        "cached_tokens": figures.cached_tokens if figures is not None else 0,
+        "completion_tokens": figures.completion_tokens if figures is not None else 0,
     }
+    if figures is not None and figures.ttft is not None:
+        extra["ttft_seconds"] = round(figures.ttft, 4)
+    extra["seconds"] = round(seconds, 4)
     if message:
         extra["error"] = message
     log.log(logging.INFO if status < 500 else logging.WARNING, "request done", extra=extra)
@@ -389,6 +414,7 @@ def api_route(
             request_id = new_request_id(prefix)
             request.state.request_id = request_id
             tracker = RequestTracker(state.metrics, endpoint, request_id)
+            tracker.key_name = getattr(request.state, "api_key_name", "")
             try:
                 if request.method == "POST":
                     # the body first: a slow one holds a reader slot (per client address), never an

@@ -7,14 +7,21 @@ prints ``... request done request_id=chatcmpl-... status=200``.
 One event is always one line: the message, every field and a traceback have their control
 characters escaped (``\\n``, ``\\x1b``, ...), because they carry text from clients and workers (an
 engine error message, a model name) that could otherwise forge log lines or terminal escapes.
+
+``configure_logging(fmt="json")`` writes every record as one JSON object per line instead
+(:class:`JsonFormatter`): ``ts``, ``level``, ``logger``, ``message`` and the extra fields under
+their own names. JSON escapes control characters itself, so a line stays one line.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 import sys
 import time
+
+import orjson
 
 #: characters a log line must not carry raw: C0 controls, DEL, C1 controls, line/paragraph separators
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -61,10 +68,47 @@ class KeyValueFormatter(logging.Formatter):
         return line
 
 
-def configure_logging(level: str = "info") -> None:
-    """Send every log line (ours and uvicorn's) to stderr through :class:`KeyValueFormatter`."""
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ``{"ts", "level", "logger", "message", <extras>..., "exc"}``.
+
+    Extra fields keep their types (numbers stay numbers); a value JSON cannot hold is written as
+    its ``str``. A field named like one of the four fixed keys is written as ``extra_<name>``.
+    """
+
+    def format(self, record: logging.LogRecord) -> str:
+        ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+        out: dict[str, object] = {
+            "ts": f"{ts}.{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key, value in record.__dict__.items():
+            if key in _STANDARD_ATTRS or key.startswith("_"):
+                continue
+            out[f"extra_{key}" if key in out else key] = value
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return orjson.dumps(out, default=str).decode()
+
+
+LOG_FORMATS = ("text", "json")
+
+
+def key_name(key: bytes) -> str:
+    """How logs name an API key that has no name: ``key-`` and 8 hex digits of its SHA-256.
+
+    Enough to tell a deployment's keys apart, not to recover one (keys are long random strings).
+    """
+    return "key-" + hashlib.sha256(key).hexdigest()[:8]
+
+
+def configure_logging(level: str = "info", fmt: str = "text") -> None:
+    """Send every log line (ours and uvicorn's) to stderr, as ``key=value`` text or JSON (``fmt``)."""
+    if fmt not in LOG_FORMATS:
+        raise ValueError(f"log format {fmt!r}: expected one of {', '.join(LOG_FORMATS)}")
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(KeyValueFormatter())
+    handler.setFormatter(JsonFormatter() if fmt == "json" else KeyValueFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

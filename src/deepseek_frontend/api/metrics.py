@@ -9,6 +9,7 @@ counters are incremented once per request.
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -163,12 +164,79 @@ def _format_bound(bound: float) -> str:
     return repr(float(bound))
 
 
-class FrontendMetrics:
-    """All metrics of one server. ``render()`` gives the Prometheus text exposition."""
+class RequestFigures:
+    """What a request's "request done" log line reports beyond its status (see :class:`RequestLedger`)."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    __slots__ = ("cached_tokens", "completion_tokens", "model", "prompt_tokens", "ttft")
+
+    def __init__(self) -> None:
+        self.model = ""
+        self.prompt_tokens = 0
+        self.cached_tokens = 0
+        self.completion_tokens = 0
+        #: seconds from arrival to the first engine chunk of the earliest choice; None: no token came
+        self.ttft: float | None = None
+
+
+class RequestLedger:
+    """Per-request figures the pipeline notes (first token, usage) for the request's log line.
+
+    Keyed by request id; the request's tracker takes its entry when the request is done. Bounded:
+    an entry nobody takes (a request that ended before its stream closed) is evicted after
+    ``size`` newer ones, so the ledger never grows with traffic.
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._entries: OrderedDict[str, RequestFigures] = OrderedDict()
+
+    def _entry(self, request_id: str) -> RequestFigures:
+        entry = self._entries.get(request_id)
+        if entry is None:
+            entry = self._entries[request_id] = RequestFigures()
+            if len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+        return entry
+
+    def first_token(self, request_id: str, seconds: float) -> None:
+        """A choice's first engine chunk came ``seconds`` after the request arrived."""
+        entry = self._entry(request_id)
+        if entry.ttft is None or seconds < entry.ttft:
+            entry.ttft = seconds
+
+    def usage(self, request_id: str, model: str, prompt: int, cached: int, completion: int) -> None:
+        """A choice ended: the prompt counts once per request, completions add up over choices."""
+        entry = self._entry(request_id)
+        entry.model = model
+        entry.prompt_tokens = max(entry.prompt_tokens, prompt)
+        entry.cached_tokens = max(entry.cached_tokens, cached)
+        entry.completion_tokens += completion
+
+    def take(self, request_id: str) -> RequestFigures | None:
+        """The request's figures, removed from the ledger (None if nothing was noted)."""
+        return self._entries.pop(request_id, None)
+
+
+class FrontendMetrics:
+    """All metrics of one server. ``render()`` gives the Prometheus text exposition.
+
+    ``model`` (the served model name) is exported as ``<prefix>_model_info{model="..."} 1``: one
+    process serves one model, so dashboards and alerts attribute every other series of the same
+    scrape target to that model by joining on the target (recipes/observability).
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None, model: str | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.ledger = RequestLedger()
+        self.model_info = Gauge(
+            f"{PREFIX}_model_info",
+            "1 for the model this server serves (its served name).",
+            ["model"],
+            registry=r,
+        )
+        if model is not None:
+            self.model_info.labels(model).set(1)
         self.requests = Counter(
             f"{PREFIX}_requests",
             "Finished HTTP requests by endpoint, status code and error type ('' on success).",

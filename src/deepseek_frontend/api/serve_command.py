@@ -395,6 +395,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="info",
         help="log level (default: info)",
     )
+    http.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="text: key=value lines; json: one JSON object per line (default: text)",
+    )
 
 
 def _descriptors_for(connections: int) -> int:
@@ -448,7 +454,7 @@ def run(args: argparse.Namespace) -> int:
     from deepseek_frontend.api.logs import configure_logging
     from deepseek_frontend.errors import FrontendError
 
-    configure_logging(args.log_level)
+    configure_logging(args.log_level, args.log_format)
     log = logging.getLogger("deepseek_frontend.serve")
     try:
         config = ServerConfig.from_args(args)

@@ -896,6 +896,7 @@ class ChoiceStream:
         self._last_chunk_at = now
         if self._metrics is not None:
             self._metrics.ttft.observe(now - self._prepared.arrival)
+            self._metrics.ledger.first_token(self._prepared.request_id, now - self._prepared.arrival)
 
     def __aiter__(self) -> AsyncIterator[PipelineChunk]:
         return self._run()
@@ -955,6 +956,14 @@ class ChoiceStream:
         if metrics is not None:
             metrics.detokenization.observe(self._detok_seconds)
             metrics.generation_tokens.inc(self._usage.completion_tokens)
+            usage = self._usage
+            metrics.ledger.usage(
+                self._prepared.request_id,
+                self._prepared.request.response_model,
+                usage.prompt_tokens,
+                usage.cached_tokens,
+                usage.completion_tokens,
+            )
             dropped = getattr(self._parser, "dropped_undeclared_calls", 0) if self._parser is not None else 0
             if isinstance(dropped, int) and dropped:
                 metrics.dropped_tool_calls.inc(dropped)
