@@ -50,3 +50,25 @@ def sdk(server: Any, key: str = API_KEY) -> openai.OpenAI:
 @pytest.fixture()
 def client(stored_server: Server) -> openai.OpenAI:
     return sdk(stored_server)
+
+
+#: the first turn of the two-turn conversation the stored-state tests chain
+FIRST_TURN = "My name is Ada. Reply with exactly: noted"
+SECOND_TURN = "What is my name?"
+
+
+def assert_same_prompt_as_resent(client: openai.OpenAI, stored: Any, earlier_output: list[Any]) -> None:
+    """``stored`` (a response continuing the first turn) read a prompt exactly as long as the same
+    conversation resent whole by the client (``store: false``): the first turn, ``earlier_output``,
+    then the second turn."""
+    resent = client.responses.create(
+        model=MODEL,
+        store=False,
+        input=[
+            {"role": "user", "content": FIRST_TURN},
+            *[item.model_dump(exclude_none=True) for item in earlier_output],
+            {"role": "user", "content": SECOND_TURN},
+        ],
+    )
+    assert stored.usage is not None and resent.usage is not None
+    assert stored.usage.input_tokens == resent.usage.input_tokens

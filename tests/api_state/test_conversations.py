@@ -5,7 +5,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from .conftest import MODEL
+from .conftest import MODEL, assert_same_prompt_as_resent
 
 
 def test_conversation_lifecycle(client: openai.OpenAI) -> None:
@@ -60,17 +60,7 @@ def test_responses_in_a_conversation_read_and_extend_it(client: openai.OpenAI) -
     assert [i.id for i in items][1:] == [o.id for o in first.output]
     assert items[0].type == "message" and items[0].role == "user"  # type: ignore[union-attr]
     second = client.responses.create(model=MODEL, conversation={"id": conv.id}, input="What is my name?")
-    resent = client.responses.create(
-        model=MODEL,
-        store=False,
-        input=[
-            {"role": "user", "content": "My name is Ada. Reply with exactly: noted"},
-            *[o.model_dump(exclude_none=True) for o in first.output],
-            {"role": "user", "content": "What is my name?"},
-        ],
-    )
-    assert second.usage is not None and resent.usage is not None
-    assert second.usage.input_tokens == resent.usage.input_tokens
+    assert_same_prompt_as_resent(client, second, first.output)
     assert len(client.conversations.items.list(conv.id, limit=100).data) == 2 + len(first.output) + len(
         second.output
     )

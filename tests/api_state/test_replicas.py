@@ -7,7 +7,7 @@ import time
 
 from tests.support.postgres import PostgresServer, create_database
 
-from .conftest import MODEL, sdk, start_stored
+from .conftest import MODEL, assert_same_prompt_as_resent, sdk, start_stored
 
 
 def test_a_chain_continues_on_another_replica(postgres_server: PostgresServer) -> None:
@@ -16,17 +16,7 @@ def test_a_chain_continues_on_another_replica(postgres_server: PostgresServer) -
         a, b = sdk(one), sdk(two)
         first = a.responses.create(model=MODEL, input="My name is Ada. Reply with exactly: noted")
         second = b.responses.create(model=MODEL, previous_response_id=first.id, input="What is my name?")
-        resent = b.responses.create(
-            model=MODEL,
-            store=False,
-            input=[
-                {"role": "user", "content": "My name is Ada. Reply with exactly: noted"},
-                *[o.model_dump(exclude_none=True) for o in first.output],
-                {"role": "user", "content": "What is my name?"},
-            ],
-        )
-        assert second.usage is not None and resent.usage is not None
-        assert second.usage.input_tokens == resent.usage.input_tokens
+        assert_same_prompt_as_resent(b, second, first.output)
         assert a.responses.retrieve(second.id).previous_response_id == first.id
         conv = a.conversations.create()
         b.responses.create(model=MODEL, conversation=conv.id, input="hello")

@@ -8,7 +8,7 @@ import pytest
 
 from tests.support.servers import Server
 
-from .conftest import API_KEY, MODEL
+from .conftest import API_KEY, MODEL, assert_same_prompt_as_resent
 
 
 def test_responses_are_stored_by_default_and_retrieved_as_returned(client: openai.OpenAI) -> None:
@@ -31,17 +31,7 @@ def test_previous_response_id_continues_as_if_everything_was_resent(client: open
     second = client.responses.create(model=MODEL, previous_response_id=first.id, input="What is my name?")
     assert second.previous_response_id == first.id and second.status == "completed"
     # the same conversation resent by the client: the same prompt, so the same prompt length
-    resent = client.responses.create(
-        model=MODEL,
-        store=False,
-        input=[
-            {"role": "user", "content": "My name is Ada. Reply with exactly: noted"},
-            *[item.model_dump(exclude_none=True) for item in first.output],
-            {"role": "user", "content": "What is my name?"},
-        ],
-    )
-    assert second.usage is not None and resent.usage is not None
-    assert second.usage.input_tokens == resent.usage.input_tokens
+    assert_same_prompt_as_resent(client, second, first.output)
     # a chain of three: the third turn sees both earlier ones
     third = client.responses.create(model=MODEL, previous_response_id=second.id, input="And again?")
     assert third.usage is not None and third.usage.input_tokens > second.usage.input_tokens
@@ -92,16 +82,7 @@ def test_item_reference_brings_back_a_stored_item(client: openai.OpenAI) -> None
             {"role": "user", "content": "What is my name?"},
         ],
     )
-    resent = client.responses.create(
-        model=MODEL,
-        store=False,
-        input=[
-            {"role": "user", "content": "My name is Ada. Reply with exactly: noted"},
-            {"role": "user", "content": "What is my name?"},
-        ],
-    )
-    assert referenced.usage is not None and resent.usage is not None
-    assert referenced.usage.input_tokens == resent.usage.input_tokens
+    assert_same_prompt_as_resent(client, referenced, [])
     with pytest.raises(openai.NotFoundError) as err:
         client.responses.create(model=MODEL, input=[{"type": "item_reference", "id": "msg_missing"}])
     assert err.value.body is not None and err.value.body["param"] == "input[0].id"  # type: ignore[index]
