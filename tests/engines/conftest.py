@@ -118,10 +118,11 @@ async def collect(client: EngineClient, request: GenerateRequest) -> tuple[list[
 
 
 @asynccontextmanager
-async def serve_app(app: Any) -> AsyncIterator[str]:
-    """Serve an ASGI app on a free localhost port in this event loop; yields its base URL."""
+async def serve_app(app: Any, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
+    """Serve an ASGI app on ``host:port`` (default: a free localhost port) in this event loop; yields
+    its base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((host, port))
     port = sock.getsockname()[1]
     server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off", access_log=False))
     task = asyncio.create_task(server.serve(sockets=[sock]))
@@ -130,7 +131,7 @@ async def serve_app(app: Any) -> AsyncIterator[str]:
             task.result()
         await asyncio.sleep(0.005)
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://{host}:{port}"
     finally:
         server.should_exit = True
         await task

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -86,7 +84,7 @@ class _Fake:
         if host is None:
             self.url = await self._stack.enter_async_context(serve_app(app))
         else:
-            self.url = await self._stack.enter_async_context(_serve_at(app, host, port))
+            self.url = await self._stack.enter_async_context(serve_app(app, host, port))
         return self.url
 
     async def close(self) -> None:
@@ -99,24 +97,6 @@ class _Fake:
                 yield part
         finally:
             self.open -= 1
-
-
-@contextlib.asynccontextmanager
-async def _serve_at(app: Starlette, host: str, port: int) -> AsyncIterator[str]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind((host, port))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off", access_log=False))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.005)
-    try:
-        yield f"http://{host}:{sock.getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
 
 
 class FakeSGLangPd(_Fake):
