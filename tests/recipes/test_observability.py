@@ -131,6 +131,10 @@ def test_every_dashboard_query_names_only_exported_metrics_and_labels(exported: 
     assert len(exprs) >= 15
     for title, expr in exprs:
         assert problems(expr, exported) == [], f"panel {title!r}: {expr}"
+        # per model: filtered by the dashboard's model variable, one series per model
+        assert 'model_info{model=~"$model"}' in expr and "model" in names(expr).grouping, title
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(set(ids)) == len(ids), "panel ids are unique"
     (variable,) = [v for v in dashboard["templating"]["list"] if v["name"] == "model"]
     assert problems(variable["definition"].removeprefix("label_values(").split(",")[0], exported) == []
 
