@@ -76,7 +76,8 @@ def rule_exprs(rules: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def aggregated() -> Iterator[tuple[Server, Exported]]:
+def aggregated() -> Iterator[tuple[Server, Exported, str]]:
+    """The server, its scrape, and the id of a streamed request that ran while another was refused."""
     with (
         start_sim_engine("--itl-ms", "50") as worker,
         start_frontend(
@@ -90,6 +91,7 @@ def aggregated() -> Iterator[tuple[Server, Exported]]:
             "POST", fe.url + "/v1/chat/completions", json=body, headers=auth, timeout=30
         ) as first:
             assert first.status_code == 200
+            streamed_id = first.headers["x-request-id"]
             lines = first.iter_lines()  # kept: a dropped iterator would close the stream
             next(lines)  # admitted and streaming: the one slot is taken
             second = httpx.post(fe.url + "/v1/chat/completions", json={**body, "stream": False}, headers=auth)
@@ -98,7 +100,7 @@ def aggregated() -> Iterator[tuple[Server, Exported]]:
                 pass
         done = httpx.post(fe.url + "/v1/chat/completions", json={**body, "stream": False}, headers=auth)
         assert done.status_code == 200, done.text
-        yield fe, scrape(fe, auth)
+        yield fe, scrape(fe, auth), streamed_id
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +119,7 @@ def disaggregated() -> Iterator[Exported]:
 
 
 @pytest.fixture(scope="module")
-def exported(aggregated: tuple[Server, Exported], disaggregated: Exported) -> Exported:
+def exported(aggregated: tuple[Server, Exported, str], disaggregated: Exported) -> Exported:
     out: Exported = {}
     for scraped in (aggregated[1], disaggregated):
         for name, labels in scraped.items():
@@ -178,8 +180,8 @@ def test_a_renamed_metric_or_label_fails_the_check(exported: Exported) -> None:
     assert problems("sum(rate(deepseek_frontend_requests_total[5m])", exported)
 
 
-def test_the_model_info_metric_names_the_served_model(aggregated: tuple[Server, Exported]) -> None:
-    fe, _ = aggregated
+def test_the_model_info_metric_names_the_served_model(aggregated: tuple[Server, Exported, str]) -> None:
+    fe, _, _ = aggregated
     auth = {"Authorization": f"Bearer {API_KEY}"}
     served = httpx.get(fe.url + "/v1/models", headers=auth, timeout=10).json()["data"][0]["id"]
     text = httpx.get(fe.url + "/metrics", headers=auth, timeout=10).text
@@ -188,9 +190,9 @@ def test_the_model_info_metric_names_the_served_model(aggregated: tuple[Server, 
 
 
 def test_json_logs_have_one_line_per_request_with_model_key_tokens_and_timings(
-    aggregated: tuple[Server, Exported],
+    aggregated: tuple[Server, Exported, str],
 ) -> None:
-    fe, _ = aggregated
+    fe, _, streamed_id = aggregated
     auth = {"Authorization": f"Bearer {API_KEY}"}
     served = httpx.get(fe.url + "/v1/models", headers=auth, timeout=10).json()["data"][0]["id"]
     body = {"model": served, "messages": MESSAGES, "max_tokens": 12}
@@ -210,5 +212,8 @@ def test_json_logs_have_one_line_per_request_with_model_key_tokens_and_timings(
     assert done["cached_tokens"] == (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     assert 0 < done["ttft_seconds"] <= done["seconds"]
     assert API_KEY not in fe.log(), "the key itself is never logged"
+    (streamed,) = [r for r in records if r.get("request_id") == streamed_id]
+    assert streamed["status"] == 200 and streamed["completion_tokens"] > 0
+    assert 0 < streamed["ttft_seconds"] < streamed["seconds"], "a stream's first token comes before its end"
     refused = [r for r in records if r["message"] == "request done" and r["status"] == 429]
     assert refused and refused[0]["error_type"] != "-" and refused[0]["key_name"] == done["key_name"]
