@@ -5,11 +5,13 @@ that answers ``/server_info`` but never answers ``/generate`` (mode ``silent``),
 nothing at all (``--mute``) -- behind ``serve`` with its default 600 s first-token timeout and a
 1 s worker response timeout. Every request must be answered by the healthy worker; the clients'
 30 s read timeout is the hang detector (a request held until the first-token timeout would trip
-it), not a speed measurement.
+it), not a speed measurement. The last test drives a worker pool directly over the same sockets,
+to order two requests on the silent worker.
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 from collections.abc import Iterator
 from typing import Any
@@ -17,6 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
+from deepseek_frontend.engines.base import GenerateRequest, SamplingParams
+from deepseek_frontend.engines.pool import StreamLimits, from_urls
+from deepseek_frontend.engines.sglang import SGLangClient
+from deepseek_frontend.errors import NoHealthyWorkerError
 from tests.reliability.conftest import set_fault, start_fake_worker, worker_stats
 from tests.support.servers import Server, start_frontend
 from tests.support.waiting import wait_until
@@ -121,3 +127,61 @@ def test_live_answers_while_the_only_worker_never_answers_discovery(
         assert httpx.get(frontend.url + "/live", timeout=5).status_code == 200
     finally:
         frontend.stop()
+
+
+def test_a_request_waiting_on_a_worker_found_silent_is_moved_before_its_own_timeout(
+    workers: tuple[Server, Server, Server],
+) -> None:
+    """Request A waits for headers on the silent worker; B is sent there later (pinned to it, so a
+    move ends it with an error naming the move). A's response timeout fires first: A goes on to
+    the healthy worker, and B is moved off the silent worker with it, before B's own timeout --
+    whose expiry would end B with "no response headers" instead."""
+    healthy, silent, _ = workers
+    response_timeout_s = 4.0
+
+    async def scenario() -> None:
+        pool = from_urls(
+            "sglang",
+            [silent.url],
+            limits=StreamLimits(response_timeout_s=response_timeout_s),
+            health_interval_s=0,
+        )
+        opened = worker_stats(silent)["open"]
+
+        async def answer(request_id: str) -> list[int]:
+            ids: list[int] = []
+            async for chunk in pool.generate(
+                GenerateRequest(request_id, [1, 2, 3], SamplingParams(max_new_tokens=4))
+            ):
+                ids.extend(chunk.token_ids)
+            return ids
+
+        async def pinned(request_id: str) -> str:
+            request = GenerateRequest(request_id, [1, 2, 3], SamplingParams(max_new_tokens=4))
+            with pytest.raises(NoHealthyWorkerError) as err:
+                async for _ in pool.generate_on(silent.url, request):
+                    pass
+            return err.value.message
+
+        async def silent_open(n: int) -> None:
+            while await asyncio.to_thread(lambda: worker_stats(silent)["open"]) < opened + n:
+                await asyncio.sleep(0.02)
+
+        first = asyncio.create_task(answer("A"))
+        await asyncio.wait_for(silent_open(1), HANG_S)
+        await asyncio.sleep(response_timeout_s / 2)  # B starts half a timeout after A
+        pool.add_client(SGLangClient(healthy.url))
+        second = asyncio.create_task(pinned("B"))
+        await asyncio.wait_for(silent_open(2), HANG_S)
+        assert await asyncio.wait_for(first, HANG_S) == [1000] * 4  # answered by the healthy worker
+        message = await asyncio.wait_for(second, HANG_S)
+        assert "moved off a silent worker" in message, message
+        statuses = {s.url: s for s in pool.statuses()}
+        assert statuses[silent.url].healthy is False
+        assert statuses[silent.url].extra["failures"] == 1  # charged once, not once per request
+        await pool.aclose()
+
+    aborts = worker_stats(silent)["aborts"]
+    asyncio.run(scenario())
+    wait_until(lambda: worker_stats(silent)["open"] == 0, "the silent worker's streams were closed")
+    wait_until(lambda: worker_stats(silent)["aborts"] >= aborts + 2, "both requests were aborted")

@@ -480,15 +480,16 @@ class WorkerPool:
     def _status(self, w: _Worker) -> WorkerStatus:
         return WorkerStatus(w.url, w.healthy, w.in_flight, w.consecutive_failures, w.last_error)
 
-    def _record_failure(self, worker: _Worker, error: str) -> None:
+    def _record_failure(self, worker: _Worker, error: str, *, eject: bool = False) -> None:
+        """Charge ``worker`` a failure; ``eject_after_failures`` in a row (or ``eject``) eject it."""
         worker.consecutive_failures += 1
         worker.failures += 1
         worker.last_error = error
-        if worker.healthy and worker.consecutive_failures >= self.eject_after_failures:
+        if worker.healthy and (eject or worker.consecutive_failures >= self.eject_after_failures):
             worker.healthy = False
             worker.ejected_at = self._clock()
             logger.warning(
-                "ejecting worker %s after %d failures: %s", worker.url, worker.consecutive_failures, error
+                "ejecting worker %s after %d failure(s): %s", worker.url, worker.consecutive_failures, error
             )
             if self.router is not None:
                 self.router.worker_failed(worker.url)  # a dead worker's cache is gone
@@ -517,12 +518,11 @@ class WorkerPool:
         its stream and sends a bounded, best-effort abort (the clients' ``_abort_unanswered``).
         """
         worker.silent_at = self._clock()
-        worker.consecutive_failures = max(worker.consecutive_failures, self.eject_after_failures - 1)
-        self._record_failure(worker, error)
+        self._record_failure(worker, error, eject=True)
         for watch in list(worker.waiting):
             task = watch.task
             if task is not None and not watch.fired and not watch.moved:
-                watch.moved = f"{worker.url}: moved off a silent worker ({error})"
+                watch.moved = f"moved off a silent worker ({error})"
                 task.cancel()
 
     def _rediscover_later(self, worker: _Worker) -> None:
