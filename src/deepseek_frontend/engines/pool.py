@@ -763,7 +763,9 @@ class WorkerPool:
 
         The deadline is the sooner of ``timeout_s`` from now and the request's end. The watchdog
         cancels the waiting task at the deadline (closing the worker stream, which aborts the engine
-        request); the cancellation is turned into the timeout error here.
+        request); the cancellation is turned into the timeout error here. A request moved off a
+        silent worker (:meth:`_silenced`) is cancelled the same way and gets
+        :class:`EngineUnavailableError`, which the caller retries on another worker.
         """
         deadline = None if timeout_s is None else asyncio.get_running_loop().time() + timeout_s
         if watch.end is not None and (deadline is None or watch.end < deadline):
