@@ -61,7 +61,7 @@ def _served_per_worker(url: str) -> dict[str, float]:
         if family.name == "deepseek_frontend_requests":
             for s in family.samples:
                 if s.name.endswith("_total") and s.labels.get("endpoint") == CHAT:
-                    served[s.labels["worker"]] = served.get(s.labels["worker"], 0) + s.value
+                    served[s.labels["process"]] = served.get(s.labels["process"], 0) + s.value
     return served
 
 
@@ -100,7 +100,7 @@ def _restarts(url: str) -> dict[str, float]:
     text = httpx.get(url + "/metrics", timeout=10).text
     for family in text_string_to_metric_families(text):
         if family.name == "deepseek_frontend_process_restarts":
-            return {s.labels["worker"]: s.value for s in family.samples if s.name.endswith("_total")}
+            return {s.labels["process"]: s.value for s in family.samples if s.name.endswith("_total")}
     raise AssertionError("no deepseek_frontend_process_restarts in /metrics")
 
 
@@ -189,11 +189,13 @@ def test_sigint_is_forwarded_once_as_a_graceful_stop() -> None:
         server.stop()
 
 
-def test_merged_metrics_keep_each_family_in_one_block_with_a_worker_label() -> None:
+def test_merged_metrics_keep_each_family_in_one_block_with_a_process_label() -> None:
     one = (
         "# HELP x_requests_total requests\n# TYPE x_requests_total counter\n"
         'x_requests_total{endpoint="/a"} 3.0\n'
         "# HELP x_cache_bytes bytes\n# TYPE x_cache_bytes gauge\nx_cache_bytes 10.0\n"
+        "# HELP x_worker_in_flight in flight\n# TYPE x_worker_in_flight gauge\n"
+        'x_worker_in_flight{worker="http://w:1"} 2.0\n'
     )
     two = (
         "# HELP x_requests_total requests\n# TYPE x_requests_total counter\n"
@@ -205,12 +207,15 @@ def test_merged_metrics_keep_each_family_in_one_block_with_a_worker_label() -> N
     requests = families["x_requests"]
     assert requests.type == "counter"
     values = {
-        (s.labels["worker"], s.labels["endpoint"]): s.value
+        (s.labels["process"], s.labels["endpoint"]): s.value
         for s in requests.samples
         if s.name.endswith("_total")
     }
     assert values == {("0", "/a"): 3.0, ("1", "/a"): 4.0}
-    assert {s.labels["worker"]: s.value for s in families["x_cache_bytes"].samples} == {"0": 10.0, "1": 5.0}
+    assert {s.labels["process"]: s.value for s in families["x_cache_bytes"].samples} == {"0": 10.0, "1": 5.0}
     assert families["deepseek_frontend_metrics_workers_unreachable"].samples[0].value == 1.0
+    # an engine worker's own label survives the merge: the process index has a label of its own
+    (in_flight,) = families["x_worker_in_flight"].samples
+    assert in_flight.labels == {"worker": "http://w:1", "process": "0"}
     # the text format wants one block per family: each TYPE line appears once
     assert merged.count("# TYPE x_requests_total counter") == 1

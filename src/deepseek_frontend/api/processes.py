@@ -30,7 +30,8 @@ How it works (Linux / POSIX, ``os.fork``):
 * ``/metrics`` covers every process: each child also serves the app on a private Unix socket
   in a 0700 temporary directory; the process answering a scrape fetches its siblings' own
   metrics (``/metrics?scope=process``) through those sockets and returns all series with a
-  ``worker="<index>"`` label (``sum without (worker)`` in PromQL gives the pod's figure).
+  ``process="<index>"`` label (``sum without (process)`` in PromQL gives the pod's figure; the engine
+  workers' series keep their own ``worker`` label, the worker's URL).
 
 What is per process: the tokenizer's prefix and run caches (a conversation's follow-up that
 lands on another process tokenizes its prompt cold once there), the in-process simulated
@@ -108,7 +109,7 @@ class ProcessSlot:
     _clients: dict[int, Any] = field(default_factory=dict)
 
     def restart_counts(self) -> dict[str, int]:
-        """How often the supervisor forked each child again, by index (as the ``worker`` label)."""
+        """How often the supervisor forked each child again, by index (as the ``process`` label)."""
         if self.shared is None:
             return {}
         return {str(i): _read(self.shared, i) for i in range(self.count)}
@@ -154,7 +155,7 @@ class ProcessSlot:
         return sock
 
     async def sibling_metrics(self, own: bytes) -> bytes:
-        """Every process's metrics, each series labelled ``worker="<index>"`` (see module docstring).
+        """Every process's metrics, each series labelled ``process="<index>"`` (see module docstring).
 
         A sibling that does not answer within :data:`SIBLING_METRICS_TIMEOUT_S` is left out and
         counted in ``deepseek_frontend_metrics_workers_unreachable``.
@@ -208,7 +209,8 @@ def merge_expositions(
                 merged = families[family.name] = Metric(family.name, family.documentation, family.type)
                 merged.unit = family.unit
             for s in family.samples:
-                labels = {**s.labels, "worker": worker}
+                # "process", not "worker": the engine-worker series already carry worker=<URL>
+                labels = {**s.labels, "process": worker}
                 merged.samples.append(Sample(s.name, labels, s.value, s.timestamp, s.exemplar))
     gauge = Metric(
         "deepseek_frontend_metrics_workers_unreachable",
@@ -224,7 +226,7 @@ def merge_expositions(
             "counter",
         )
         for worker, value in restarts.items():
-            counter.add_sample("deepseek_frontend_process_restarts_total", {"worker": worker}, float(value))
+            counter.add_sample("deepseek_frontend_process_restarts_total", {"process": worker}, float(value))
         families[counter.name] = counter
 
     class _Merged:
