@@ -39,6 +39,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from deepseek_frontend._tracing import tracer_from_env
 from deepseek_frontend.errors import AuthenticationError, FrontendError, RequestError
 from deepseek_frontend.state import purge_forever
 
@@ -516,6 +517,9 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        # per process (after any fork: the exporter's thread does not survive one); first, so a
+        # configuration that cannot be met stops the start-up before anything runs
+        state.tracer = tracer_from_env()
         await back.start()
         # Everything allocated at startup (tokenizer tables, grammars, caches) lives forever:
         # move it out of the collector's sight so full collections stay short under load.
@@ -529,6 +533,9 @@ def create_app(
         finally:
             sweeper.cancel()
             purger.cancel()
+            tracer, state.tracer = state.tracer, None
+            if tracer is not None:
+                await asyncio.to_thread(tracer.shutdown)  # exports what is buffered
             runs = state.extra.get("background_runs")  # made on the first background response
             if runs is not None:
                 await runs.aclose()  # before the store closes: their responses are marked failed

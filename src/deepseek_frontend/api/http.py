@@ -30,6 +30,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from deepseek_frontend import _tracing
 from deepseek_frontend._tasks import DisconnectWatch
 from deepseek_frontend.errors import FrontendError, PayloadTooLargeError, RequestError, RequestTimeoutError
 from deepseek_frontend.pipeline.offload import CURRENT_TURN, release_current_turn
@@ -41,6 +42,7 @@ from .memory import LARGE_BODY_BYTES, MemoryReleaser
 from .sse import MEDIA_TYPE, SSE_HEADERS
 
 if TYPE_CHECKING:
+    from deepseek_frontend._tracing import RequestTrace, Tracer
     from deepseek_frontend.pipeline.chat import ChatPipeline
     from deepseek_frontend.tokenization import PromptTokenizer
 
@@ -77,6 +79,8 @@ class FrontendState:
     arrivals: ArrivalPacer | None = None
     #: stored responses, conversations and kept reasoning (a ``state.StateStore``; opened by the lifespan)
     store: Any = None
+    #: OpenTelemetry traces of requests (``_tracing.tracer_from_env``; None: tracing off)
+    tracer: Tracer | None = None
 
 
 def get_state(request: Request) -> FrontendState:
@@ -313,6 +317,7 @@ class RequestTracker:
         "request_id",
         "started",
         "stream_error",
+        "trace",
     )
 
     def __init__(self, metrics: FrontendMetrics, endpoint: str, request_id: str) -> None:
@@ -330,6 +335,8 @@ class RequestTracker:
         self._release: Callable[[], None] | None = None
         #: called once when the request is done (a large request's MemoryReleaser.finished)
         self.on_done: Callable[[], None] | None = None
+        #: the request's spans (tracing on), ended by :meth:`finish`
+        self.trace: RequestTrace | None = None
         metrics.in_flight.labels(endpoint).inc()
 
     def finish(self, status: int, error_type: str = "", message: str = "") -> None:
@@ -354,9 +361,29 @@ class RequestTracker:
         m.requests.labels(self.endpoint, str(status), error_type).inc()
         m.e2e.observe(elapsed)
         figures = m.ledger.take(self.request_id)
+        trace = self.trace
+        if trace is not None:
+            self.trace = None
+            trace.finish(status, error_type, message, _span_figures(figures, self.key_name))
         log_request_done(
             self.request_id, self.endpoint, status, error_type, message, elapsed, figures, self.key_name
         )
+
+
+def _span_figures(figures: RequestFigures | None, key_name: str) -> dict[str, Any]:
+    """The server span's closing attributes (OpenTelemetry's GenAI names where there is one)."""
+    out: dict[str, Any] = {}
+    if key_name:
+        out["deepseek.key_name"] = key_name
+    if figures is not None:
+        if figures.model:
+            out["gen_ai.request.model"] = figures.model
+        out["gen_ai.usage.input_tokens"] = figures.prompt_tokens
+        out["gen_ai.usage.output_tokens"] = figures.completion_tokens
+        out["deepseek.cached_tokens"] = figures.cached_tokens
+        if figures.ttft is not None:
+            out["deepseek.ttft_seconds"] = figures.ttft
+    return out
 
 
 def log_request_done(
@@ -415,6 +442,10 @@ def api_route(
             request.state.request_id = request_id
             tracker = RequestTracker(state.metrics, endpoint, request_id)
             tracker.key_name = getattr(request.state, "api_key_name", "")
+            # tracing off and no client traceparent: (None, None), nothing set
+            tracker.trace, trace_token = _tracing.enter(
+                state.tracer, request.method, request.url.path, request.headers, request_id
+            )
             try:
                 if request.method == "POST":
                     # the body first: a slow one holds a reader slot (per client address), never an
@@ -430,7 +461,8 @@ def api_route(
                     # that queues here must not hold its loop turn (read_json takes a new one).
                     if not admission.can_enter():
                         release_current_turn()
-                    refusal = await admission.enter()
+                    with _tracing.phase("admission"):
+                        refusal = await admission.enter()
                     if refusal is not None:
                         # answered without raising (see Admission.enter): the cheapest answer there is
                         response = error_response(refusal, render)
@@ -445,6 +477,8 @@ def api_route(
                 finally:
                     # the loop turn (TurnGate, read_json) ends with the handler at the latest
                     release_current_turn()
+                if tracker.trace is not None:
+                    tracker.trace.responding()
             except Exception as exc:
                 err = as_frontend_error(exc)
                 response = error_response(err, render)
@@ -459,6 +493,8 @@ def api_route(
             else:
                 if not tracker.deferred:
                     tracker.finish(response.status_code)
+            finally:
+                _tracing.leave(trace_token)
             response.headers.setdefault(
                 REQUEST_ID_HEADER, request.headers.get(REQUEST_ID_HEADER) or request_id
             )

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterator, Mapping
 from typing import Any, ClassVar, NoReturn
 
 import aiohttp
@@ -388,10 +388,15 @@ class StreamProgress:
 
 @contextlib.asynccontextmanager
 async def open_event_stream(
-    streams: StreamSession, name: str, url: str, body: bytes
+    streams: StreamSession,
+    name: str,
+    url: str,
+    body: bytes,
+    extra_headers: Mapping[str, str] | None = None,
 ) -> AsyncIterator[AsyncIterator[bytes]]:
     """POST the JSON ``body`` to ``url`` and hold its SSE response open (status 200 checked); the
-    block gets the response body's bytes as they arrive.
+    block gets the response body's bytes as they arrive. ``extra_headers`` (the request's trace
+    context) go with the request.
 
     Raises, before the body is entered: :class:`WorkerSilentError` when the response headers do not
     arrive within the session's ``response_timeout_s``; :class:`EngineUnavailableError` when the
@@ -404,7 +409,8 @@ async def open_event_stream(
     limit = streams.response_timeout_s
     try:
         async with asyncio.timeout(limit):
-            response = await streams.session().post(url, data=body, headers=_SSE_HEADERS)
+            headers = _SSE_HEADERS if not extra_headers else {**_SSE_HEADERS, **extra_headers}
+            response = await streams.session().post(url, data=body, headers=headers)
     except aiohttp.ClientError as exc:
         raise EngineUnavailableError(f"{name}: cannot reach worker: {exc!r}") from exc
     except TimeoutError:

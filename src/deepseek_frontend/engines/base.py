@@ -69,6 +69,10 @@ class GenerateRequest:
     #: (SGLang ``bootstrap_host`` / ``bootstrap_port`` / ``bootstrap_room`` and DP rank hints, vLLM
     #: ``kv_transfer_params``; routing/pd.py). None for an ordinary request.
     extra_fields: Mapping[str, Any] | None = None
+    #: W3C trace context headers (``traceparent``, ``tracestate``) the engine client sends with the
+    #: request, naming the frontend's engine span (or the client's own, passed through) as the
+    #: worker's parent; None: none sent
+    trace_headers: Mapping[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,6 +74,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from deepseek_frontend import _tracing
 from deepseek_frontend._tasks import cancel_and_wait
 from deepseek_frontend.engines._http import RESPONSE_TIMEOUT_S, StreamSession, new_http_client
 from deepseek_frontend.engines.base import (
@@ -609,8 +610,15 @@ class WorkerPool:
         limits = self.limits
         watch = _Watch(asyncio.get_running_loop().time(), limits.request_timeout_s)
         for _ in range(self.max_attempts):
-            await self._await_capacity()
-            worker = self._pick(tried, kind, request if routed else None)
+            with _tracing.phase("routing") as span:
+                await self._await_capacity()
+                worker = self._pick(tried, kind, request if routed else None)
+                if span is not None:
+                    router = self.router.mode if self.router is not None else "least-in-flight"
+                    url = worker.url if worker is not None else ""
+                    span.set_attributes(
+                        {"deepseek.worker": url, "deepseek.router": router, "deepseek.attempt": len(tried)}
+                    )
             if worker is None:
                 break
             tried.add(id(worker))

@@ -336,7 +336,7 @@ class SGLangClient(HTTPEngineClient):
         silent = False
         try:
             async with open_event_stream(
-                self._streams, self.name, self.base_url + "/generate", body
+                self._streams, self.name, self.base_url + "/generate", body, request.trace_headers
             ) as response_body:
                 running = True
                 try:

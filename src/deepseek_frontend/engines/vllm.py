@@ -348,7 +348,9 @@ class VLLMClient(HTTPEngineClient):
         try:
             # leaving the block closes the stream, which vLLM also treats as an abort
             url = self.base_url + path
-            async with open_event_stream(self._streams, self.name, url, body) as response_body:
+            async with open_event_stream(
+                self._streams, self.name, url, body, request.trace_headers
+            ) as response_body:
                 running = True
                 try:
                     ended = False
@@ -449,7 +451,7 @@ class VLLMClient(HTTPEngineClient):
             response = await self._http.post(
                 self.base_url + path,
                 content=orjson.dumps(body),
-                headers={"content-type": "application/json"},
+                headers={"content-type": "application/json", **(request.trace_headers or {})},
                 timeout=None,  # a long prompt's prefill takes minutes; the orchestrator bounds it
             )
         except httpx.HTTPError as exc:

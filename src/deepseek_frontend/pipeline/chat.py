@@ -39,6 +39,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
+from deepseek_frontend import _tracing
 from deepseek_frontend.engines.base import (
     DecodingConstraint,
     EngineChunk,
@@ -434,11 +435,12 @@ class ChatPipeline:
         tools = prompt_tools(req)
         preopened = None if for_count else self._preopened_block(req, tools)
         images: list[Any] = []
-        if preopened is None:
-            segments = self.renderer.render(req, images)
-        else:
-            render_req, opening = preopened
-            segments = [*self.renderer.render(render_req, images), *opening]
+        with _tracing.phase("render"):
+            if preopened is None:
+                segments = self.renderer.render(req, images)
+            else:
+                render_req, opening = preopened
+                segments = [*self.renderer.render(render_req, images), *opening]
         # a prompt over the context is refused later: it must not fill the caches on its way
         encoding = self.tokenizer.start_encoding(
             segments, cache_limit=None if for_count else self.context_length()
@@ -505,17 +507,20 @@ class ChatPipeline:
         result of :meth:`prepare` / :meth:`count_prompt_tokens` computed on a thread."""
         if request_chars(req) >= self.offload_prepare_chars:
             release_current_turn()  # the loop is free for others while a thread does the work
-            return await self.offload.run(self.count_prompt_tokens if for_count else self.prepare, req)
+            with _tracing.phase("render", {"deepseek.offloaded": True, "deepseek.with_tokenize": True}):
+                return await self.offload.run(self.count_prompt_tokens if for_count else self.prepare, req)
         token = None
         if CURRENT_TURN.get() is None:  # callers outside the API layer: take a turn here
             token = CURRENT_TURN.set(await self.turns.take())
         try:
             draft = self._draft(req, for_count=for_count)
-            if draft.encoding.uncached_chars >= self.offload_min_chars:
-                release_current_turn()
-                await self.offload.run(draft.encode)
-            else:
-                draft.encode()
+            uncached = draft.encoding.uncached_chars
+            with _tracing.phase("tokenize", {"deepseek.uncached_chars": uncached}):
+                if uncached >= self.offload_min_chars:
+                    release_current_turn()
+                    await self.offload.run(draft.encode)
+                else:
+                    draft.encode()
             return draft
         finally:
             if token is not None:
@@ -817,6 +822,7 @@ class ChoiceStream:
         "_prepared",
         "_stop",
         "_strip_eos",
+        "_trace",
         "_usage",
     )
 
@@ -831,9 +837,15 @@ class ChoiceStream:
             # n > 1 with a seed: each choice gets its own (still reproducible) seed.
             sampling = _replace_seed(sampling, req.seed + index)
         rid = req.request_id if req.n == 1 else f"{req.request_id}-{index}"
+        #: the engine span (tracing on) and the trace context the worker gets
+        self._trace, trace_headers = _tracing.engine_call(rid, index)
         self._engine: AsyncIterator[EngineChunk] | None = pipeline.backend.generate(
             GenerateRequest(
-                request_id=rid, input_ids=prepared.input_ids, sampling=sampling, images=prepared.images
+                request_id=rid,
+                input_ids=prepared.input_ids,
+                sampling=sampling,
+                images=prepared.images,
+                trace_headers=trace_headers,
             )
         )
         self._detok = pipeline.tokenizer.new_detokenizer()
@@ -894,6 +906,8 @@ class ChoiceStream:
             raise EngineError(f"the engine rejected the request: {message}")
         now = time.perf_counter()
         self._last_chunk_at = now
+        if self._trace is not None:
+            self._trace.first_token(self._first.cached_tokens or 0)
         if self._metrics is not None:
             self._metrics.ttft.observe(now - self._prepared.arrival)
             self._metrics.ledger.first_token(self._prepared.request_id, now - self._prepared.arrival)
@@ -952,6 +966,9 @@ class ChoiceStream:
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
+        trace, self._trace = self._trace, None
+        if trace is not None:
+            trace.end(self._usage.prompt_tokens, self._usage.completion_tokens)
         metrics = self._metrics
         if metrics is not None:
             metrics.detokenization.observe(self._detok_seconds)

@@ -9,8 +9,9 @@ a :class:`SimulatedEngine`, so the frontend's real SGLang client runs over real 
 * ``POST /abort_request`` ``{"rid"}``; ``GET /health``; ``GET /health_generate`` (503 while
   every request would fail); ``GET /get_model_info``; ``GET /get_server_info``; ``GET /get_load``;
 * test hooks: ``GET /sim/stats`` (started / finished / aborted counters and recent aborted
-  rids -- an abort is an ``/abort_request`` or a client that went away mid-stream -- and how many
-  prompts were read past a recent one's shared prefix, ``prompts_reused``, or whole) and
+  rids -- an abort is an ``/abort_request`` or a client that went away mid-stream -- how many
+  prompts were read past a recent one's shared prefix, ``prompts_reused``, or whole, and the W3C
+  trace context headers of the last generate requests that carried one, ``trace_headers``) and
   ``POST /sim/fault`` ``{"fail_after": N|null, "fail_mode": ...}`` to change faults live.
 
 A prefill or decode role (``disagg``, engines/sim/pd_roles.py) answers ``/generate`` as SGLang's
@@ -38,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
+from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, Literal
 
@@ -327,9 +329,14 @@ def build_sim_app(
     faults = faults or SimFaults()
     behavior = behavior or getattr(engine, "behavior", None) or PRESETS["ideal"]
     prompts = RecentPrompts()
+    #: the trace context of recent generate requests (what a traced frontend sent), newest last
+    traced: deque[dict[str, str]] = deque(maxlen=64)
 
     async def generate(request: Request) -> Response:
         raw = await request.body()
+        parent = request.headers.get("traceparent")
+        if parent is not None:
+            traced.append({"traceparent": parent, "tracestate": request.headers.get("tracestate", "")})
         # a follow-up's ids are parsed, packed and hashed only past what it shares with a recent one
         read = prompts.read(raw)
         prompt: SimPrompt | None = None
@@ -552,7 +559,8 @@ def build_sim_app(
         memo = {"prompts_reused": prompts.reused, "prompts_read_whole": prompts.read_whole}
         cache = kv.stats() if kv is not None else {}
         pd = disagg.stats() if disagg is not None else {}
-        return JSONResponse({**engine.stats.as_dict(), **memo, **cache, **pd})
+        trace = {"trace_headers": list(traced)}
+        return JSONResponse({**engine.stats.as_dict(), **memo, **cache, **pd, **trace})
 
     async def set_fault(request: Request) -> Response:
         try:
