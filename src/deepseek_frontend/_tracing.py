@@ -242,8 +242,14 @@ class EngineCall:
         first.end(end_time=now)
         self.span.add_event("first_token", timestamp=now)
 
-    def end(self, prompt_tokens: int, completion_tokens: int, error: str | None = None) -> None:
-        """End the call (idempotent through the caller: :class:`ChoiceStream` closes once)."""
+    def fail(self, exc: BaseException) -> None:
+        """Record why the call failed (ended by :meth:`end` as usual)."""
+        tracer = self._trace._tracer
+        self.span.record_exception(exc)
+        self.span.set_status(tracer.status(tracer.error_code, str(exc) or type(exc).__name__))
+
+    def end(self, prompt_tokens: int, completion_tokens: int) -> None:
+        """End the call (once: :class:`ChoiceStream` closes once)."""
         now = time.time_ns()
         tracer = self._trace._tracer
         if self._first_at is not None:
@@ -257,8 +263,6 @@ class EngineCall:
         self.span.set_attributes(
             {"gen_ai.usage.input_tokens": prompt_tokens, "gen_ai.usage.output_tokens": completion_tokens}
         )
-        if error is not None:
-            self.span.set_status(tracer.status(tracer.error_code, error))
         self.span.end(end_time=now)
 
 

@@ -226,6 +226,62 @@ def test_a_traced_request_continues_the_clients_trace_down_to_the_worker(
         assert sent[0]["traceparent"].split("-")[1] not in (TRACE_ID, "0" * 32)
 
 
+def test_a_worker_failing_mid_stream_marks_the_engine_span_failed(
+    monkeypatch: pytest.MonkeyPatch, receiver: Receiver
+) -> None:
+    with start_sim_engine() as failing:
+        fault = {"fail_after": 2, "fail_mode": "error-event"}
+        assert httpx.post(failing.url + "/sim/fault", json=fault, timeout=5).status_code == 200
+        _otel_env(monkeypatch, receiver)
+        with start_frontend("--engine", "sglang", "--worker", failing.url) as frontend:
+            with httpx.stream(
+                "POST",
+                frontend.url + "/v1/chat/completions",
+                json={"model": "deepseek-v4-flash", "messages": MESSAGES, "max_tokens": 12, "stream": True},
+                headers={"traceparent": TRACEPARENT},
+                timeout=30,
+            ) as response:
+                text = response.read().decode()
+            assert '"error"' in text  # the stream's in-band error event
+
+            def server_span_arrived() -> bool:
+                return any(s.kind == Span.SPAN_KIND_SERVER for s in receiver.snapshot())
+
+            wait_until(server_span_arrived, "the request's server span reached the OTLP receiver", timeout=20)
+    engines = [s for s in receiver.snapshot() if s.name == "engine"]
+    assert engines and all(s.trace_id.hex() == TRACE_ID for s in engines)
+    assert engines[-1].status.code == engines[-1].status.STATUS_CODE_ERROR
+    assert any(e.name == "exception" for e in engines[-1].events)
+    (server,) = [s for s in receiver.snapshot() if s.kind == Span.SPAN_KIND_SERVER]
+    assert _attrs(server).get("error.type"), _attrs(server)
+
+
+def test_both_legs_of_a_disaggregated_request_get_the_engine_span_as_parent(
+    monkeypatch: pytest.MonkeyPatch, receiver: Receiver
+) -> None:
+    pd = ("--disaggregation-bootstrap-port", "0")
+    with (
+        start_sim_engine("--disaggregation-mode", "prefill", *pd) as prefill,
+        start_sim_engine(
+            "--disaggregation-mode", "decode", "--disaggregation-handshake-timeout", "5"
+        ) as decode,
+    ):
+        _otel_env(monkeypatch, receiver)
+        with start_frontend("--prefill-worker", prefill.url, "--decode-worker", decode.url) as frontend:
+            answer = _chat(frontend, {"traceparent": TRACEPARENT})
+            assert answer.status_code == 200, answer.text
+
+            def engine_span_arrived() -> bool:
+                return any(s.name == "engine" for s in receiver.snapshot())
+
+            wait_until(engine_span_arrived, "the engine span reached the OTLP receiver", timeout=20)
+        (engine,) = [s for s in receiver.snapshot() if s.name == "engine"]
+        assert engine.trace_id.hex() == TRACE_ID
+        for leg in (prefill, decode):
+            (sent,) = _trace_headers_seen(leg)
+            assert sent["traceparent"] == f"00-{TRACE_ID}-{engine.span_id.hex()}-01"
+
+
 def test_tracing_off_sends_nothing_and_passes_the_clients_trace_context_through(
     monkeypatch: pytest.MonkeyPatch, receiver: Receiver, worker: Server
 ) -> None:

@@ -896,7 +896,9 @@ class ChoiceStream:
         except StopAsyncIteration:
             await self.aclose()
             raise EngineStreamError("the engine ended the stream without output") from None
-        except BaseException:
+        except BaseException as exc:
+            if self._trace is not None:
+                self._trace.fail(exc)
             await self.aclose()
             raise
         if self._first.finish_reason == "abort":
@@ -937,6 +939,8 @@ class ChoiceStream:
                 except EngineTimeoutError:
                     raise  # already says what happened (and the pool logged and charged the worker)
                 except EngineError as exc:
+                    if self._trace is not None:
+                        self._trace.fail(exc)
                     # Tokens were already sent: nothing is retryable any more. The detail (worker
                     # URL, transport error) goes to the log, not to the client.
                     log.warning(
