@@ -133,16 +133,22 @@ class Tracer:
         self.error_code = StatusCode.ERROR
 
     def start_request(
-        self, method: str, path: str, headers: Mapping[str, str], request_id: str
+        self, method: str, route: str, path: str, headers: Mapping[str, str], request_id: str
     ) -> RequestTrace:
-        """Start the server span of a request; a valid ``traceparent`` in ``headers`` is its parent."""
+        """Start the server span of a request to ``route`` (the path template: span names stay few);
+        a valid ``traceparent`` in ``headers`` is its parent."""
         carrier = {k: v for k in TRACE_HEADERS if (v := headers.get(k))}
         parent = self.propagator.extract(carrier) if carrier else None
         span = self.tracer.start_span(
-            f"{method} {path}",
+            f"{method} {route}",
             context=parent,
             kind=self.kind.SERVER,
-            attributes={"http.request.method": method, "url.path": path, "deepseek.request_id": request_id},
+            attributes={
+                "http.request.method": method,
+                "http.route": route,
+                "url.path": path,
+                "deepseek.request_id": request_id,
+            },
         )
         return RequestTrace(self, span)
 
@@ -277,12 +283,12 @@ class PassThrough:
 
 
 def enter(
-    tracer: Tracer | None, method: str, path: str, headers: Mapping[str, str], request_id: str
+    tracer: Tracer | None, method: str, route: str, path: str, headers: Mapping[str, str], request_id: str
 ) -> tuple[RequestTrace | None, Token[Any] | None]:
     """Start the request's trace (or its pass-through) and make it current; ``(None, None)`` when
     there is neither a tracer nor a client ``traceparent``."""
     if tracer is not None:
-        trace = tracer.start_request(method, path, headers, request_id)
+        trace = tracer.start_request(method, route, path, headers, request_id)
         return trace, _CURRENT.set(trace)
     parent = headers.get("traceparent")
     if parent is None:

@@ -167,6 +167,7 @@ def test_a_traced_request_continues_the_clients_trace_down_to_the_worker(
         assert server.parent_span_id.hex() == CLIENT_SPAN_ID
         attrs = _attrs(server)
         assert attrs["http.response.status_code"] == 200
+        assert attrs["http.route"] == attrs["url.path"] == "/v1/chat/completions"
         assert attrs["deepseek.request_id"] == request_id
         assert attrs["gen_ai.request.model"] == "deepseek-v4-flash"
         assert attrs["gen_ai.usage.input_tokens"] > 0

@@ -444,7 +444,7 @@ def api_route(
             tracker.key_name = getattr(request.state, "api_key_name", "")
             # tracing off and no client traceparent: (None, None), nothing set
             tracker.trace, trace_token = _tracing.enter(
-                state.tracer, request.method, request.url.path, request.headers, request_id
+                state.tracer, request.method, endpoint, request.url.path, request.headers, request_id
             )
             try:
                 if request.method == "POST":
