@@ -25,14 +25,12 @@ The layers below the API reach the request's trace through a context variable (:
 from __future__ import annotations
 
 import contextlib
-import logging
+import importlib.util
 import os
 import time
 from collections.abc import Iterator, Mapping
 from contextvars import ContextVar, Token
 from typing import Any
-
-log = logging.getLogger(__name__)
 
 __all__ = [
     "TRACE_HEADERS",
@@ -40,6 +38,7 @@ __all__ = [
     "PassThrough",
     "RequestTrace",
     "Tracer",
+    "check_env",
     "current",
     "enter",
     "leave",
@@ -68,49 +67,76 @@ def tracing_configured(environ: Mapping[str, str] = os.environ) -> bool:
     )
 
 
+#: the exporters this module can build, and the module each needs (the ``otel`` extra)
+_EXPORTER_MODULES = {
+    "otlp": "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+    "console": "opentelemetry.sdk.trace.export",
+}
+
+
+def _exporter_names(environ: Mapping[str, str]) -> list[str]:
+    """The exporters ``OTEL_TRACES_EXPORTER`` names (``otlp`` when unset); raises ``RuntimeError`` naming
+    the variable for an exporter or an OTLP protocol this module cannot build."""
+    raw = environ.get("OTEL_TRACES_EXPORTER", "otlp")
+    names = [n.strip().lower() for n in raw.split(",") if n.strip()] or ["otlp"]
+    for name in names:
+        if name not in _EXPORTER_MODULES and name != "none":
+            raise RuntimeError(f"OTEL_TRACES_EXPORTER={name!r}: 'otlp', 'console' or 'none'")
+    if "otlp" in names:
+        protocol = (
+            environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+            or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+            or "http/protobuf"
+        ).strip()
+        if protocol != "http/protobuf":
+            raise RuntimeError(f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: only 'http/protobuf' is supported")
+    return [n for n in names if n != "none"]
+
+
+def check_env(environ: Mapping[str, str] = os.environ) -> None:
+    """Raise ``RuntimeError`` (naming the variable or the extra) when the ``OTEL_*`` variables turn
+    tracing on in a way this installation cannot export; nothing when tracing is off. ``serve`` calls
+    it before it binds, so a wrong configuration stops the start-up with that message."""
+    if not tracing_configured(environ):
+        return
+    for name in _exporter_names(environ):
+        try:
+            found = importlib.util.find_spec(_EXPORTER_MODULES[name]) is not None
+        except ImportError:  # a parent package is missing
+            found = False
+        if not found:
+            raise RuntimeError(
+                f"OTEL_* variables turn tracing on ({name} exporter), but the OpenTelemetry SDK and "
+                "exporter are not installed: pip install 'deepseek-frontend[otel]'"
+            )
+
+
 def tracer_from_env(environ: Mapping[str, str] = os.environ) -> Tracer | None:
     """A :class:`Tracer` exporting as ``environ`` says, or None when tracing is off.
 
-    Raises ``RuntimeError`` naming the variable when the configuration asks for what is not
-    installed (the SDK without the ``otel`` extra, an exporter or protocol other than OTLP over
-    HTTP/protobuf or the console).
+    Raises ``RuntimeError`` as :func:`check_env` does. The OTLP exporter reads its endpoint, headers
+    and timeout from the process environment itself (``OTEL_EXPORTER_OTLP_*``).
     """
     if not tracing_configured(environ):
         return None
-    try:
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-    except ImportError as exc:
-        raise RuntimeError(
-            "OTEL_* variables turn tracing on, but the OpenTelemetry SDK is not installed: "
-            "pip install 'deepseek-frontend[otel]'"
-        ) from exc
-    names = [n.strip().lower() for n in environ.get("OTEL_TRACES_EXPORTER", "otlp").split(",") if n.strip()]
+    check_env(environ)
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+
     exporters: list[SpanExporter] = []
-    for name in names or ["otlp"]:
+    for name in _exporter_names(environ):
         if name == "otlp":
-            protocol = (
-                environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-                or "http/protobuf"
-            ).strip()
-            if protocol != "http/protobuf":
-                raise RuntimeError(
-                    f"OTEL_EXPORTER_OTLP_PROTOCOL={protocol!r}: only 'http/protobuf' is supported"
-                )
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            exporters.append(OTLPSpanExporter())  # endpoint, headers, timeout: the OTEL_* variables
-        elif name == "console":
+            exporters.append(OTLPSpanExporter())
+        else:
             from opentelemetry.sdk.trace.export import ConsoleSpanExporter
 
             exporters.append(ConsoleSpanExporter())
-        elif name != "none":
-            raise RuntimeError(f"OTEL_TRACES_EXPORTER={name!r}: 'otlp', 'console' or 'none'")
     # Resource.create reads OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
     resource = Resource.create({"service.name": environ.get("OTEL_SERVICE_NAME") or "deepseek-frontend"})
-    provider = TracerProvider(resource=resource)
+    provider = TracerProvider(resource=resource)  # the sampler: OTEL_TRACES_SAMPLER(_ARG)
     for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter))  # OTEL_BSP_* tune it
     return Tracer(provider)

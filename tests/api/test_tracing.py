@@ -30,7 +30,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from deepseek_frontend._tracing import tracing_configured
+from deepseek_frontend._tracing import tracer_from_env, tracing_configured
 from tests.support.servers import Server, start_frontend, start_sim_engine
 from tests.support.waiting import wait_until
 
@@ -315,6 +315,31 @@ def test_without_otel_variables_the_sdk_is_never_imported() -> None:
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["[]", "[]"]
+
+
+@pytest.mark.parametrize(
+    ("env", "variable"),
+    [
+        (
+            {"OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+            "OTEL_EXPORTER_OTLP_PROTOCOL",
+        ),
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER"),
+    ],
+)
+def test_a_configuration_that_cannot_be_met_is_refused_naming_the_variable(
+    env: dict[str, str], variable: str
+) -> None:
+    with pytest.raises(RuntimeError, match=variable):
+        tracer_from_env(env)
+
+
+def test_serve_refuses_to_start_with_tracing_it_cannot_do() -> None:
+    env = {**os.environ, "OTEL_TRACES_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"}
+    cmd = [sys.executable, "-m", "deepseek_frontend", "serve", "--port", "0"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert "OTEL_EXPORTER_OTLP_PROTOCOL='grpc': only 'http/protobuf' is supported" in out.stderr
 
 
 @pytest.mark.parametrize(

@@ -447,6 +447,7 @@ def run(args: argparse.Namespace) -> int:
     """Serve until interrupted. Returns the process exit code."""
     import uvicorn
 
+    from deepseek_frontend._tracing import check_env as check_tracing_env
     from deepseek_frontend.api.acceptor import FrontendServer
     from deepseek_frontend.api.app import create_app
     from deepseek_frontend.api.config import ServerConfig
@@ -458,7 +459,8 @@ def run(args: argparse.Namespace) -> int:
     log = logging.getLogger("deepseek_frontend.serve")
     try:
         config = ServerConfig.from_args(args)
-    except (FrontendError, OSError, ValueError) as exc:
+        check_tracing_env()  # before binding: every process would refuse to start later
+    except (FrontendError, OSError, ValueError, RuntimeError) as exc:
         print(f"deepseek-frontend serve: {exc}", file=sys.stderr)
         return 2
     if config.uses_builtin_sim:
