@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from .migrations import MIGRATIONS, SCHEMA_VERSION
 from .records import ItemKind, Page, StoredConversation, StoredItem, StoredResponse
@@ -22,6 +22,10 @@ __all__ = ["SchemaTooNewError", "SqlStore", "Tx"]
 #: objects looked at per round of the size-budget eviction
 _EVICT_BATCH = 256
 _ALIVE = "(expires_at IS NULL OR expires_at > ?)"
+#: a stored response's columns in :class:`StoredResponse`'s field order
+_RESPONSE_COLUMNS = (
+    "id, owner, created_at, status, body, request, previous_response_id, conversation_id, updated_at"
+)
 T = TypeVar("T")
 
 
@@ -123,11 +127,8 @@ class SqlStore(StateStore):
         self, owner: str, response_id: str, status: str, body: str, output_items: list[StoredItem] | None
     ) -> bool:
         async def op(tx: Tx) -> Any:
-            rows = await tx.fetch(
-                f"SELECT request FROM responses WHERE id = ? AND owner = ? AND {_ALIVE}",
-                (response_id, owner, self.now()),
-            )
-            if not rows:
+            row = await self._live_row(tx, "responses", "request", owner, response_id)
+            if row is None:
                 return False
             if output_items is not None:
                 await tx.execute(
@@ -138,7 +139,7 @@ class SqlStore(StateStore):
                 "SELECT COALESCE(SUM(LENGTH(data)), 0) FROM response_items WHERE response_id = ?",
                 (response_id,),
             )
-            size = len(body) + len(rows[0][0]) + int(inputs[0][0])
+            size = len(body) + len(row[0]) + int(inputs[0][0])
             await tx.execute(
                 "UPDATE responses SET status = ?, body = ?, size = ?, updated_at = ? WHERE id = ?",
                 (status, body, size, self.now(), response_id),
@@ -149,12 +150,8 @@ class SqlStore(StateStore):
 
     async def get_response(self, owner: str, response_id: str) -> StoredResponse | None:
         async def op(tx: Tx) -> Any:
-            rows = await tx.fetch(
-                "SELECT id, owner, created_at, status, body, request, previous_response_id, conversation_id,"
-                f" updated_at FROM responses WHERE id = ? AND owner = ? AND {_ALIVE}",
-                (response_id, owner, self.now()),
-            )
-            return StoredResponse(*rows[0]) if rows else None
+            row = await self._live_row(tx, "responses", _RESPONSE_COLUMNS, owner, response_id)
+            return StoredResponse(*row) if row is not None else None
 
         return await self.in_transaction(op, readonly=True)
 
@@ -193,11 +190,7 @@ class SqlStore(StateStore):
         order: Order = "desc",
     ) -> Page | None:
         async def op(tx: Tx) -> Any:
-            found = await tx.fetch(
-                f"SELECT 1 FROM responses WHERE id = ? AND owner = ? AND {_ALIVE}",
-                (response_id, owner, self.now()),
-            )
-            if not found:
+            if await self._live_row(tx, "responses", "1", owner, response_id) is None:
                 return None
             return await _page(
                 tx,
@@ -298,26 +291,21 @@ class SqlStore(StateStore):
 
     async def get_conversation(self, owner: str, conversation_id: str) -> StoredConversation | None:
         async def op(tx: Tx) -> Any:
-            rows = await tx.fetch(
-                "SELECT id, owner, created_at, metadata FROM conversations"
-                f" WHERE id = ? AND owner = ? AND {_ALIVE}",
-                (conversation_id, owner, self.now()),
+            row = await self._live_row(
+                tx, "conversations", "id, owner, created_at, metadata", owner, conversation_id
             )
-            return StoredConversation(*rows[0]) if rows else None
+            return StoredConversation(*row) if row is not None else None
 
         return await self.in_transaction(op, readonly=True)
 
     async def update_conversation(self, owner: str, conversation_id: str, metadata: str) -> bool:
         async def op(tx: Tx) -> Any:
-            rows = await tx.fetch(
-                f"SELECT metadata FROM conversations WHERE id = ? AND owner = ? AND {_ALIVE}",
-                (conversation_id, owner, self.now()),
-            )
-            if not rows:
+            row = await self._live_row(tx, "conversations", "metadata", owner, conversation_id)
+            if row is None:
                 return False
             await tx.execute(
                 "UPDATE conversations SET metadata = ?, size = size + ? WHERE id = ?",
-                (metadata, len(metadata) - len(rows[0][0]), conversation_id),
+                (metadata, len(metadata) - len(row[0]), conversation_id),
             )
             return True
 
@@ -372,11 +360,18 @@ class SqlStore(StateStore):
         return await self.in_transaction(op, readonly=True)
 
     async def _conversation_alive(self, tx: Tx, owner: str, conversation_id: str) -> bool:
+        return await self._live_row(tx, "conversations", "1", owner, conversation_id) is not None
+
+    async def _live_row(
+        self, tx: Tx, table: Literal["responses", "conversations"], columns: str, owner: str, object_id: str
+    ) -> Any | None:
+        """``columns`` of ``object_id`` in ``table`` when ``owner`` owns it and it has not expired, else
+        None: the one place the store's visibility rule (owner and retention) is written for a read."""
         rows = await tx.fetch(
-            f"SELECT 1 FROM conversations WHERE id = ? AND owner = ? AND {_ALIVE}",
-            (conversation_id, owner, self.now()),
+            f"SELECT {columns} FROM {table} WHERE id = ? AND owner = ? AND {_ALIVE}",
+            (object_id, owner, self.now()),
         )
-        return bool(rows)
+        return rows[0] if rows else None
 
     async def list_conversation_items(
         self,
