@@ -6,7 +6,7 @@ RCU grace period (``expand_fdtable`` calls ``synchronize_rcu``): milliseconds ea
 ``accept()`` that needed the slot, with the event loop stopped. ``serve`` has threads (the
 offload pool, the tokenizer's), so its first burst of 256 connections grew the table three times
 (64 -> 512) and the last arrival's first chunk took 23-27 ms against 9-14 ms in every later
-burst (docs/performance.md, "Burst: a follow-up among 256 arrivals in 9-14 ms", item 4). The
+burst (docs/performance.md, "Burst: a cached-prefix follow-up among 256 arrivals"). The
 table never shrinks, so growing it once, at startup, takes that stall out of every burst.
 """
 

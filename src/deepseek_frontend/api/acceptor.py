@@ -3,7 +3,7 @@
 uvloop's own server accepts one connection per event-loop iteration: with 0.5 ms of other work
 per iteration, 257 connections made at once are accepted over 150 ms (over 540 ms with 2 ms per
 iteration), while asyncio's server and the loop below accept them in a handful of iterations
-(``benchmarks/bench_accept.py``; docs/performance.md, "Burst: accepting at once"). Under a burst
+(``benchmarks/bench_accept.py``; docs/performance.md, "Accepting a burst"). Under a burst
 every iteration carries the steps of the requests accepted before, so the last arrival -- often a
 follow-up whose prompt is in the caches -- was accepted 100-180 ms after its client connected.
 
