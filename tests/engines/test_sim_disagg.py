@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from deepseek_frontend.engines.sim.disagg import BootstrapServer, DisaggSettings, fetch_kv
 from tests.support.servers import Server, free_port, start_sim_engine
 from tests.support.waiting import wait_until
 
@@ -162,7 +164,7 @@ def test_the_kv_sent_grows_with_the_prompt_and_is_paced_to_the_bandwidth(
     sent_before = stats(prefill)["pd_bytes_sent"]
     for room, ids in ((1003, short), (1004, long)):
         pre, dec = asyncio.run(both_legs(prefill, decode, body_for(ids, **trio(prefill, room))))
-        assert pre.status_code == dec.status_code == 200
+        assert pre.status_code == dec.status_code == 200, (pre.text, dec.text)
     transfers = {t["room"]: t for t in stats(decode)["pd_transfers"]}
     assert transfers[1003]["bytes"] == len(short) * KV_BYTES
     assert transfers[1004]["bytes"] == len(long) * KV_BYTES
@@ -333,3 +335,33 @@ def test_dp_rank_hints_are_checked_against_the_one_rank_a_sim_has(
     ok = body_for(ids, disagg_prefill_dp_rank=0, routed_dp_rank=0, **trio(prefill, 4002))
     pre, dec = asyncio.run(both_legs(prefill, decode, ok))
     assert pre.status_code == dec.status_code == 200
+
+
+def test_a_decode_that_connects_before_the_room_opens_gets_a_small_unpaced_room() -> None:
+    """The decode leg often reaches the bootstrap port before its prefill leg opened the room; the
+    prefill side then reads the decode's acknowledgement on the same connection it watched for an
+    abort while waiting. With a small unpaced KV nothing yields in between: the watch must be
+    finished before that read, or the room is never handed over (the prefill leg failed after its
+    bootstrap timeout while the decode leg had its KV)."""
+
+    async def scenario() -> None:
+        settings = DisaggSettings(mode="prefill", bootstrap_port=0, bootstrap_timeout_s=5.0)
+        server = BootstrapServer(settings)
+        port = await server.start("127.0.0.1")
+        try:
+            ids = [5, 6, 7]
+            decode_settings = DisaggSettings(mode="decode", waiting_timeout_s=5.0)
+            fetch = asyncio.create_task(fetch_kv("127.0.0.1", port, 77, "early", ids, decode_settings))
+            # the decode leg connects and waits for a room not yet open
+            deadline = time.monotonic() + 10
+            while server.waiting_decodes == 0:
+                assert time.monotonic() < deadline and not fetch.done()
+                await asyncio.sleep(0.001)
+            server.open(77, "early")
+            server.publish(77, ids, 0, 9, [9])
+            assert await server.handed_over(77) is None
+            assert (await fetch).tokens == len(ids)
+        finally:
+            await server.aclose()
+
+    asyncio.run(scenario())

@@ -186,6 +186,8 @@ class BootstrapServer:
         self.bytes_sent = 0
         self.transfers = 0
         self.failed_rooms = 0
+        #: decode connections waiting on the bootstrap port for a room not ready yet
+        self.waiting_decodes = 0
 
     async def start(self, host: str) -> int:
         """Listen on ``host:bootstrap_port`` (0: a free port); returns the bound port."""
@@ -332,6 +334,7 @@ class BootstrapServer:
         """The room once it is ready; while waiting, a message from the decode worker is its abort
         (None then). The decode worker bounds the wait (its waiting timeout), not this side."""
         told = asyncio.ensure_future(_receive(reader))
+        self.waiting_decodes += 1
         try:
             while True:
                 entry = self._rooms.get(room)
@@ -346,7 +349,11 @@ class BootstrapServer:
                     self._cancel(room, str(message.get("abort") or ABORTED))
                     return None
         finally:
+            self.waiting_decodes -= 1
             told.cancel()
+            # let the watch finish before anything else reads this connection: a StreamReader takes
+            # one reader at a time, and the cancelled watch holds it until its task runs again
+            await asyncio.wait({told})
 
     async def _paced_write(self, writer: asyncio.StreamWriter, payload: bytes) -> None:
         settings = self.settings
