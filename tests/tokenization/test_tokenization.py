@@ -180,7 +180,7 @@ def test_prefix_cache_is_bounded_by_bytes_counting_text_and_ids() -> None:
 
 def test_idle_entries_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [1000.0]
-    monkeypatch.setattr("deepseek_frontend.tokenization.time.monotonic", lambda: clock[0])
+    monkeypatch.setattr("deepseek_frontend.tokenization.caches.time.monotonic", lambda: clock[0])
     tok = PromptTokenizer.load(cache_idle_s=60)
     tok.encode_segments(conversation("a message that is certainly long enough to be cached"))
     assert len(tok.cache) > 0 and len(tok.prefix_cache) == 1
