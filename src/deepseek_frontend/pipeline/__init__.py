@@ -1,8 +1,15 @@
 """The protocol-neutral serving core: typed request in, parser events out.
 
-``chat.py`` holds the pipeline (ChatRequest -> PreparedRequest -> ChoiceStream -> PipelineChunk)
-and ``stop.py`` the frontend-side stop strings. The protocol packages under ``api/`` map their
-JSON onto a ChatRequest and render PipelineChunks; nothing here knows an API's wire shape.
+``chat.py`` holds :class:`ChatPipeline`, the facade over the pipeline (ChatRequest ->
+PreparedRequest -> ChoiceStream -> PipelineChunk), and re-exports the names of the modules
+beside it: ``config`` (the settings it reads), ``interfaces`` (the engine backend and metrics it
+is handed), ``request`` (request and result records), ``render`` (prompt rendering), ``prepare``
+(rendering and tokenizing on the loop or the offload threads), ``planning`` (context fit,
+constraint, sampling), ``stream`` (one choice's engine request and output) and ``accumulate``
+(merging and folding choices). ``offload.py`` runs heavy prompt work off the event loop and
+``stop.py`` matches frontend-side stop strings. The protocol packages under ``api/`` map their
+JSON onto a ChatRequest and render PipelineChunks; nothing here knows an API's wire shape or
+imports from ``api/``.
 """
 
 from deepseek_frontend.pipeline.chat import (
@@ -11,6 +18,7 @@ from deepseek_frontend.pipeline.chat import (
     ChoiceAccumulator,
     ChoiceStream,
     PipelineChunk,
+    PipelineConfig,
     PreparedRequest,
     PromptRenderer,
     StreamEnd,
@@ -23,6 +31,7 @@ __all__ = [
     "ChoiceAccumulator",
     "ChoiceStream",
     "PipelineChunk",
+    "PipelineConfig",
     "PreparedRequest",
     "PromptRenderer",
     "StreamEnd",

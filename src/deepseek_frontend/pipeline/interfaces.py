@@ -1,0 +1,79 @@
+"""What the pipeline needs from the objects it is handed: the engine backend and the metrics sink.
+
+Both are structural (``typing.Protocol``): the serving layer passes its worker pool and its
+metrics registry, tests pass fakes, and this package imports neither.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from deepseek_frontend.generation import EngineChunk, GenerateRequest
+
+
+class EngineBackend(Protocol):
+    """What the pipeline needs from the engine side (``WorkerPool`` or a single client)."""
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]: ...
+
+    def supports_constraint(self, kind: str) -> bool: ...
+
+
+class Observations(Protocol):
+    """A distribution the pipeline adds durations to (a histogram)."""
+
+    def observe(self, value: float) -> None: ...
+
+
+class Tally(Protocol):
+    """A count the pipeline adds to (a counter)."""
+
+    def inc(self, amount: float = 1) -> None: ...
+
+
+class RequestRecords(Protocol):
+    """Per-request figures: when the first token came, and what the request used."""
+
+    def first_token(self, request_id: str, seconds: float) -> None: ...
+
+    def usage(self, request_id: str, model: str, prompt: int, cached: int, completion: int) -> None: ...
+
+
+class PipelineMetrics(Protocol):
+    """The metrics the pipeline records (read-only members: plain attributes satisfy them)."""
+
+    @property
+    def tokenization(self) -> Observations:
+        """Seconds spent rendering and tokenizing one prompt."""
+        ...
+
+    @property
+    def ttft(self) -> Observations:
+        """Seconds from a request's arrival to its first engine chunk."""
+        ...
+
+    @property
+    def itl(self) -> Observations:
+        """Seconds between two engine chunks of one choice."""
+        ...
+
+    @property
+    def detokenization(self) -> Observations:
+        """Seconds one choice spent detokenizing and parsing its output."""
+        ...
+
+    @property
+    def generation_tokens(self) -> Tally:
+        """Completion tokens generated."""
+        ...
+
+    @property
+    def dropped_tool_calls(self) -> Tally:
+        """Calls to tools the request did not declare, dropped from the output."""
+        ...
+
+    @property
+    def ledger(self) -> RequestRecords:
+        """The per-request figures."""
+        ...
