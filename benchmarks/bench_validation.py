@@ -9,8 +9,8 @@ What runs, in process (no server): deterministic OpenAI chat completions bodies 
 session -- a long system prompt, 50 function tools with nested JSON-schema parameters, user
 turns (some as text parts), assistant turns with reasoning and tool calls, tool results of
 file-listing and source-code size (some as text parts) -- with 100, 1,000 and 3,000 messages.
-Each body is bytes, as the server receives it. Per size, one run times, interleaved, in
-rotating order:
+Each body is bytes, as the server receives it. Per size, one run times (CPU time of the
+thread, median; the collector set up as ``serve`` sets it), interleaved, in rotating order:
 
 * ``orjson.loads``: the parse alone, a floor for everything else;
 * ours: what ``POST /v1/chat/completions`` does from body bytes to the internal request,
@@ -236,7 +236,7 @@ APPROACHES: dict[str, Callable[[bytes], object]] = {
 
 
 def time_interleaved(body: bytes, repeat: int) -> dict[str, float]:
-    """Median microseconds per call of every approach; each repetition runs all, in rotating order."""
+    """Median CPU microseconds per call of every approach; each repetition runs all, in rotating order."""
     names = list(APPROACHES)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for name in names:  # warm-up: imports, schema cache, pydantic's lazy setup
@@ -244,9 +244,10 @@ def time_interleaved(body: bytes, repeat: int) -> dict[str, float]:
     for rep in range(repeat):
         for name in names[rep % len(names) :] + names[: rep % len(names)]:
             fn = APPROACHES[name]
-            started = time.perf_counter()
+            # CPU time of this thread: the time a neighbour's process holds the core is not counted
+            started = time.thread_time()
             fn(body)
-            samples[name].append((time.perf_counter() - started) * 1e6)
+            samples[name].append((time.thread_time() - started) * 1e6)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
