@@ -37,7 +37,7 @@ from deepseek_frontend.api.openai.chat import resolve_reasoning_effort
 from deepseek_frontend.api.schemas import check_json_schema
 from deepseek_frontend.api.validation import check_boolean, check_tool_name
 from deepseek_frontend.errors import RequestError
-from deepseek_frontend.pipeline.chat import ChatRequest
+from deepseek_frontend.pipeline import ChatRequest
 
 MAX_STOP = 16
 MAX_N = 16
