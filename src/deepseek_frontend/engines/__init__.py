@@ -18,11 +18,15 @@ Each client reports what its worker can serve through ``discover()`` (``WorkerCa
 """
 
 from deepseek_frontend.engines._http import new_http_client
-from deepseek_frontend.engines.base import (
+from deepseek_frontend.engines.base import EngineClient
+from deepseek_frontend.engines.pool import WorkerPool, from_urls
+from deepseek_frontend.engines.sglang import SGLangClient
+from deepseek_frontend.engines.sim.engine import SimulatedEngine, load_sim_tokenizer
+from deepseek_frontend.engines.vllm import VLLMClient
+from deepseek_frontend.generation import (
     ConstraintKind,
     DecodingConstraint,
     EngineChunk,
-    EngineClient,
     EngineFinishReason,
     GenerateRequest,
     SamplingParams,
@@ -30,10 +34,6 @@ from deepseek_frontend.engines.base import (
     WorkerCapabilities,
     WorkerStatus,
 )
-from deepseek_frontend.engines.pool import WorkerPool, from_urls
-from deepseek_frontend.engines.sglang import SGLangClient
-from deepseek_frontend.engines.sim.engine import SimulatedEngine, load_sim_tokenizer
-from deepseek_frontend.engines.vllm import VLLMClient
 
 __all__ = [
     "ConstraintKind",

@@ -39,13 +39,14 @@ import aiohttp
 import httpx
 import orjson
 
-from deepseek_frontend.engines.base import EngineChunk, EngineClient, SamplingParams
+from deepseek_frontend.engines.base import EngineClient
 from deepseek_frontend.errors import (
     EngineRejectedRequestError,
     EngineStreamError,
     EngineUnavailableError,
     WorkerSilentError,
 )
+from deepseek_frontend.generation import EngineChunk, SamplingParams
 
 #: connections per worker; a frontend streams hundreds of requests to one worker at once
 MAX_CONNECTIONS = 1024

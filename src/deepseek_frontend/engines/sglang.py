@@ -65,7 +65,8 @@ from deepseek_frontend.engines._http import (
     read_chunks,
     sampling_fields,
 )
-from deepseek_frontend.engines.base import (
+from deepseek_frontend.errors import EngineRejectedRequestError, EngineUnavailableError, WorkerSilentError
+from deepseek_frontend.generation import (
     ConstraintKind,
     EngineChunk,
     EngineFinishReason,
@@ -73,7 +74,6 @@ from deepseek_frontend.engines.base import (
     TokenLogprob,
     WorkerCapabilities,
 )
-from deepseek_frontend.errors import EngineRejectedRequestError, EngineUnavailableError, WorkerSilentError
 
 __all__ = ["GRAMMAR_BACKEND_KINDS", "SGLangClient", "capabilities_from_server_info", "new_http_client"]
 

@@ -66,7 +66,13 @@ from deepseek_frontend.engines._http import (
     read_chunks,
     sampling_fields,
 )
-from deepseek_frontend.engines.base import (
+from deepseek_frontend.errors import (
+    EngineRejectedRequestError,
+    EngineUnavailableError,
+    UnsupportedFeatureError,
+    WorkerSilentError,
+)
+from deepseek_frontend.generation import (
     ConstraintKind,
     EngineChunk,
     EngineFinishReason,
@@ -74,12 +80,6 @@ from deepseek_frontend.engines.base import (
     SamplingParams,
     TokenLogprob,
     WorkerCapabilities,
-)
-from deepseek_frontend.errors import (
-    EngineRejectedRequestError,
-    EngineUnavailableError,
-    UnsupportedFeatureError,
-    WorkerSilentError,
 )
 
 __all__ = [

@@ -24,8 +24,8 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable
 
-from deepseek_frontend.engines.base import EngineChunk, GenerateRequest
 from deepseek_frontend.errors import EngineStreamError, EngineUnavailableError
+from deepseek_frontend.generation import EngineChunk, GenerateRequest
 
 __all__ = ["Attempt", "continuation", "migrating_stream"]
 

@@ -62,13 +62,6 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from deepseek_frontend.engines.base import (
-    ConstraintKind,
-    EngineChunk,
-    GenerateRequest,
-    WorkerCapabilities,
-    WorkerStatus,
-)
 from deepseek_frontend.engines.pool import WorkerPool
 from deepseek_frontend.errors import (
     EngineError,
@@ -77,6 +70,13 @@ from deepseek_frontend.errors import (
     FrontendError,
     NoHealthyWorkerError,
     RequestError,
+)
+from deepseek_frontend.generation import (
+    ConstraintKind,
+    EngineChunk,
+    GenerateRequest,
+    WorkerCapabilities,
+    WorkerStatus,
 )
 from deepseek_frontend.routing.pd_legs import sglang_legs, sglang_prefill, vllm_prefill
 from deepseek_frontend.routing.pd_parts import (

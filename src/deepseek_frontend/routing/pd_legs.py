@@ -8,9 +8,9 @@ import dataclasses
 from typing import Any
 from urllib.parse import urlsplit
 
-from deepseek_frontend.engines.base import EngineChunk, GenerateRequest
 from deepseek_frontend.engines.pool import WorkerPool
 from deepseek_frontend.errors import EngineTimeoutError, EngineUnavailableError
+from deepseek_frontend.generation import EngineChunk, GenerateRequest
 from deepseek_frontend.routing.pd_parts import DEFAULT_BOOTSTRAP_PORT, PdConfig
 
 __all__ = ["VLLM_PREFILL_PARAMS", "bootstrap_port", "sglang_legs", "sglang_prefill", "vllm_prefill"]

@@ -13,13 +13,13 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from deepseek_frontend.engines.base import EngineChunk
 from deepseek_frontend.errors import (
     EngineError,
     EngineTimeoutError,
     EngineUnavailableError,
     NoHealthyWorkerError,
 )
+from deepseek_frontend.generation import EngineChunk
 
 __all__ = [
     "DEFAULT_BOOTSTRAP_PORT",

@@ -47,7 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from deepseek_frontend.engines.base import GenerateRequest, WorkerCapabilities
+from deepseek_frontend.generation import GenerateRequest, WorkerCapabilities
 from deepseek_frontend.routing.hashing import PrefixHashCache
 from deepseek_frontend.routing.index import KvIndex, SourceKey
 from deepseek_frontend.routing.session import current_session

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
-from deepseek_frontend.engines.base import ConstraintKind, SamplingParams, WorkerCapabilities
+from deepseek_frontend.generation import ConstraintKind, SamplingParams, WorkerCapabilities
 
 __all__ = ["PRESETS", "SimBehavior", "SimRefusal"]
 

@@ -36,16 +36,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from deepseek_frontend.engines.base import (
-    ConstraintKind,
-    DecodingConstraint,
-    EngineChunk,
-    EngineClient,
-    GenerateRequest,
-    SamplingParams,
-    TokenLogprob,
-    WorkerCapabilities,
-)
+from deepseek_frontend.engines.base import EngineClient
 from deepseek_frontend.engines.sim.behavior import PRESETS, SIM_CONSTRAINT_KINDS, SimBehavior
 from deepseek_frontend.engines.sim.clock import StepClock
 from deepseek_frontend.engines.sim.kv import SimKvCache
@@ -67,6 +58,15 @@ from deepseek_frontend.errors import (
     EngineStreamError,
     EngineUnavailableError,
     RequestError,
+)
+from deepseek_frontend.generation import (
+    ConstraintKind,
+    DecodingConstraint,
+    EngineChunk,
+    GenerateRequest,
+    SamplingParams,
+    TokenLogprob,
+    WorkerCapabilities,
 )
 
 __all__ = [

@@ -34,7 +34,6 @@ from typing import Any
 import orjson
 from starlette.responses import JSONResponse, Response
 
-from deepseek_frontend.engines.base import EngineChunk, GenerateRequest
 from deepseek_frontend.engines.sim.disagg import (
     ABORTED,
     BootstrapServer,
@@ -47,6 +46,7 @@ from deepseek_frontend.engines.sim.disagg import (
     prefill_failure_message,
 )
 from deepseek_frontend.errors import EngineError, RequestError
+from deepseek_frontend.generation import EngineChunk, GenerateRequest
 
 __all__ = ["PdLeg", "SimDisagg"]
 

@@ -50,18 +50,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from deepseek_frontend._tasks import DisconnectWatch
-from deepseek_frontend.engines.base import (
-    DecodingConstraint,
-    EngineChunk,
-    GenerateRequest,
-    SamplingParams,
-)
 from deepseek_frontend.engines.sim.behavior import PRESETS, SimBehavior, SimRefusal
 from deepseek_frontend.engines.sim.disagg import DEFAULT_BOOTSTRAP_PORT, KvArrival
 from deepseek_frontend.engines.sim.engine import INPUT_IDS_ERROR, SimulatedEngine
 from deepseek_frontend.engines.sim.pd_roles import PdLeg, SimDisagg
 from deepseek_frontend.engines.sim.prompts import RecentPrompts, SimPrompt
 from deepseek_frontend.errors import EngineError, EngineUnavailableError, RequestError
+from deepseek_frontend.generation import DecodingConstraint, EngineChunk, GenerateRequest, SamplingParams
 
 __all__ = ["FailMode", "SimFaults", "build_sim_app"]
 
