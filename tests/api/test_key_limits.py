@@ -6,7 +6,7 @@ its ``max_tokens``, ``ignore_eos`` makes it use them all):
 * ``limits_server`` -- ``--config`` with two models and one key per behaviour: concurrency,
   requests and tokens per minute, a key restricted to one model, an unlimited key and one key per
   protocol whose headers are checked;
-* a ``--keys-file`` server with ``--log-format json`` whose key is given as ``key_sha256``;
+* a ``--keys-file`` server logging JSON at debug level, whose key is given as ``key_sha256``;
 * a ``--workers 2`` server whose processes share the keys' limits.
 
 Each test uses keys of its own, so the buckets of one test never feed another's. The keys are
@@ -57,6 +57,7 @@ KEYS = {
         "anthropic-client",
         "openai-client",
         "responses-client",
+        "background",
         "hashed",
         "plain",
         "shared-per-minute",
@@ -212,6 +213,7 @@ def limits_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             {"name": "anthropic-client", "key": KEYS["anthropic-client"], **rpm2},
             {"name": "openai-client", "key": KEYS["openai-client"], **rpm2},
             {"name": "responses-client", "key": KEYS["responses-client"], **rpm2},
+            {"name": "background", "key": KEYS["background"], "tokens_per_minute": 50},
         ],
     }
     path = write_config(tmp_path_factory.mktemp("limits"), config)
@@ -486,6 +488,34 @@ def test_chat_completions_and_responses_carry_openai_rate_limit_headers(limits_s
         assert_rate_limited_openai(third)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a background response's generation is not counted: its tokens reach neither the key's "
+    "tokens per minute nor its usage counters (api_route's tracker finishes when 'queued' is answered)",
+)
+def test_a_background_response_counts_its_tokens(limits_server: Server) -> None:
+    url, key = limits_server.url, KEYS["background"]
+    headers = {"authorization": f"Bearer {key}"}
+    body = {"model": "m1", "input": "hello", "max_output_tokens": 60, "ignore_eos": True, "background": True}
+    queued = post(url, RESPONSES, key, body)
+    assert queued.status == 200, queued.body
+    response_id = queued.json()["id"]
+
+    def generated() -> bool:
+        # polled with the same key: admitted until the run's tokens are taken from its bucket
+        r = httpx.get(f"{url}{RESPONSES}/{response_id}", headers=headers, timeout=REQUEST_TIMEOUT_S)
+        return r.status_code == 429 or r.json()["status"] in ("completed", "incomplete")
+
+    wait_until(generated, "the background response was generated", timeout=REQUEST_TIMEOUT_S)
+    wait_until(
+        lambda: metric(url, "deepseek_frontend_key_output_tokens_total", key="background", model="m1") == 60,
+        "the key's usage counts the 60 generated tokens",
+        timeout=5,
+    )
+    # 60 output tokens are more than the 50 per minute the key may use
+    assert_rate_limited_openai(post(url, CHAT, key, chat_body()))
+
+
 def test_the_log_never_holds_a_key(limits_server: Server) -> None:
     url = limits_server.url
     assert post(url, CHAT, KEYS["unlimited"], chat_body()).status == 200
@@ -503,7 +533,8 @@ def test_a_key_given_by_its_digest_authenticates_and_json_logs_hold_no_key(tmp_p
         {"name": "plain", "key": KEYS["plain"]},
     ]
     keys_file.write_text(json.dumps({"keys": entries}), encoding="utf-8")
-    server = start_frontend("--keys-file", str(keys_file), "--log-format", "json")
+    # debug level: the most the server ever logs
+    server = start_frontend("--keys-file", str(keys_file), "--log-format", "json", "--log-level", "debug")
     try:
         url = server.url
         for key in (KEYS["hashed"], KEYS["plain"]):
