@@ -4,8 +4,8 @@ Three servers on the built-in simulated engine (``--sim-itl-ms`` makes a stream 
 its ``max_tokens``, ``ignore_eos`` makes it use them all):
 
 * ``limits_server`` -- ``--config`` with two models and one key per behaviour: concurrency,
-  requests and tokens per minute, a key restricted to one model, an unlimited key and one key per
-  protocol whose headers are checked;
+  requests and tokens per minute, a key restricted to one model, an unlimited key, one key per
+  protocol whose headers are checked and one for background responses;
 * a ``--keys-file`` server logging JSON at debug level, whose key is given as ``key_sha256``;
 * a ``--workers 2`` server whose processes share the keys' limits.
 
