@@ -143,6 +143,13 @@ class OverloadedError(FrontendError):
         self.retry_after_s = max(1, int(retry_after_s))
 
 
+class KeyRateLimitError(OverloadedError):
+    """The request's API key is past one of its limits (requests or tokens per minute, requests in
+    flight): HTTP 429 with ``Retry-After`` and the protocol's rate-limit headers."""
+
+    code = "rate_limit_exceeded"
+
+
 class EngineError(FrontendError):
     """An engine worker misbehaved. Base of the engine failure tree."""
 

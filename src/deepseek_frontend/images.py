@@ -656,15 +656,15 @@ def resolver_for(state: Any) -> ImageResolver:
     return resolver
 
 
-async def resolve_request_images(state: Any, messages: Sequence[Mapping[str, Any]]) -> None:
-    """Resolve the image parts of a converted request in place, before it is prepared.
+async def resolve_request_images(state: Any, messages: Sequence[Mapping[str, Any]], pipeline: Any) -> None:
+    """Resolve the image parts of a converted request in place, before ``pipeline`` (the chat
+    pipeline of the model the request goes to) prepares it.
 
     A request without image parts costs one walk over its messages. Raises ``RequestError``
     as :meth:`ImageResolver.resolve`.
     """
     if not any(True for _ in _walk_parts(messages)):
         return
-    pipeline = state.pipeline
     await resolver_for(state).resolve(
         messages,  # type: ignore[arg-type]
         supports_images=bool(getattr(pipeline.renderer, "takes_images", False)),

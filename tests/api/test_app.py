@@ -12,8 +12,9 @@ import pytest
 from starlette.testclient import TestClient
 
 from deepseek_frontend.api import serve_command
-from deepseek_frontend.api.app import build_backend, create_app
+from deepseek_frontend.api.app import create_app
 from deepseek_frontend.api.config import ServerConfig, parse_model_alias
+from deepseek_frontend.api.served_model import build_backend
 from deepseek_frontend.errors import UnsupportedModelError
 from deepseek_frontend.tokenization import PromptTokenizer
 
@@ -207,7 +208,7 @@ def test_metrics_report_the_prompt_cache_sizes_and_hits(client: TestClient) -> N
         line = next(
             ln
             for ln in client.get("/metrics").text.splitlines()
-            if ln.startswith(f'{name}{{cache="{cache}"}}')
+            if ln.startswith(f'{name}{{cache="{cache}",model="deepseek-v4-flash"}}')
         )
         return float(line.rsplit(" ", 1)[1])
 

@@ -216,7 +216,7 @@ def test_a_client_leaving_during_a_long_prefill_aborts_before_the_first_token(
     warm = 'deepseek_frontend_arrivals_started_total{kind="warm"}'
     gone = (
         'deepseek_frontend_requests_total{endpoint="/v1/chat/completions",'
-        'error_type="client_disconnected",status="499"}'
+        'error_type="client_disconnected",model="deepseek-v4-flash",status="499"}'
     )
     warm_before, gone_before = _metric(slow_start_frontend, warm), _metric(slow_start_frontend, gone)
     before = sim_stats(slow_start)["aborted"]

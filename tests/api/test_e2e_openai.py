@@ -460,12 +460,14 @@ def test_a_missing_api_key_is_401_but_probes_need_none(frontend: Server) -> None
 def test_metrics_count_requests_and_tokens(frontend: Server, client: openai.OpenAI, model: str) -> None:
     client.chat.completions.create(model=model, messages=user("Reply with exactly: metered"))
     text = httpx.get(frontend.url + "/metrics").text
+    # every series of a model's own state carries its served name
     assert (
-        'deepseek_frontend_requests_total{endpoint="/v1/chat/completions",error_type="",status="200"}' in text
+        f'deepseek_frontend_requests_total{{endpoint="/v1/chat/completions",error_type="",model="{model}",'
+        'status="200"}' in text
     )
     assert "deepseek_frontend_time_to_first_token_seconds_count" in text
     assert "deepseek_frontend_generation_tokens_total" in text
-    assert 'deepseek_frontend_worker_healthy{worker="' in text
+    assert f'deepseek_frontend_worker_healthy{{model="{model}",worker="' in text
 
 
 # --------------------------------------------------------------------------- load

@@ -488,11 +488,6 @@ def test_chat_completions_and_responses_carry_openai_rate_limit_headers(limits_s
         assert_rate_limited_openai(third)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a background response's generation is not counted: its tokens reach neither the key's "
-    "tokens per minute nor its usage counters (api_route's tracker finishes when 'queued' is answered)",
-)
 def test_a_background_response_counts_its_tokens(limits_server: Server) -> None:
     url, key = limits_server.url, KEYS["background"]
     headers = {"authorization": f"Bearer {key}"}

@@ -11,7 +11,6 @@ tokenization, without filling the prompt caches.
 
 from __future__ import annotations
 
-import re
 import socket
 import threading
 import time
@@ -23,6 +22,7 @@ import orjson
 import pytest
 
 from tests.reliability.conftest import frontend_for
+from tests.support.metrics import samples
 from tests.support.servers import Server
 from tests.support.waiting import wait_until
 
@@ -43,10 +43,11 @@ def frontend(fake_worker: Server) -> Iterator[Server]:
 
 
 def metric(url: str, name: str) -> float:
-    text = httpx.get(url + "/metrics", timeout=10).text
-    match = re.search(rf"^{name} (\S+)$", text, re.M)
-    assert match, name
-    return float(match[1])
+    family, _, labels = name.partition("{")
+    found = samples(httpx.get(url + "/metrics", timeout=10).text, family)
+    key = "{" + labels if labels else ""
+    assert key in found, name
+    return found[key]
 
 
 def send_and_abandon(url: str, body: bytes, sent: threading.Event, stop: threading.Event) -> None:

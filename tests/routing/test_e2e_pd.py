@@ -9,7 +9,6 @@ SGLang's PD roles (the decode sim fetches the room's KV from the prefill sim's b
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ import httpx
 import openai
 import pytest
 
+from tests.support.metrics import samples
 from tests.support.servers import Server, free_port, start_frontend, start_sim_engine
 from tests.support.waiting import wait_until
 
@@ -44,11 +44,7 @@ def sim_stats(server: Server) -> dict[str, object]:
 
 
 def metric(server: Server, name: str) -> dict[str, float]:
-    text = httpx.get(server.url + "/metrics", timeout=5).text
-    return {
-        m.group(1) or "": float(m.group(2))
-        for m in re.finditer(rf"^{name}(\{{[^}}]*\}})? (\S+)$", text, re.M)
-    }
+    return samples(httpx.get(server.url + "/metrics", timeout=5).text, name)
 
 
 def nothing_running(*servers: Server) -> bool:

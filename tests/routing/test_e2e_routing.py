@@ -9,13 +9,13 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 
 import httpx
 import openai
 import pytest
 
+from tests.support.metrics import samples
 from tests.support.servers import Server, free_port, start_frontend, start_sim_engine
 from tests.support.waiting import wait_until
 
@@ -45,11 +45,7 @@ def kv_frontend() -> Iterator[tuple[Server, list[Server]]]:
 
 def metric(server: Server, name: str) -> dict[str, float]:
     """``{labels: value}`` of one metric family from /metrics."""
-    text = httpx.get(server.url + "/metrics").text
-    out = {}
-    for m in re.finditer(rf"^{name}(\{{[^}}]*\}})? (\S+)$", text, re.M):
-        out[m.group(1) or ""] = float(m.group(2))
-    return out
+    return samples(httpx.get(server.url + "/metrics").text, name)
 
 
 def kv_events_seen(frontend: Server) -> float:

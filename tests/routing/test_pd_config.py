@@ -7,8 +7,8 @@ import argparse
 import pytest
 
 from deepseek_frontend.api import serve_command
-from deepseek_frontend.api.app import build_backend
 from deepseek_frontend.api.config import ServerConfig
+from deepseek_frontend.api.served_model import build_backend
 from deepseek_frontend.routing.pd import DisaggregatedPool
 
 

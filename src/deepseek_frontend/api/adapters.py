@@ -29,7 +29,7 @@ from deepseek_frontend.images import resolve_request_images
 
 from .errors import as_frontend_error
 from .event_stream import EventEncoder, SSEEvent, frame_events
-from .http import EventStreamResponse, get_state, unless_disconnected
+from .http import EventStreamResponse, get_state, served_model, unless_disconnected
 from .validation import check_array, check_boolean, check_integer, check_object, check_string
 
 if TYPE_CHECKING:
@@ -38,7 +38,8 @@ if TYPE_CHECKING:
     from deepseek_frontend.pipeline.chat import ChatRequest, ChoiceStream, PreparedRequest
 
     from .config import ServerConfig
-    from .http import FrontendState, RequestTracker
+    from .http import RequestTracker
+    from .served_model import ServedModel
 
 __all__ = [
     "ConvertedChat",
@@ -219,9 +220,10 @@ async def respond_with_events(
     error response; a failure after it is the encoder's in-band error event.
     """
     state = get_state(request)
-    req = to_chat_request(converted, state.config, tracker.request_id)
-    pipeline = state.pipeline
-    await resolve_request_images(state, req.messages)
+    model = served_model(request)
+    req = to_chat_request(converted, model.config, tracker.request_id)
+    pipeline = model.pipeline
+    await resolve_request_images(state, req.messages, pipeline)
     prepared = await pipeline.prepare_async(req)
     # A client that leaves during prefill, or while a non-streamed answer is folded,
     # cancels the work, which aborts the engine request (as on the OpenAI routes).
@@ -232,9 +234,9 @@ async def respond_with_events(
     if stream.first_cached_tokens:
         encoder.note_cached_prompt(stream.first_cached_tokens)
     if converted.stream:
-        return EventStreamResponse(_event_stream(state, encoder, stream, tracker), tracker)
+        return EventStreamResponse(_event_stream(model, encoder, stream, tracker), tracker)
     events = await unless_disconnected(request, _fold_events(encoder, stream))
-    state.metrics.prompt_tokens.inc(prepared.prompt_tokens)
+    model.metrics.prompt_tokens.inc(prepared.prompt_tokens)
     return Response(orjson.dumps(fold(encoder, events)), media_type="application/json")
 
 
@@ -249,7 +251,7 @@ async def _fold_events(encoder: EventEncoder, stream: ChoiceStream) -> list[SSEE
 
 
 async def _event_stream(
-    state: FrontendState, encoder: EventEncoder, stream: ChoiceStream, tracker: RequestTracker
+    model: ServedModel, encoder: EventEncoder, stream: ChoiceStream, tracker: RequestTracker
 ) -> AsyncIterator[bytes]:
     yield frame_events(encoder.start())
     try:
@@ -258,7 +260,7 @@ async def _event_stream(
             if events:
                 yield frame_events(events)
             if chunk.end is not None:
-                state.metrics.prompt_tokens.inc(chunk.end.usage.prompt_tokens)
+                model.metrics.prompt_tokens.inc(chunk.end.usage.prompt_tokens)
     except Exception as exc:
         err = as_frontend_error(exc)
         tracker.stream_error = err.error_type

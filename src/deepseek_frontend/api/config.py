@@ -119,6 +119,9 @@ class ServerConfig:
     served_model_name: str
     family: str = "deepseek_v4"
     model_path: str | None = None
+    #: the tokenizer.json (or a directory holding it) the model renders with (``--tokenizer``; None:
+    #: ``model_path``'s)
+    tokenizer_path: str | None = None
     engine: EngineKind = "sim"
     workers: tuple[str, ...] = ()
     host: str = "127.0.0.1"
@@ -218,7 +221,14 @@ class ServerConfig:
 
         model_path: str | None = args.model_path
         served: str | None = args.served_model_name
-        family = detect_family(model_path, served)
+        tokenizer_path: str | None = getattr(args, "tokenizer", None)
+        if tokenizer_path is not None and not (
+            Path(tokenizer_path).is_file() or (Path(tokenizer_path) / "tokenizer.json").is_file()
+        ):
+            raise ValueError(
+                f"--tokenizer {tokenizer_path}: expected a tokenizer.json or a directory holding one"
+            )
+        family = getattr(args, "family", None) or detect_family(model_path, served)
         if family is None:
             if model_path and (Path(model_path) / "config.json").is_file():
                 # The checkpoint says what it is, and it is not a family this frontend renders.
@@ -268,14 +278,15 @@ class ServerConfig:
         if (
             family == "deepseek_v41"
             and engine != "sim"
+            and not tokenizer_path
             and not (model_path and (Path(model_path) / "tokenizer.json").is_file())
         ):
             # The bundled tokenizer is V4's: it has no <｜System｜> and spells the image token
             # <｜image2｜>. Only the simulated engine may run on the renamed stand-in.
             raise UnsupportedModelError(
                 "DeepSeek-V4.1 on real workers needs the checkpoint's own tokenizer: pass "
-                "--model-path DIR (a directory with the checkpoint's tokenizer.json); the bundled "
-                "tokenizer is DeepSeek-V4's and lacks <｜System｜> and <｜deepseek_image｜>"
+                "--model-path DIR (a directory with the checkpoint's tokenizer.json) or --tokenizer PATH; "
+                "the bundled tokenizer is DeepSeek-V4's and lacks <｜System｜> and <｜deepseek_image｜>"
             )
         profile = args.reasoning_effort_profile or default_effort_profile(model_path, served)
         from deepseek_frontend.formats.effort import V41_PROFILES
@@ -291,6 +302,7 @@ class ServerConfig:
             served_model_name=served,
             family=family,
             model_path=model_path,
+            tokenizer_path=tokenizer_path,
             engine=engine,
             workers=workers,
             host=args.host,

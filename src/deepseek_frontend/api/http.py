@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import os
 import time
 from collections import OrderedDict
@@ -32,13 +33,20 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from deepseek_frontend import _tracing
 from deepseek_frontend._tasks import DisconnectWatch
-from deepseek_frontend.errors import FrontendError, PayloadTooLargeError, RequestError, RequestTimeoutError
+from deepseek_frontend.errors import (
+    FrontendError,
+    KeyRateLimitError,
+    PayloadTooLargeError,
+    RequestError,
+    RequestTimeoutError,
+)
 from deepseek_frontend.pipeline.offload import CURRENT_TURN, release_current_turn
 
 from .admission import Admission, BodyReaders
 from .arrivals import ArrivalPacer
 from .errors import ErrorBodyRenderer, as_frontend_error, error_response, openai_error_body
 from .memory import LARGE_BODY_BYTES, MemoryReleaser
+from .rate_limits import Refusal
 from .sse import MEDIA_TYPE, SSE_HEADERS
 
 if TYPE_CHECKING:
@@ -48,6 +56,10 @@ if TYPE_CHECKING:
 
     from .config import ServerConfig
     from .metrics import FrontendMetrics, RequestFigures
+    from .model_registry import ModelRegistry
+    from .rate_limits import KeyUsageMetrics, RateLimiter
+    from .served_model import ServedModel
+    from .tenants import TenantTable
 
 log = logging.getLogger("deepseek_frontend.api")
 
@@ -60,15 +72,11 @@ T = TypeVar("T")
 class FrontendState:
     """Shared state of one server (``app.state.frontend``)."""
 
-    config: ServerConfig
-    pipeline: ChatPipeline
-    tokenizer: PromptTokenizer
+    #: the served models (api/model_registry.py); a reload swaps the registry, never edits it
+    models: ModelRegistry
+    #: the server's own metrics: requests not (yet) routed to a model, keys' usage, model_info
     metrics: FrontendMetrics
-    #: the WorkerPool (or in-process simulated engine) behind the pipeline
-    backend: Any
     extra: dict[str, Any] = field(default_factory=dict)
-    #: admission control of the generating endpoints (None: unlimited)
-    admission: Admission | None = None
     #: bounds the requests whose body is still arriving, before admission (None: unlimited)
     body_readers: BodyReaders | None = None
     #: gives the memory of large requests back once they are done (None: left to the allocator)
@@ -81,6 +89,40 @@ class FrontendState:
     store: Any = None
     #: OpenTelemetry traces of requests (``_tracing.tracer_from_env``; None: tracing off)
     tracer: Tracer | None = None
+    #: the API keys (api/tenants.py; None: no key needed)
+    tenants: TenantTable | None = None
+    #: the keys' request, token and concurrency limits (api/rate_limits.py)
+    limiter: RateLimiter | None = None
+    #: the keys' usage counters in ``metrics``
+    key_usage: KeyUsageMetrics | None = None
+    #: what the server was configured with (api/fleet_config.py); a reload replaces it
+    fleet: Any = None
+
+    @property
+    def config(self) -> ServerConfig:
+        """The server-wide settings (the first model's configuration, whose server fields every
+        model shares)."""
+        return self.models.default.config
+
+    @property
+    def pipeline(self) -> ChatPipeline:
+        """The first model's pipeline (its loop turns and offload threads are every model's)."""
+        return self.models.default.pipeline
+
+    @property
+    def tokenizer(self) -> PromptTokenizer:
+        """The first model's tokenizer."""
+        return self.models.default.tokenizer
+
+    @property
+    def backend(self) -> Any:
+        """The first model's engine backend."""
+        return self.models.default.backend
+
+    @property
+    def admission(self) -> Admission:
+        """The first model's admission control."""
+        return self.models.default.admission
 
 
 def get_state(request: Request) -> FrontendState:
@@ -143,6 +185,40 @@ BODY_TIMEOUT_S = 60.0
 
 #: where :func:`receive_body` leaves a body it read (``request.state``)
 BODY_ATTR = "received_body"
+#: where :func:`api_route` leaves a body it parsed to find the model it names (``request.state``)
+PARSED_ATTR = "parsed_body"
+
+
+def _route(request: Request, state: FrontendState, selects_model: bool) -> ServedModel:
+    """The model ``request`` goes to: the one its JSON body's ``model`` names (``selects_model``),
+    among those its API key may use. With one model and a key that may use it, the body is not
+    parsed here (the handler parses it after admission). Raises ``ModelNotFoundError`` (404) and,
+    for a body that is not a JSON object, ``RequestError`` (400)."""
+    models = state.models
+    tenant = request.scope.get("state", {}).get("tenant")
+    only = models.only
+    if not selects_model or (only is not None and (tenant is None or tenant.may_use(only.name))):
+        return only if only is not None else models.resolve(None, tenant)
+    body = parse_json_object(getattr(request.state, BODY_ATTR, b""))
+    setattr(request.state, PARSED_ATTR, body)
+    name = body.get("model")
+    # a model that is not a string is the handler's 400 (it names the field); routed to the default
+    return models.resolve(name if isinstance(name, str) else None, tenant)
+
+
+def _limit_protocol(render: ErrorBodyRenderer) -> str:
+    """Whose rate-limit headers a route sends: Anthropic's on /v1/messages, else OpenAI's."""
+    return "anthropic" if getattr(render, "__name__", "").startswith("anthropic") else "openai"
+
+
+#: where :func:`api_route` leaves the model a request was routed to (``request.state``)
+MODEL_ATTR = "served_model"
+
+
+def served_model(request: Request) -> ServedModel:
+    """The model ``request`` was routed to (:func:`api_route`), or the server's first model."""
+    model = getattr(request.state, MODEL_ATTR, None)
+    return model if model is not None else get_state(request).models.default
 
 
 def _body_limits(request: Request, max_bytes: int | None, timeout_s: float | None) -> tuple[int, float]:
@@ -231,7 +307,8 @@ async def read_json(request: Request, max_bytes: int, timeout_s: float | None = 
             heads = state.recent_heads
             urgent = heads.seen_before(body) if heads is not None else False
         CURRENT_TURN.set(await turns.take(urgent))
-    return parse_json_object(body)
+    parsed = getattr(request.state, PARSED_ATTR, None)  # parsed already to route it (api_route)
+    return parsed if parsed is not None else parse_json_object(body)
 
 
 async def _read_stream(request: Request, max_bytes: int, timeout_s: float) -> bytes:
@@ -311,8 +388,11 @@ class RequestTracker:
         "_release",
         "deferred",
         "endpoint",
+        "grant",
         "key_name",
+        "key_usage",
         "metrics",
+        "model",
         "on_done",
         "request_id",
         "started",
@@ -337,7 +417,22 @@ class RequestTracker:
         self.on_done: Callable[[], None] | None = None
         #: the request's spans (tracing on), ended by :meth:`finish`
         self.trace: RequestTrace | None = None
+        #: the model the request was routed to (:meth:`route`)
+        self.model: ServedModel | None = None
+        #: the API key's rate-limit admission (rate_limits.Admitted), given back by :meth:`finish`
+        self.grant: Any = None
+        #: where the key's usage is counted (with API keys)
+        self.key_usage: KeyUsageMetrics | None = None
         metrics.in_flight.labels(endpoint).inc()
+
+    def route(self, model: ServedModel) -> None:
+        """The request goes to ``model``: from here on it is counted in that model's metrics."""
+        if model.metrics is not self.metrics:
+            self.metrics.in_flight.labels(self.endpoint).dec()
+            self.metrics = model.metrics
+            self.metrics.in_flight.labels(self.endpoint).inc()
+        model.enter()
+        self.model = model
 
     def finish(self, status: int, error_type: str = "", message: str = "") -> None:
         """Count the request by status and log its "request done" line (idempotent).
@@ -361,6 +456,12 @@ class RequestTracker:
         m.requests.labels(self.endpoint, str(status), error_type).inc()
         m.e2e.observe(elapsed)
         figures = m.ledger.take(self.request_id)
+        model, self.model = self.model, None
+        if model is not None:
+            model.leave()
+        charge = self.hand_over_key_charge()
+        if charge is not None:
+            charge.settle(status, figures, model.name if model is not None else "")
         trace = self.trace
         if trace is not None:
             self.trace = None
@@ -368,6 +469,38 @@ class RequestTracker:
         log_request_done(
             self.request_id, self.endpoint, status, error_type, message, elapsed, figures, self.key_name
         )
+
+    def hand_over_key_charge(self) -> KeyCharge | None:
+        """What the request owes its API key (its limits' admission, its usage), taken from the
+        tracker: a background response settles it when its generation ends, not when the request
+        that queued it does. None without API keys (or when handed over already)."""
+        grant, self.grant = self.grant, None
+        usage, self.key_usage = self.key_usage, None
+        if grant is None and usage is None:
+            return None
+        return KeyCharge(grant, usage, self.key_name)
+
+
+class KeyCharge:
+    """A request's debt to its API key: the rate limits' admission to give back with the tokens
+    used, and the usage counters to add to. :meth:`settle` once, when the generation is over."""
+
+    __slots__ = ("grant", "key_name", "usage")
+
+    def __init__(self, grant: Any, usage: KeyUsageMetrics | None, key_name: str) -> None:
+        self.grant = grant
+        self.usage = usage
+        self.key_name = key_name
+
+    def settle(self, status: int, figures: RequestFigures | None, model: str) -> None:
+        prompt = figures.prompt_tokens if figures is not None else 0
+        cached = figures.cached_tokens if figures is not None else 0
+        output = figures.completion_tokens if figures is not None else 0
+        grant, self.grant = self.grant, None
+        if grant is not None:
+            grant.release(prompt + output)  # the key's tokens per minute count what was used
+        if self.usage is not None and self.key_name:
+            self.usage.record(self.key_name, model, str(status), prompt, cached, output)
 
 
 def _span_figures(figures: RequestFigures | None, key_name: str) -> dict[str, Any]:
@@ -425,13 +558,22 @@ Endpoint = Callable[[Request, RequestTracker], Awaitable[Response]]
 
 
 def api_route(
-    endpoint: str, render: ErrorBodyRenderer = openai_error_body, prefix: str = "chatcmpl"
+    endpoint: str,
+    render: ErrorBodyRenderer = openai_error_body,
+    prefix: str = "chatcmpl",
+    *,
+    selects_model: bool = False,
 ) -> Callable[[Endpoint], Callable[[Request], Awaitable[Response]]]:
     """Decorate ``async def handler(request, tracker) -> Response`` into a Starlette endpoint.
 
     The request id (``request.state.request_id``, also echoed as ``x-request-id``)
     is ``<prefix>-<hex>``; a ``FrontendError`` (or any exception) becomes an error
     response rendered by ``render``.
+
+    Before the handler runs, in this order: the body is read; the request is routed to a model
+    (``selects_model``: the one its body's ``model`` names, else the server's first;
+    :func:`served_model`); its API key's limits admit it (429 with the protocol's rate-limit
+    headers past one, api/rate_limits.py); the model's admission control admits it.
     """
 
     def decorate(fn: Endpoint) -> Callable[[Request], Awaitable[Response]]:
@@ -440,7 +582,11 @@ def api_route(
             state = get_state(request)
             request_id = new_request_id(prefix)
             request.state.request_id = request_id
-            tracker = RequestTracker(state.metrics, endpoint, request_id)
+            only = state.models.only
+            tracker = RequestTracker(
+                only.metrics if only is not None else state.metrics, endpoint, request_id
+            )
+            rate_headers: dict[str, str] | None = None
             tracker.key_name = getattr(request.state, "api_key_name", "")
             # tracing off and no client traceparent: (None, None), nothing set
             tracker.trace, trace_token = _tracing.enter(
@@ -455,23 +601,44 @@ def api_route(
                     if memory is not None and len(getattr(request.state, BODY_ATTR)) >= LARGE_BODY_BYTES:
                         memory.started()
                         tracker.on_done = memory.finished
-                admission = state.admission
-                if admission is not None:
-                    # After the body, before parsing: a refused request costs no parsing. A request
-                    # that queues here must not hold its loop turn (read_json takes a new one).
-                    if not admission.can_enter():
-                        release_current_turn()
-                    with _tracing.phase("admission"):
-                        refusal = await admission.enter()
-                    if refusal is not None:
-                        # answered without raising (see Admission.enter): the cheapest answer there is
-                        response = error_response(refusal, render)
-                        tracker.finish(response.status_code, refusal.error_type, refusal.message)
+                model = _route(request, state, selects_model)
+                tracker.route(model)
+                setattr(request.state, MODEL_ATTR, model)
+                tenant = request.scope.get("state", {}).get("tenant")
+                if tenant is not None and state.limiter is not None:
+                    tracker.key_usage = state.key_usage
+                    verdict = state.limiter.admit(tenant, protocol=_limit_protocol(render))
+                    if isinstance(verdict, Refusal):
+                        if state.key_usage is not None:
+                            state.key_usage.limited(tenant.name, verdict.limit)
+                        err = KeyRateLimitError(
+                            verdict.message, retry_after_s=math.ceil(verdict.retry_after_s)
+                        )
+                        response = error_response(err, render, headers=verdict.headers)
+                        tracker.finish(response.status_code, err.error_type, err.message)
                         response.headers.setdefault(
                             REQUEST_ID_HEADER, request.headers.get(REQUEST_ID_HEADER) or request_id
                         )
                         return response
-                    tracker._release = admission.release
+                    tracker.grant = verdict
+                    rate_headers = verdict.headers
+                admission = model.admission
+                # After the body, before the handler's parsing: a refused request costs no
+                # validation. A request that queues here must not hold its loop turn (read_json
+                # takes a new one).
+                if not admission.can_enter():
+                    release_current_turn()
+                with _tracing.phase("admission"):
+                    refusal = await admission.enter()
+                if refusal is not None:
+                    # answered without raising (see Admission.enter): the cheapest answer there is
+                    response = error_response(refusal, render)
+                    tracker.finish(response.status_code, refusal.error_type, refusal.message)
+                    response.headers.setdefault(
+                        REQUEST_ID_HEADER, request.headers.get(REQUEST_ID_HEADER) or request_id
+                    )
+                    return response
+                tracker._release = admission.release
                 try:
                     response = await fn(request, tracker)
                 finally:
@@ -495,6 +662,8 @@ def api_route(
                     tracker.finish(response.status_code)
             finally:
                 _tracing.leave(trace_token)
+            if rate_headers:
+                response.headers.update(rate_headers)
             response.headers.setdefault(
                 REQUEST_ID_HEADER, request.headers.get(REQUEST_ID_HEADER) or request_id
             )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -99,25 +99,11 @@ class _CacheCollector:
 
 
 class _AdmissionCollector:
-    """Admission control and isolation, read at scrape time (no per-request cost).
+    """One model's admission control, read at scrape time (no per-request cost): the
+    ``<prefix>_admission_{active,queued}`` gauges and ``_admission_rejected_total`` (429s)."""
 
-    ``<prefix>_admission_{active,queued}`` gauges, ``_admission_rejected_total`` (429s),
-    ``_offload_pending`` (long prompts queued or being prepared off the event loop), when the
-    HTTP protocol's counters are given, ``_http_{header_timeouts,refused_connections,parser_errors}_total``,
-    and with an arrival pacer ``_arrivals_held`` and ``_arrivals_started_total{kind=warm|cold}``.
-    """
-
-    def __init__(
-        self,
-        admission: Any,
-        offload_pending: Callable[[], int],
-        http_stats: Callable[[], dict[str, int] | None],
-        arrivals: Any = None,
-    ) -> None:
+    def __init__(self, admission: Any) -> None:
         self._admission = admission
-        self._offload_pending = offload_pending
-        self._http_stats = http_stats
-        self._arrivals = arrivals
 
     def collect(self) -> Iterator[Metric]:
         adm = self._admission
@@ -128,6 +114,29 @@ class _AdmissionCollector:
         yield CounterMetricFamily(
             f"{PREFIX}_admission_rejected", "Requests refused with 429 by admission control.", adm.rejected
         )
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())
+
+
+class _ProcessCollector:
+    """What the process shares between its models, read at scrape time: ``<prefix>_offload_pending``
+    (long prompts queued or being prepared off the event loop), when the HTTP protocol's counters are
+    given, ``_http_{header_timeouts,refused_connections,parser_errors}_total``, and with an arrival
+    pacer ``_arrivals_held`` and ``_arrivals_started_total{kind=warm|cold}``.
+    """
+
+    def __init__(
+        self,
+        offload_pending: Callable[[], int],
+        http_stats: Callable[[], dict[str, int] | None],
+        arrivals: Any = None,
+    ) -> None:
+        self._offload_pending = offload_pending
+        self._http_stats = http_stats
+        self._arrivals = arrivals
+
+    def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(
             f"{PREFIX}_offload_pending",
             "Long prompts queued or being rendered and tokenized off the event loop.",
@@ -220,22 +229,22 @@ class RequestLedger:
 class FrontendMetrics:
     """All metrics of one server. ``render()`` gives the Prometheus text exposition.
 
-    ``model`` (the served model name) is exported as ``<prefix>_model_info{model="..."} 1``: one
-    process serves one model, so dashboards and alerts attribute every other series of the same
-    scrape target to that model by joining on the target (recipes/observability).
+    A server keeps one per served model (api/served_model.py), whose series ``/metrics`` labels
+    with ``model`` (:func:`merge_labelled`), and one for what happens before a request is routed to
+    a model; that one exports ``<prefix>_model_info{model="..."} 1`` per served model.
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None, model: str | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, models: Sequence[str] = ()) -> None:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         self.ledger = RequestLedger()
         self.model_info = Gauge(
             f"{PREFIX}_model_info",
-            "1 for the model this server serves (its served name).",
+            "1 for each model this server serves (its served name).",
             ["model"],
             registry=r,
         )
-        if model is not None:
+        for model in models:
             self.model_info.labels(model).set(1)
         self.requests = Counter(
             f"{PREFIX}_requests",
@@ -296,16 +305,52 @@ class FrontendMetrics:
         """Export the prompt-id caches' sizes and hit counts, read from ``stats()`` at each scrape."""
         self.registry.register(_CacheCollector(stats))
 
-    def watch_admission(
+    def watch_admission(self, admission: Any) -> None:
+        """Export a model's admission control (active, queued, refused), read at each scrape."""
+        self.registry.register(_AdmissionCollector(admission))
+
+    def watch_process(
         self,
-        admission: Any,
         offload_pending: Callable[[], int],
         http_stats: Callable[[], dict[str, int] | None] = lambda: None,
         arrivals: Any = None,
     ) -> None:
-        """Export admission control, offload, HTTP-limit and arrival counters, read at each scrape."""
-        self.registry.register(_AdmissionCollector(admission, offload_pending, http_stats, arrivals))
+        """Export the offload, HTTP-limit and arrival counters the process's models share."""
+        self.registry.register(_ProcessCollector(offload_pending, http_stats, arrivals))
 
     def render(self) -> bytes:
         """Prometheus text exposition of every metric."""
         return generate_latest(self.registry)
+
+
+def merge_labelled(parts: Iterable[tuple[Mapping[str, str], str]]) -> dict[str, Metric]:
+    """Prometheus text expositions -> their metric families merged by name, each sample of a part
+    given that part's extra labels (the text format needs one block per family, with its type and
+    help once). The families come back in first-seen order, ready for a collector to yield."""
+    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.samples import Sample
+
+    families: dict[str, Metric] = {}
+    for extra, text in parts:
+        for family in text_string_to_metric_families(text):
+            merged = families.get(family.name)
+            if merged is None:
+                merged = families[family.name] = Metric(family.name, family.documentation, family.type)
+                merged.unit = family.unit
+            for s in family.samples:
+                labels = {**s.labels, **extra}
+                merged.samples.append(Sample(s.name, labels, s.value, s.timestamp, s.exemplar))
+    return families
+
+
+def render_families(families: Iterable[Metric]) -> bytes:
+    """Metric families as Prometheus text."""
+    collected = list(families)
+
+    class _Families:
+        def collect(self) -> Iterator[Metric]:
+            return iter(collected)
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families())  # type: ignore[arg-type]
+    return generate_latest(registry)

@@ -11,7 +11,8 @@ How it works (Linux / POSIX, ``os.fork``):
   processes. A connection (and so an HTTP keep-alive client) stays on one process.
 * Signals: the children run in their own process group, so a terminal's Ctrl-C reaches only the
   supervisor, which forwards one SIGTERM to each child (uvicorn then drains: a graceful stop, not
-  the forced exit a second SIGINT would mean). SIGTERM is forwarded the same way. Each child also
+  the forced exit a second SIGINT would mean). SIGTERM is forwarded the same way, and SIGHUP as
+  SIGHUP (each child re-reads the configuration, api/reload.py). Each child also
   asks the kernel for SIGTERM if the supervisor dies (``PR_SET_PDEATHSIG``).
 * A child that exits on its own (a crash, an OOM kill) is forked again under the same index while
   the others keep serving. Restarts back off (:func:`restart_delay`: 0.5 s doubling to 30 s for a
@@ -36,6 +37,8 @@ How it works (Linux / POSIX, ``os.fork``):
 What is per process: the tokenizer's prefix and run caches (a conversation's follow-up that
 lands on another process tokenizes its prompt cold once there), the in-process simulated
 engine, admission limits (``--max-concurrent-requests`` etc. apply per process) and health.
+What is shared: the API keys' limits (requests and tokens per minute, concurrent requests), kept
+in a shared memory segment the supervisor makes before forking (api/limit_state.py).
 """
 
 from __future__ import annotations
@@ -189,29 +192,19 @@ class ProcessSlot:
 def merge_expositions(
     texts: Mapping[str, str], unreachable: int = 0, restarts: Mapping[str, int] | None = None
 ) -> bytes:
-    """Prometheus text expositions of several processes -> one, each sample labelled ``worker``.
+    """Prometheus text expositions of several processes -> one, each sample labelled ``process``.
 
     Families keep their type and help; samples of a family from every process are written
     together (the text format requires one block per family). ``unreachable`` is exported as
     the gauge ``deepseek_frontend_metrics_workers_unreachable``; ``restarts`` (per worker index) as
     the counter ``deepseek_frontend_process_restarts_total``.
     """
-    from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.metrics_core import Metric
-    from prometheus_client.parser import text_string_to_metric_families
-    from prometheus_client.samples import Sample
 
-    families: dict[str, Metric] = {}
-    for worker, text in texts.items():
-        for family in text_string_to_metric_families(text):
-            merged = families.get(family.name)
-            if merged is None:
-                merged = families[family.name] = Metric(family.name, family.documentation, family.type)
-                merged.unit = family.unit
-            for s in family.samples:
-                # "process", not "worker": the engine-worker series already carry worker=<URL>
-                labels = {**s.labels, "process": worker}
-                merged.samples.append(Sample(s.name, labels, s.value, s.timestamp, s.exemplar))
+    from .metrics import merge_labelled, render_families
+
+    # "process", not "worker": the engine-worker series already carry worker=<URL>
+    families = merge_labelled(({"process": worker}, text) for worker, text in texts.items())
     gauge = Metric(
         "deepseek_frontend_metrics_workers_unreachable",
         "frontend processes that did not answer this scrape (their series are missing)",
@@ -228,14 +221,7 @@ def merge_expositions(
         for worker, value in restarts.items():
             counter.add_sample("deepseek_frontend_process_restarts_total", {"process": worker}, float(value))
         families[counter.name] = counter
-
-    class _Merged:
-        def collect(self) -> Any:
-            return iter(families.values())
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Merged())  # type: ignore[arg-type]
-    return generate_latest(registry)
+    return render_families(families.values())
 
 
 def _die_with_parent() -> None:
@@ -364,7 +350,14 @@ def _supervise(group: _Group) -> ProcessSlot | int:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
 
+    def hangup(_signum: int, _frame: Any) -> None:
+        # every process re-reads the configuration itself (api/reload.py)
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGHUP)
+
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, hangup)
     deadline: float | None = None
     try:
         while children or group.due:

@@ -54,6 +54,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="checkpoint directory (tokenizer.json, config.json); default: the bundled DeepSeek-V4 tokenizer",
     )
     model.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="PATH",
+        help="the tokenizer.json (or a directory holding it) the model uses (default: --model-path's, "
+        "else the bundled one)",
+    )
+    model.add_argument(
+        "--family",
+        choices=("deepseek_v4", "deepseek_v41", "deepseek_v32"),
+        default=None,
+        help="the model family's prompt format (default: detected from --model-path's config.json or "
+        "the served name)",
+    )
+    model.add_argument(
         "--served-model-name",
         default=None,
         help="model name clients send and /v1/models lists (default: the detected family's name)",
@@ -361,6 +375,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_state_arguments(parser)
 
     http = parser.add_argument_group("http")
+    http.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="YAML file listing the models (and API keys) this server serves; per-model flags on the "
+        "command line are every model's defaults; re-read on SIGHUP (docs/serving.md, 'Several models')",
+    )
+    http.add_argument(
+        "--keys-file",
+        default=None,
+        metavar="FILE",
+        help="YAML or JSON file of API keys with names, models and limits (docs/serving.md, 'API keys "
+        "and limits'); re-read on SIGHUP",
+    )
     http.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
     http.add_argument(
         "--workers",
@@ -401,6 +429,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="text",
         help="text: key=value lines; json: one JSON object per line (default: text)",
     )
+
+
+def flag_actions() -> dict[str, argparse.Action]:
+    """Each ``serve`` flag's argparse action by its dest (a configuration file's values are checked
+    as the flag's would be: api/fleet_config.py)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    return {action.dest: action for action in parser._actions}
 
 
 def _descriptors_for(connections: int) -> int:
@@ -450,21 +486,25 @@ def run(args: argparse.Namespace) -> int:
     from deepseek_frontend._tracing import check_env as check_tracing_env
     from deepseek_frontend.api.acceptor import FrontendServer
     from deepseek_frontend.api.app import create_app
-    from deepseek_frontend.api.config import ServerConfig
+    from deepseek_frontend.api.fleet_config import fleet_from_args
     from deepseek_frontend.api.http_protocol import PROBE_MAX_CONNECTIONS, guarded_protocol
+    from deepseek_frontend.api.limit_state import SharedLimitState
     from deepseek_frontend.api.logs import configure_logging
     from deepseek_frontend.errors import FrontendError
 
     configure_logging(args.log_level, args.log_format)
     log = logging.getLogger("deepseek_frontend.serve")
+    actions = flag_actions()
     try:
-        config = ServerConfig.from_args(args)
+        fleet = fleet_from_args(args, actions)
         check_tracing_env()  # before binding: every process would refuse to start later
     except (FrontendError, OSError, ValueError, RuntimeError) as exc:
         print(f"deepseek-frontend serve: {exc}", file=sys.stderr)
         return 2
-    if config.uses_builtin_sim:
-        log.warning(SIM_NOTICE)
+    config = fleet.models[0]  # the server-wide settings (every model shares them)
+    for model in fleet.models:
+        if model.uses_builtin_sim:
+            log.warning("%s: %s", model.served_model_name, SIM_NOTICE)
 
     # Bind ourselves so --port 0 works and the real port is logged before serving.
     family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
@@ -501,6 +541,8 @@ def run(args: argparse.Namespace) -> int:
         probe_sock.listen(256)
 
     slot = None
+    # the API keys' limits hold across processes: their state is shared memory made before forking
+    shared_limits = SharedLimitState.create(processes=processes) if processes > 1 else None
     if processes > 1:
         from deepseek_frontend.api.processes import fork_processes
 
@@ -518,7 +560,24 @@ def run(args: argparse.Namespace) -> int:
     # In each serving process (a forked one starts with a small table again), before the app
     # starts threads, so no accept() waits for the table to grow (_descriptors.py)
     reserve_descriptor_table(_descriptors_for(max_connections))
-    app = create_app(config)
+    if slot is not None:
+        assert shared_limits is not None
+        shared_limits.reset_process(slot.index)  # what a dead predecessor held in flight is free again
+        # a process forked again later reads the configuration as it is now (a reload may have changed it)
+        try:
+            fleet = fleet_from_args(args, actions)
+            config = fleet.models[0]
+        except (FrontendError, OSError, ValueError) as exc:
+            log.error(
+                "the configuration no longer loads (%s); this process serves the one read at start", exc
+            )
+    app = create_app(
+        config,
+        fleet=fleet,
+        shared_limits=shared_limits,
+        process_index=slot.index if slot is not None else 0,
+        load_fleet=lambda: fleet_from_args(args, actions),
+    )
     if slot is not None:
         app.state.frontend.extra["process_slot"] = slot
     # Thousands of requests in flight make every full collection long (~0.1 s on 2 cores, the
@@ -557,20 +616,20 @@ def run(args: argparse.Namespace) -> int:
     listening = slot.listening if slot is not None and slot.listening is not None else sock
     # the public socket is accepted by the frontend itself, up to 64 connections per wake-up
     server = FrontendServer(uv_config, public=[listening], slot=slot, probes=probes)
-    log.info(
-        "listening on http://%s:%d model=%s family=%s engine=%s workers=%s",
-        config.host,
-        port,
-        config.served_model_name,
-        config.family,
-        config.engine,
-        ",".join(config.workers)
-        or (
-            f"prefill={','.join(config.prefill_workers)} decode={','.join(config.decode_workers)}"
-            if config.prefill_workers
-            else "-"
-        ),
-    )
+    log.info("listening on http://%s:%d", config.host, port)
+    for model in fleet.models:
+        log.info(
+            "model=%s family=%s engine=%s workers=%s",
+            model.served_model_name,
+            model.family,
+            model.engine,
+            ",".join(model.workers)
+            or (
+                f"prefill={','.join(model.prefill_workers)} decode={','.join(model.decode_workers)}"
+                if model.prefill_workers
+                else "-"
+            ),
+        )
     if probe_sock is not None:
         log.info(
             "probes on http://%s:%d (/live, /health, /metrics)", config.host, probe_sock.getsockname()[1]

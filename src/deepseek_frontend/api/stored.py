@@ -45,7 +45,7 @@ def store_of(request: Request) -> StateStore:
 
 def owner_of(request: Request) -> str:
     """The owner key of the request's API key (the auth middleware has checked it already)."""
-    return request_owner(request.headers, bool(get_state(request).config.api_key))
+    return request_owner(request.headers, get_state(request).tenants is not None)
 
 
 def not_stored(kind: str, object_id: str, param: str | None = None) -> StoredObjectNotFoundError:

@@ -114,7 +114,9 @@ class ChatPipeline:
 
     ``config`` is a :class:`PipelineConfig` or any settings object with its fields (the API
     layer's server config): the pipeline reads :attr:`pipeline_config`, copied from it, and keeps
-    ``config`` as given for callers that read their own settings from it.
+    ``config`` as given for callers that read their own settings from it. ``offload`` and
+    ``turns`` are another pipeline's, when several models of one process share their threads and
+    their event loop's turns; by default the pipeline makes its own.
     """
 
     def __init__(
@@ -123,6 +125,9 @@ class ChatPipeline:
         tokenizer: PromptTokenizer,
         backend: EngineBackend,
         metrics: PipelineMetrics | None = None,
+        *,
+        offload: OffloadPool | None = None,
+        turns: LoopTurns | None = None,
     ) -> None:
         self.config = config
         self.pipeline_config = settings = PipelineConfig.from_settings(config)
@@ -137,9 +142,9 @@ class ChatPipeline:
         self.offload_min_chars: int = settings.offload_min_chars
         #: requests with at least this many characters of text are also rendered off the event loop
         self.offload_prepare_chars: int = settings.offload_prepare_chars
-        self.offload = OffloadPool(settings.offload_threads)
+        self.offload = offload if offload is not None else OffloadPool(settings.offload_threads)
         #: turns for the short prompts prepared on the event loop (bursts queue instead of stalling it)
-        self.turns = LoopTurns(LOOP_TURN_SLOTS)
+        self.turns = turns if turns is not None else LoopTurns(LOOP_TURN_SLOTS)
         self.planner = EnginePlanner(settings, backend, self.eos_token_id, _max_token_chars(tokenizer))
         self.preparer = PromptPreparer(
             settings, tokenizer, self.renderer, self.planner, metrics, self.offload, self.turns

@@ -33,7 +33,7 @@ from deepseek_frontend.images import family_reads_images, resolve_request_images
 from ..adapters import respond_with_events, to_chat_request
 from ..continuity import continuity_of
 from ..errors import ErrorBodyRenderer
-from ..http import RequestTracker, api_route, get_state, read_json
+from ..http import RequestTracker, api_route, get_state, read_json, served_model
 from .convert import convert_messages_request
 from .events import MessagesStreamEncoder, accumulate_message, anthropic_error_body
 from .hidden_thinking import HIDDEN_REASONING
@@ -41,12 +41,12 @@ from .hidden_thinking import HIDDEN_REASONING
 __all__ = ["ERROR_RENDERERS", "ROUTES", "count_tokens", "create_message"]
 
 
-@api_route("/v1/messages", render=anthropic_error_body, prefix="msg")
+@api_route("/v1/messages", render=anthropic_error_body, prefix="msg", selects_model=True)
 async def create_message(request: Request, tracker: RequestTracker) -> Response:
     """``POST /v1/messages`` (streaming with ``"stream": true``, else one JSON message)."""
     body = await read_json(request, get_state(request).config.max_body_bytes)
     converted = convert_messages_request(
-        body, read_images=family_reads_images(get_state(request).config.family)
+        body, read_images=family_reads_images(served_model(request).config.family)
     )
     HIDDEN_REASONING.restore(converted.messages)
     continuity, owner = continuity_of(request)  # reasoning the client dropped (api/continuity.py)
@@ -82,7 +82,7 @@ async def create_message(request: Request, tracker: RequestTracker) -> Response:
     )
 
 
-@api_route("/v1/messages/count_tokens", render=anthropic_error_body, prefix="msg")
+@api_route("/v1/messages/count_tokens", render=anthropic_error_body, prefix="msg", selects_model=True)
 async def count_tokens(request: Request, tracker: RequestTracker) -> Response:
     """``POST /v1/messages/count_tokens``: ``{"input_tokens": N}`` from the real render + tokenize.
 
@@ -90,19 +90,20 @@ async def count_tokens(request: Request, tracker: RequestTracker) -> Response:
     (tools, thinking mode and effort included).
     """
     state = get_state(request)
+    model = served_model(request)
     body = await read_json(request, state.config.max_body_bytes)
     converted = convert_messages_request(
-        body, require_max_tokens=False, read_images=family_reads_images(state.config.family)
+        body, require_max_tokens=False, read_images=family_reads_images(model.config.family)
     )
     HIDDEN_REASONING.restore(converted.messages)
     continuity, owner = continuity_of(request)
     await continuity.restore(owner, converted.messages, "anthropic")
-    req = to_chat_request(converted, state.config, tracker.request_id)
+    req = to_chat_request(converted, model.config, tracker.request_id)
     # images are resolved (read, limited) as for /v1/messages: their token counts are part of the answer
-    await resolve_request_images(state, req.messages)
+    await resolve_request_images(state, req.messages, model.pipeline)
     # Render + tokenize only: a prompt over the context window still gets its count, and
     # "any" / named tool_choice (a decoding constraint, not prompt text) needs no engine support.
-    count = await state.pipeline.count_prompt_tokens_async(req)
+    count = await model.pipeline.count_prompt_tokens_async(req)
     return Response(orjson.dumps({"input_tokens": count}), media_type="application/json")
 
 

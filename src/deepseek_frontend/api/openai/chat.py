@@ -53,6 +53,7 @@ from ..http import (
     api_route,
     get_state,
     read_json,
+    served_model,
     stream_error_body,
     unless_disconnected,
 )
@@ -74,7 +75,7 @@ if TYPE_CHECKING:
     from deepseek_frontend.tokenization import PromptTokenizer
 
     from ..config import ServerConfig
-    from ..http import FrontendState
+    from ..served_model import ServedModel
 
 #: Most stop strings a request may set.
 MAX_STOP = 16
@@ -601,7 +602,7 @@ class ChunkWriter:
 
 
 async def openai_event_stream(
-    state: FrontendState,
+    model: ServedModel,
     req: ChatRequest,
     streams: Sequence[ChoiceStream],
     tracker: RequestTracker | None,
@@ -639,12 +640,12 @@ async def openai_event_stream(
         return
     if req.include_usage:
         yield usage_event(Usage.combine(usages))
-    state.metrics.prompt_tokens.inc(usages[0].prompt_tokens if usages else 0)
+    model.metrics.prompt_tokens.inc(usages[0].prompt_tokens if usages else 0)
     yield DONE
 
 
 def stream_chat(
-    state: FrontendState,
+    model: ServedModel,
     req: ChatRequest,
     streams: Sequence[ChoiceStream],
     created: int,
@@ -656,11 +657,11 @@ def stream_chat(
         req.request_id,
         created,
         req.response_model,
-        state.tokenizer if req.logprobs else None,
+        model.tokenizer if req.logprobs else None,
         req.top_logprobs,
     )
     return openai_event_stream(
-        state,
+        model,
         req,
         streams,
         tracker,
@@ -720,7 +721,7 @@ async def respond_with_choices(
     *,
     stream: bool,
     stream_body: Callable[
-        [FrontendState, ChatRequest, Sequence[ChoiceStream], int, RequestTracker], AsyncIterator[bytes]
+        [ServedModel, ChatRequest, Sequence[ChoiceStream], int, RequestTracker], AsyncIterator[bytes]
     ],
     build: Callable[[ChatRequest, Sequence[ChoiceAccumulator], int, PromptTokenizer], dict[str, Any]],
     wrap: Callable[[Sequence[ChoiceStream]], Sequence[ChoiceStream]] | None = None,
@@ -732,28 +733,29 @@ async def respond_with_choices(
     prefill can take seconds: a client that leaves meanwhile aborts it, as it does
     while a non-streamed answer is folded.)
     """
-    state = get_state(request)
-    streams = await unless_disconnected(request, state.pipeline.start(prepared))
+    model = served_model(request)
+    streams = await unless_disconnected(request, model.pipeline.start(prepared))
     if wrap is not None:  # e.g. reasoning continuity, which keeps each finished answer (api/continuity.py)
         streams = wrap(streams)
     if stream:
-        return EventStreamResponse(stream_body(state, req, streams, prepared.created, tracker), tracker)
+        return EventStreamResponse(stream_body(model, req, streams, prepared.created, tracker), tracker)
     accs = await unless_disconnected(request, collect(streams))
-    state.metrics.prompt_tokens.inc(prepared.prompt_tokens)
-    payload = build(req, accs, prepared.created, state.tokenizer)
+    model.metrics.prompt_tokens.inc(prepared.prompt_tokens)
+    payload = build(req, accs, prepared.created, model.tokenizer)
     return Response(orjson.dumps(payload), media_type="application/json")
 
 
-@api_route("/v1/chat/completions")
+@api_route("/v1/chat/completions", selects_model=True)
 async def chat_completions(request: Request, tracker: RequestTracker) -> Response:
     """``POST /v1/chat/completions`` (stream and non-stream)."""
     state = get_state(request)
+    model = served_model(request)
     body = await read_json(request, state.config.max_body_bytes)
-    req = to_chat_request(body, state.config, tracker.request_id)
+    req = to_chat_request(body, model.config, tracker.request_id)
     continuity, owner = continuity_of(request)
     await continuity.restore(owner, req.messages, "chat")  # tool-loop reasoning the client dropped
-    await resolve_request_images(state, req.messages)
-    prepared = await state.pipeline.prepare_async(req)
+    await resolve_request_images(state, req.messages, model.pipeline)
+    prepared = await model.pipeline.prepare_async(req)
     return await respond_with_choices(
         request,
         tracker,

@@ -20,7 +20,7 @@ from starlette.responses import Response
 from deepseek_frontend.errors import RequestError
 from deepseek_frontend.pipeline.chat import ChatRequest, ChoiceAccumulator, ChoiceStream, PipelineChunk, Usage
 
-from ..http import RequestTracker, api_route, get_state, read_json
+from ..http import RequestTracker, api_route, get_state, read_json, served_model
 from ..validation import check_boolean, check_integer
 from .chat import (
     map_model,
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from deepseek_frontend.tokenization import PromptTokenizer
 
     from ..config import ServerConfig
-    from ..http import FrontendState
+    from ..served_model import ServedModel
 
 #: OpenAI's default output limit for /v1/completions.
 DEFAULT_COMPLETION_MAX_TOKENS = 16
@@ -147,16 +147,16 @@ class CompletionChunkWriter:
 
 
 def stream_completion(
-    state: FrontendState,
+    model: ServedModel,
     req: ChatRequest,
     streams: Sequence[ChoiceStream],
     created: int,
     tracker: RequestTracker | None = None,
 ) -> AsyncIterator[bytes]:
     """The ``text_completion`` SSE body (see :func:`~.chat.openai_event_stream`)."""
-    writer = CompletionChunkWriter(req, created, state.tokenizer)
+    writer = CompletionChunkWriter(req, created, model.tokenizer)
     return openai_event_stream(
-        state, req, streams, tracker, opening=(), encode=writer.chunk, usage_event=writer.usage
+        model, req, streams, tracker, opening=(), encode=writer.chunk, usage_event=writer.usage
     )
 
 
@@ -184,23 +184,24 @@ def build_completion(
     }
 
 
-@api_route("/v1/completions", prefix="cmpl")
+@api_route("/v1/completions", prefix="cmpl", selects_model=True)
 async def completions(request: Request, tracker: RequestTracker) -> Response:
     """``POST /v1/completions`` (stream and non-stream)."""
     state = get_state(request)
+    model = served_model(request)
     body = await read_json(request, state.config.max_body_bytes)
-    req = to_completion_request(body, state.config, tracker.request_id)
+    req = to_completion_request(body, model.config, tracker.request_id)
     if "prompt" not in body:
         raise RequestError("prompt: required", param="prompt")
     started = time.perf_counter()
     prompt = body["prompt"]
-    if isinstance(prompt, str) and len(prompt) >= state.pipeline.offload_min_chars:
+    if isinstance(prompt, str) and len(prompt) >= model.pipeline.offload_min_chars:
         # a long text prompt is tokenized off the event loop, like chat prompts
-        input_ids = await state.pipeline.offload.run(parse_prompt, prompt, state.tokenizer)
+        input_ids = await model.pipeline.offload.run(parse_prompt, prompt, model.tokenizer)
     else:
-        input_ids = parse_prompt(prompt, state.tokenizer)
-    state.metrics.tokenization.observe(time.perf_counter() - started)
-    prepared = state.pipeline.prepare_raw(req, input_ids)
+        input_ids = parse_prompt(prompt, model.tokenizer)
+    model.metrics.tokenization.observe(time.perf_counter() - started)
+    prepared = model.pipeline.prepare_raw(req, input_ids)
     return await respond_with_choices(
         request,
         tracker,

@@ -29,7 +29,8 @@ from deepseek_frontend.state import StateStore, StoredResponse
 
 from ..adapters import ConvertedChat, to_chat_request
 from ..errors import as_frontend_error
-from ..http import FrontendState
+from ..http import FrontendState, KeyCharge
+from ..served_model import ServedModel
 from .events import ResponsesStreamEncoder
 from .stateful import StatefulRequest, save_response, stored_items, stored_output_items
 
@@ -73,13 +74,24 @@ class BackgroundRuns:
         self.closing = False
 
     async def start(
-        self, state: FrontendState, stateful: StatefulRequest, converted: ConvertedChat, echo: dict[str, Any]
+        self,
+        state: FrontendState,
+        model: ServedModel,
+        stateful: StatefulRequest,
+        converted: ConvertedChat,
+        echo: dict[str, Any],
+        charge: KeyCharge | None = None,
     ) -> dict[str, Any]:
-        """Store the response as ``queued``, start its task; the queued response object."""
-        model = converted.model or state.config.served_model_name
-        queued = ResponsesStreamEncoder(model=model, input_tokens=0, echo=echo).snapshot("queued")
+        """Store the response as ``queued``, start its task on ``model``; the queued response object.
+
+        The task holds ``model`` until it ends, so a reload that replaces the model lets it finish,
+        and settles ``charge`` (the request's API key: its concurrency slot and its tokens) then."""
+        name = converted.model or model.name
+        queued = ResponsesStreamEncoder(model=name, input_tokens=0, echo=echo).snapshot("queued")
         await save_response(state.store, stateful, queued)
-        task = asyncio.create_task(self._run(state, stateful, converted, echo, queued))
+        model.enter()
+        task = asyncio.create_task(self._run(state, model, stateful, converted, echo, queued, charge))
+        task.add_done_callback(lambda _t: model.leave())
         self.tasks[queued["id"]] = task
         task.add_done_callback(lambda _t, rid=queued["id"]: self.tasks.pop(rid, None))
         return queued
@@ -103,18 +115,22 @@ class BackgroundRuns:
     async def _run(
         self,
         state: FrontendState,
+        model: ServedModel,
         stateful: StatefulRequest,
         converted: ConvertedChat,
         echo: dict[str, Any],
         queued: dict[str, Any],
+        charge: KeyCharge | None,
     ) -> None:
         store, owner, response_id = state.store, stateful.owner, queued["id"]
+        engine_request_id = "resp-" + response_id.removeprefix("resp_")
+        status = 200
         encoder: ResponsesStreamEncoder | None = None
         renewer = asyncio.create_task(_renew_lease(state, owner, response_id))
         try:
-            req = to_chat_request(converted, state.config, "resp-" + response_id.removeprefix("resp_"))
-            await resolve_request_images(state, req.messages)
-            prepared = await state.pipeline.prepare_async(req)
+            req = to_chat_request(converted, model.config, engine_request_id)
+            await resolve_request_images(state, req.messages, model.pipeline)
+            prepared = await model.pipeline.prepare_async(req)
             encoder = ResponsesStreamEncoder(
                 model=req.response_model,
                 input_tokens=prepared.prompt_tokens,
@@ -126,7 +142,7 @@ class BackgroundRuns:
             running = encoder.snapshot("in_progress")
             if not await _update_unless_cancelled(state, owner, response_id, running, None):
                 return
-            (stream,) = await state.pipeline.start(prepared)
+            (stream,) = await model.pipeline.start(prepared)
             watcher = asyncio.create_task(
                 _watch_for_cancel(state, owner, response_id, asyncio.current_task())
             )
@@ -147,18 +163,20 @@ class BackgroundRuns:
                 await _append_to_conversation(state, stateful, final)
         except asyncio.CancelledError:
             base = encoder or _placeholder(queued, echo)
+            status = 499
             if self.closing:
-                status = "failed"
-                snapshot = base.snapshot(status, error={"code": "server_error", "message": SHUTDOWN_MESSAGE})
+                outcome = "failed"
+                snapshot = base.snapshot(outcome, error={"code": "server_error", "message": SHUTDOWN_MESSAGE})
             else:
-                status, snapshot = "cancelled", base.snapshot("cancelled")
+                outcome, snapshot = "cancelled", base.snapshot("cancelled")
             with contextlib.suppress(Exception):
                 await asyncio.shield(
-                    store.update_response(owner, response_id, status, orjson.dumps(snapshot).decode(), None)
+                    store.update_response(owner, response_id, outcome, orjson.dumps(snapshot).decode(), None)
                 )
             raise
         except Exception as exc:
             err = as_frontend_error(exc)
+            status = err.status_code
             log.warning("background response %s failed: %s", response_id, err.message)
             failed = (encoder or _placeholder(queued, echo)).snapshot(
                 "failed", error={"code": err.code or err.error_type, "message": err.message}
@@ -167,6 +185,8 @@ class BackgroundRuns:
                 await _update_unless_cancelled(state, owner, response_id, failed, None)
         finally:
             renewer.cancel()
+            if charge is not None:
+                charge.settle(status, model.metrics.ledger.take(engine_request_id), model.name)
 
 
 def _placeholder(queued: dict[str, Any], echo: dict[str, Any]) -> ResponsesStreamEncoder:

@@ -30,7 +30,7 @@ from deepseek_frontend.routing.session import session_from_headers
 
 from ..adapters import respond_with_events
 from ..continuity import continuity_of
-from ..http import EventStreamResponse, RequestTracker, api_route, get_state, read_json
+from ..http import EventStreamResponse, RequestTracker, api_route, get_state, read_json, served_model
 from ..log_once import FirstSeen
 from ..openai.chat import logprobs_content
 from ..stored import json_response, owner_of
@@ -111,11 +111,12 @@ def _response_object(encoder: ResponsesStreamEncoder, _events: object) -> dict[s
     return encoder.response
 
 
-@api_route("/v1/responses", prefix="resp")
+@api_route("/v1/responses", prefix="resp", selects_model=True)
 async def create_response(request: Request, tracker: RequestTracker) -> Response:
     """``POST /v1/responses`` (typed SSE events with ``"stream": true``, else the response object)."""
     state = get_state(request)
-    config = state.config
+    model = served_model(request)
+    config = model.config
     body = await read_json(request, config.max_body_bytes)
     # stored state first: the translation sees the body a client resending everything would send
     stateful = await resolve_stateful(body, state.store, owner_of(request), config.state.store_by_default)
@@ -132,7 +133,11 @@ async def create_response(request: Request, tracker: RequestTracker) -> Response
     if stateful.background:
         if converted.stream:
             raise RequestError("background: streaming a background response is not supported", param="stream")
-        return json_response(await background_runs(request).start(state, stateful, converted, echo))
+        return json_response(
+            await background_runs(request).start(
+                state, model, stateful, converted, echo, tracker.hand_over_key_charge()
+            )
+        )
     encoders: list[ResponsesStreamEncoder] = []
 
     def make_encoder(req: Any, prepared: Any) -> ResponsesStreamEncoder:
@@ -142,7 +147,7 @@ async def create_response(request: Request, tracker: RequestTracker) -> Response
             echo=echo,
             tool_namespaces=converted.tool_namespaces,
             logprobs=(
-                partial(logprobs_content, state.pipeline.tokenizer, top_logprobs=converted.top_logprobs)
+                partial(logprobs_content, model.tokenizer, top_logprobs=converted.top_logprobs)
                 if converted.logprobs
                 else None
             ),
