@@ -588,6 +588,8 @@ def api_route(
             )
             rate_headers: dict[str, str] | None = None
             tracker.key_name = getattr(request.state, "api_key_name", "")
+            if tracker.key_name:
+                tracker.key_usage = state.key_usage  # counted per key whatever the answer
             # tracing off and no client traceparent: (None, None), nothing set
             tracker.trace, trace_token = _tracing.enter(
                 state.tracer, request.method, endpoint, request.url.path, request.headers, request_id
@@ -606,7 +608,6 @@ def api_route(
                 setattr(request.state, MODEL_ATTR, model)
                 tenant = request.scope.get("state", {}).get("tenant")
                 if tenant is not None and state.limiter is not None:
-                    tracker.key_usage = state.key_usage
                     verdict = state.limiter.admit(tenant, protocol=_limit_protocol(render))
                     if isinstance(verdict, Refusal):
                         if state.key_usage is not None:
