@@ -18,9 +18,9 @@ Columns (one function each in :data:`COLUMNS`; add one to extend the table):
 * ``render ms``: best-of-N CPU time of ``encode_messages`` (segments joined);
 * ``json ms``: best-of-N ``json.dumps(messages, ensure_ascii=False)`` -- the cost floor
   of touching every byte of the request once;
-* ``x json``: render / json (target <= 1.5; the reference measures 1.5-2.2);
+* ``x json``: render / json (DeepSeek's reference encoder measures 1.5-2.2);
 * ``growth``: exponent k in time ~ n^k against the previous size of the same shape
-  (target <= 1.1; 2 would be quadratic).
+  (1 is linear, 2 quadratic).
 
 A second table compares prepare CPU time (render + cold tokenization) of V4 and V4.1 on the
 same conversations, plus a V4.1 request with 20 images (V4.1 on its stand-in tokenizer).
@@ -35,7 +35,8 @@ about ``--tokens`` tokens (default 400 000), V4 format, thinking mode:
   repeat), rendered and tokenized with the cache the earlier requests filled -- the
   next request of a multi-turn conversation;
 * ``warm tok ms``: the tokenization part of that alone;
-* ``tok warm/cold``: warm tokenization over cold tokenization (the issue's target: < 5%);
+* ``tok warm/cold``: warm tokenization over cold tokenization (the share of a first request's
+  tokenization that a follow-up pays);
 * ``render+tok warm/cold``: the whole prompt side, warm over cold (render is not cached:
   every request re-renders its conversation).
 

@@ -6,7 +6,7 @@ Usage::
     python benchmarks/bench_serving.py --quick            # smaller runs
     python benchmarks/bench_serving.py --concurrency 256 --tokens-per-chunk 1
     python benchmarks/bench_serving.py --workers 1 2 --bare               # + serve --workers N, ASGI ceiling
-    python benchmarks/bench_serving.py --ttft-ms 20 --itl-ms 10 --tokens 128 # the issue-13 timings
+    python benchmarks/bench_serving.py --ttft-ms 20 --itl-ms 10 --tokens 128 # the 20 ms / 10 ms timings
     python benchmarks/bench_serving.py --compare http://127.0.0.1:9000 --compare-pid PID --repeats 3
     python benchmarks/bench_serving.py --burst 256                        # cached-prefix TTFT in a burst
 
