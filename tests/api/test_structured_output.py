@@ -1,4 +1,4 @@
-"""Structured output and required tool calls, enforced in every mode (issue 11 item 4, issue 9 item 4).
+"""Structured output and required tool calls, enforced in chat and thinking mode.
 
 The pipeline's ``_constraint``: ``response_format`` json_schema / json_object becomes a constraint in
 chat *and* thinking mode (thinking: reasoning free up to ``</think>``, then the JSON), tools declared

@@ -74,8 +74,9 @@ def test_every_grammar_compiles_on_llguidance(lltok: llguidance.LLTokenizer, gra
     assert not any("too deeply nested" in m for m in messages)
 
 
-def test_string_parameters_no_longer_nest_too_deeply() -> None:
-    """The old ``param-text`` rule nested one group per character of the closing tag."""
+def test_string_parameters_do_not_nest_too_deeply() -> None:
+    """``param-text`` is written flat: one nested group per character of the closing tag would be
+    deeper than llguidance accepts."""
     grammar = GRAMMARS["deepseek_v4-required-chat"]
     [rule] = [line for line in grammar.splitlines() if line.startswith("param-text ::=")]
     assert rule.count("((") == 0 and rule.count("(") <= 6

@@ -270,7 +270,7 @@ async def merge_reads(
 
     Reading stops after the read in which ``over()`` became true (``chunks_of`` saw the stream's
     last event, ``[DONE]``): what follows is the caller's to drain (:func:`drain_events`), where a
-    broken connection no longer fails a finished stream.
+    broken connection does not fail the stream, which has finished.
 
     Once a chunk is pending, ``progress.yielded`` is set: a failure later in the same read comes
     after output, and that output is passed on before the failure is raised -- a stream must not

@@ -41,8 +41,8 @@ def _lower_thread_priority(niceness: int) -> None:
     On Linux each thread has its own nice value. The event loop streams every client's tokens;
     a thread tokenizing a cold prompt can wait. With both sharing a few cores, the kernel then
     runs the loop (and the engine and clients on the same host) first whenever they are ready,
-    and the threads take the CPU time left: a burst of cold prompts no longer slows the
-    streams and cached-prefix requests already running. Elsewhere this does nothing.
+    and the threads take the CPU time left: a burst of cold prompts does not slow the streams
+    and cached-prefix requests already running. Elsewhere this does nothing.
     """
     if sys.platform != "linux":
         return

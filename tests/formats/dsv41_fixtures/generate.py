@@ -251,7 +251,7 @@ def random_kwargs(rng: random.Random) -> dict[str, Any]:
 
 
 def hand_picked() -> list[tuple[str, list[dict[str, Any]], dict[str, Any], list[str]]]:
-    """Cases chosen for each rule of the issue, and for errors."""
+    """Cases chosen for each rule of the V4.1 format, and for errors."""
     t = {
         "thinking_mode": "thinking",
         "drop_thinking": True,
