@@ -309,6 +309,16 @@ class Target:
     stamped: bool = False
     path: str = "/v1/chat/completions"
 
+    def post(self, body: bytes) -> bytes:
+        """``body`` as one HTTP/1.1 POST to :attr:`path` on a connection the server closes after."""
+        return (
+            f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n".encode()
+            + b"Content-Type: application/json\r\nConnection: close\r\nContent-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+
 
 def _request(target: Target, tokens: int, index: int) -> bytes:
     body = json.dumps(
@@ -325,13 +335,7 @@ def _request(target: Target, tokens: int, index: int) -> bytes:
             "ignore_eos": True,
         }
     ).encode()
-    return (
-        f"POST {target.path} HTTP/1.1\r\nHost: {target.host}:{target.port}\r\n".encode()
-        + b"Content-Type: application/json\r\nConnection: close\r\nContent-Length: "
-        + str(len(body)).encode()
-        + b"\r\n\r\n"
-        + body
-    )
+    return target.post(body)
 
 
 async def run_load(target: Target, concurrency: int, tokens: int) -> tuple[int, float, list[float]]:
@@ -523,13 +527,7 @@ def _chat_request(target: Target, messages: list[dict[str, str]], tokens: int) -
             "thinking": {"type": "disabled"},
         }
     ).encode()
-    return (
-        f"POST {target.path} HTTP/1.1\r\nHost: {target.host}:{target.port}\r\n".encode()
-        + b"Content-Type: application/json\r\nConnection: close\r\nContent-Length: "
-        + str(len(body)).encode()
-        + b"\r\n\r\n"
-        + body
-    )
+    return target.post(body)
 
 
 _WORDS = [
