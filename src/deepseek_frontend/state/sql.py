@@ -26,6 +26,13 @@ _ALIVE = "(expires_at IS NULL OR expires_at > ?)"
 _RESPONSE_COLUMNS = (
     "id, owner, created_at, status, body, request, previous_response_id, conversation_id, updated_at"
 )
+#: the tables of objects that own items
+_ObjectTable = Literal["responses", "conversations"]
+#: an object table -> (its items' table, the items' column holding the object's id)
+_ITEM_TABLES: dict[_ObjectTable, tuple[str, str]] = {
+    "responses": ("response_items", "response_id"),
+    "conversations": ("conversation_items", "conversation_id"),
+}
 T = TypeVar("T")
 
 
@@ -167,16 +174,7 @@ class SqlStore(StateStore):
         return await self.in_transaction(op)
 
     async def delete_response(self, owner: str, response_id: str) -> bool:
-        async def op(tx: Tx) -> Any:
-            return await self._delete_response(tx, owner, response_id)
-
-        return await self.in_transaction(op)
-
-    async def _delete_response(self, tx: Tx, owner: str, response_id: str) -> bool:
-        changed = await tx.execute("DELETE FROM responses WHERE id = ? AND owner = ?", (response_id, owner))
-        if changed:
-            await tx.execute("DELETE FROM response_items WHERE response_id = ?", (response_id,))
-        return bool(changed)
+        return await self.in_transaction(lambda tx: self._delete_object(tx, "responses", owner, response_id))
 
     async def list_response_items(
         self,
@@ -312,17 +310,17 @@ class SqlStore(StateStore):
         return await self.in_transaction(op)
 
     async def delete_conversation(self, owner: str, conversation_id: str) -> bool:
-        async def op(tx: Tx) -> Any:
-            return await self._delete_conversation(tx, owner, conversation_id)
-
-        return await self.in_transaction(op)
-
-    async def _delete_conversation(self, tx: Tx, owner: str, conversation_id: str) -> bool:
-        changed = await tx.execute(
-            "DELETE FROM conversations WHERE id = ? AND owner = ?", (conversation_id, owner)
+        return await self.in_transaction(
+            lambda tx: self._delete_object(tx, "conversations", owner, conversation_id)
         )
+
+    async def _delete_object(self, tx: Tx, table: _ObjectTable, owner: str, object_id: str) -> bool:
+        """Delete ``object_id`` of ``table`` and its items when ``owner`` owns it, expired or not;
+        False when there is no such object."""
+        items, key = _ITEM_TABLES[table]
+        changed = await tx.execute(f"DELETE FROM {table} WHERE id = ? AND owner = ?", (object_id, owner))
         if changed:
-            await tx.execute("DELETE FROM conversation_items WHERE conversation_id = ?", (conversation_id,))
+            await tx.execute(f"DELETE FROM {items} WHERE {key} = ?", (object_id,))
         return bool(changed)
 
     async def add_conversation_items(self, owner: str, conversation_id: str, items: list[StoredItem]) -> bool:
@@ -363,7 +361,7 @@ class SqlStore(StateStore):
         return await self._live_row(tx, "conversations", "1", owner, conversation_id) is not None
 
     async def _live_row(
-        self, tx: Tx, table: Literal["responses", "conversations"], columns: str, owner: str, object_id: str
+        self, tx: Tx, table: _ObjectTable, columns: str, owner: str, object_id: str
     ) -> Any | None:
         """``columns`` of ``object_id`` in ``table`` when ``owner`` owns it and it has not expired, else
         None: the one place the store's visibility rule (owner and retention) is written for a read."""
@@ -481,22 +479,16 @@ class SqlStore(StateStore):
         at = self.now() if now is None else now
 
         async def expired(tx: Tx) -> int:
-            await tx.execute(
-                "DELETE FROM response_items WHERE response_id IN"
-                " (SELECT id FROM responses WHERE expires_at IS NOT NULL AND expires_at <= ?)",
-                (at,),
-            )
-            deleted = await tx.execute(
-                "DELETE FROM responses WHERE expires_at IS NOT NULL AND expires_at <= ?", (at,)
-            )
-            await tx.execute(
-                "DELETE FROM conversation_items WHERE conversation_id IN"
-                " (SELECT id FROM conversations WHERE expires_at IS NOT NULL AND expires_at <= ?)",
-                (at,),
-            )
-            deleted += await tx.execute(
-                "DELETE FROM conversations WHERE expires_at IS NOT NULL AND expires_at <= ?", (at,)
-            )
+            deleted = 0
+            for table, (items, key) in _ITEM_TABLES.items():
+                await tx.execute(
+                    f"DELETE FROM {items} WHERE {key} IN"
+                    f" (SELECT id FROM {table} WHERE expires_at IS NOT NULL AND expires_at <= ?)",
+                    (at,),
+                )
+                deleted += await tx.execute(
+                    f"DELETE FROM {table} WHERE expires_at IS NOT NULL AND expires_at <= ?", (at,)
+                )
             deleted += await tx.execute(
                 "DELETE FROM reasoning WHERE expires_at IS NOT NULL AND expires_at <= ?", (at,)
             )
@@ -531,9 +523,9 @@ class SqlStore(StateStore):
         deleted = 0
         for kind, object_id, size, owner in oldest:
             if kind == "r":
-                await self._delete_response(tx, owner, object_id)
+                await self._delete_object(tx, "responses", owner, object_id)
             elif kind == "c":
-                await self._delete_conversation(tx, owner, object_id)
+                await self._delete_object(tx, "conversations", owner, object_id)
             else:
                 await tx.execute(
                     "DELETE FROM reasoning WHERE owner = ? AND fingerprint = ?", (owner, object_id)
