@@ -77,17 +77,22 @@ def message_posts(proxy: LoggingProxy) -> list[Exchange]:
     return [e for e in proxy.exchanges if e.path.startswith("/v1/messages") and e.method == "POST"]
 
 
-def assert_task_list_loop(events: list, proxy: LoggingProxy, context: str) -> None:
-    """TaskList was called and ran, its result went back, the run ended in success, every
-    request got 200 and every answer echoes the alias."""
-    # the model's call, executed by Claude Code, and its result accepted as the next turn's input
-    calls = [
+def tool_uses(events: list) -> list[dict]:
+    """The ``tool_use`` blocks of every assistant message in Claude Code's stream-json ``events``."""
+    return [
         block
         for e in events
         if e.get("type") == "assistant"
         for block in e["message"]["content"]
         if block.get("type") == "tool_use"
     ]
+
+
+def assert_task_list_loop(events: list, proxy: LoggingProxy, context: str) -> None:
+    """TaskList was called and ran, its result went back, the run ended in success, every
+    request got 200 and every answer echoes the alias."""
+    # the model's call, executed by Claude Code, and its result accepted as the next turn's input
+    calls = tool_uses(events)
     assert any(c["name"] == "TaskList" for c in calls), context
     results = [
         block
@@ -162,13 +167,7 @@ def test_claude_code_tool_search_loads_and_calls_a_deferred_tool(
     declared = {t["name"] for t in first.get("tools", [])}
     # TaskList is deferred: not among the first request's loaded tools; ToolSearch is
     assert "ToolSearch" in declared and "TaskList" not in declared - deferred, context
-    calls = [
-        block
-        for e in events
-        if e.get("type") == "assistant"
-        for block in e["message"]["content"]
-        if block.get("type") == "tool_use"
-    ]
+    calls = tool_uses(events)
     assert calls[0]["name"] == "ToolSearch" and calls[0]["input"]["query"] == "select:TaskList", context
     # the request after the search carries a tool_reference to TaskList, declared deferred: 200
     referencing = [e for e in posts if "TaskList" in _tool_references(e)]
