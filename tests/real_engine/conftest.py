@@ -174,13 +174,13 @@ def vllm_guidance(vllm_servers: dict[str, VLLMServer]) -> VLLMServer:
     return vllm_servers["guidance"]
 
 
-def frontend_for(worker: VLLMServer, *extra: str) -> Server:
-    """``deepseek-frontend serve --engine vllm`` in front of ``worker`` (a subprocess, real HTTP)."""
+def vllm_frontend(worker_flags: Sequence[str], *extra: str) -> Server:
+    """``deepseek-frontend serve --engine vllm`` over the worker(s) ``worker_flags`` name (``--worker``,
+    or ``--prefill-worker`` and ``--decode-worker``), serving the tiny model (a subprocess, real HTTP)."""
     return start_frontend(
         "--engine",
         "vllm",
-        "--worker",
-        worker.url,
+        *worker_flags,
         "--served-model-name",
         SERVED_MODEL,
         "--worker-model",
@@ -189,6 +189,11 @@ def frontend_for(worker: VLLMServer, *extra: str) -> Server:
         str(MAX_MODEL_LEN),
         *extra,
     )
+
+
+def frontend_for(worker: VLLMServer, *extra: str) -> Server:
+    """``deepseek-frontend serve --engine vllm`` in front of ``worker``."""
+    return vllm_frontend(("--worker", worker.url), *extra)
 
 
 @pytest.fixture(scope="session")

@@ -24,15 +24,15 @@ import httpx
 import pytest
 
 from tests.real_engine.conftest import (
-    MAX_MODEL_LEN,
     SERVED_MODEL,
     WORKER_MODEL,
     VLLMServer,
     launch_vllm,
+    vllm_frontend,
 )
 from tests.real_engine.make_tiny_model import write_tiny_model
 from tests.real_engine.random_weights import write_random_llama_weights
-from tests.support.servers import Server, free_port, start_frontend, stop_process
+from tests.support.servers import Server, free_port, stop_process
 
 pytestmark = pytest.mark.real_engine
 
@@ -183,21 +183,6 @@ def test_the_decode_continues_whatever_kv_it_was_handed(pd_servers: dict[str, VL
     assert answer != _tokens(_generate(aggregated, named, MAX_TOKENS))
 
 
-def _frontend(*workers: str) -> Server:
-    """``deepseek-frontend serve --engine vllm`` over the given worker flags."""
-    return start_frontend(
-        "--engine",
-        "vllm",
-        *workers,
-        "--served-model-name",
-        SERVED_MODEL,
-        "--worker-model",
-        WORKER_MODEL,
-        "--context-length",
-        str(MAX_MODEL_LEN),
-    )
-
-
 def _chat(frontend: Server, text: str) -> dict[str, Any]:
     body = {
         "model": SERVED_MODEL,
@@ -219,10 +204,10 @@ def test_the_frontend_in_pd_mode_answers_as_over_the_aggregated_worker(
     prefill, decode = pd_servers["prefill"], pd_servers["decode"]
     # a prompt of several KV blocks that no server has seen
     text = " ".join(f"item {i} of the disaggregated check" for i in range(60))
-    with _frontend("--worker", pd_servers["aggregated"].url) as aggregated:
+    with vllm_frontend(("--worker", pd_servers["aggregated"].url)) as aggregated:
         expected = _chat(aggregated, text)
     before = _sources(decode)
-    with _frontend("--prefill-worker", prefill.url, "--decode-worker", decode.url) as frontend:
+    with vllm_frontend(("--prefill-worker", prefill.url, "--decode-worker", decode.url)) as frontend:
         answer = _chat(frontend, text)
     after = _sources(decode)
     assert expected["usage"]["completion_tokens"] > 1  # something to compare (seeded weights: always)
