@@ -78,3 +78,14 @@ def healthy_worker(fake_worker: Server) -> Server:
 def frontend_for(worker: Server, *flags: str) -> Server:
     """``serve --worker <worker>`` with ``flags``, health probes every 0.2 s."""
     return start_frontend("--worker", worker.url, "--health-check-interval", "0.2", *flags)
+
+
+@pytest.fixture(scope="module")
+def frontend(fake_worker: Server) -> Iterator[Server]:
+    """A frontend with default settings in front of the module's fake worker; a module that needs
+    flags defines its own ``frontend``."""
+    server = frontend_for(fake_worker)
+    try:
+        yield server
+    finally:
+        server.stop()

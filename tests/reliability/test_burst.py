@@ -26,7 +26,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -60,15 +59,6 @@ def listen_overflows() -> int:
             fields = dict(zip(names.split()[1:], values.split()[1:], strict=False))
             return int(fields.get("ListenOverflows", 0))
     return 0
-
-
-@pytest.fixture(scope="module")
-def frontend(fake_worker: Server) -> Iterator[Server]:
-    server = frontend_for(fake_worker)
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def probe_live(url: str) -> float:

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from tests.reliability.conftest import frontend_for, worker_stats
+from tests.reliability.conftest import worker_stats
 from tests.support.servers import Server
 from tests.support.waiting import wait_until
 
@@ -31,15 +30,6 @@ TOKENS = 8
 #: RSS may wander this much (allocator arenas, a full young generation) without being a leak
 RSS_SLACK_BYTES = 40 * 1024 * 1024
 FD_SLACK = 8
-
-
-@pytest.fixture(scope="module")
-def frontend(fake_worker: Server) -> Iterator[Server]:
-    server = frontend_for(fake_worker)
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 def rss_bytes(pid: int) -> int:
