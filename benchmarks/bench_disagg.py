@@ -40,7 +40,6 @@ import os
 import random
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -49,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from _servers import free_port, wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
 _ADDRESS = re.compile(r"listening on (http://[0-9.]+:\d+)")
@@ -76,12 +77,6 @@ def percentile(values: Sequence[float], q: float) -> float:
         return float("nan")
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -119,20 +114,6 @@ class Proc:
         self.handle.close()
 
 
-def _wait_healthy(url: str, proc: Proc) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.proc.poll() is not None:
-            raise RuntimeError(f"{proc.log} exited:\n{proc.log.read_text()[-3000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{url} never became healthy:\n{proc.log.read_text()[-3000:]}")
-
-
 def start_setup(disaggregated: bool, args: argparse.Namespace, tag: str) -> tuple[list[Proc], Proc, str]:
     """The workers and ``serve`` of one setup; returns (workers, frontend, frontend URL)."""
     common = [
@@ -158,8 +139,8 @@ def start_setup(disaggregated: bool, args: argparse.Namespace, tag: str) -> tupl
     ]
     urls = [w.url() for w in workers]
     for url, worker in zip(urls, workers, strict=True):
-        _wait_healthy(url, worker)
-    port = _free_port()
+        wait_healthy(url, worker.proc, worker.log)
+    port = free_port()
     if disaggregated:
         placement = ["--prefill-worker", urls[0], "--decode-worker", urls[1]]
     else:
@@ -172,7 +153,7 @@ def start_setup(disaggregated: bool, args: argparse.Namespace, tag: str) -> tupl
         logs / "serve.log",
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
-    _wait_healthy(url, serve)
+    wait_healthy(url, serve.proc, serve.log)
     return workers, serve, url
 
 

@@ -28,7 +28,6 @@ import asyncio
 import os
 import random
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -37,17 +36,13 @@ from pathlib import Path
 
 import httpx
 
+from _servers import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 MIB = 1024 * 1024
 #: budget settings: (prefix cache bytes, run cache bytes); None = the server's defaults
 BUDGETS: dict[str, tuple[int, int] | None] = {"default": None, "small": (64 * MIB, 32 * MIB)}
 _CACHE_BYTES = re.compile(r'^deepseek_frontend_cache_bytes\{cache="(\w+)"\} (\S+)$', re.M)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def rss_mib(pid: int) -> float:

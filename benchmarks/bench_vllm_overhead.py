@@ -46,31 +46,11 @@ sys.path.insert(0, str(REPO))
 
 from tests.real_engine.make_tiny_model import write_tiny_model  # noqa: E402
 
+from _servers import free_port, wait_healthy  # noqa: E402
+
 SERVED = "deepseek-v4-flash"
 MESSAGES = [{"role": "user", "content": "Write a short note about the harbour and the boats in it."}]
 ROWS = (1, 32, 128)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout_s: float, log: Path) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            sys.exit(f"{url} exited:\n{log.read_text(errors='replace')[-4000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    sys.exit(f"{url} not healthy within {timeout_s:g} s")
 
 
 def start(
@@ -79,7 +59,10 @@ def start(
     fd, name = tempfile.mkstemp(prefix="bench-vllm-", suffix=".log")
     proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env)
     os.close(fd)
-    wait_healthy(url, proc, timeout_s, Path(name))
+    try:
+        wait_healthy(url, proc, Path(name), timeout_s, poll_s=0.5)
+    except RuntimeError as err:
+        sys.exit(str(err))
     return proc
 
 
