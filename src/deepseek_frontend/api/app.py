@@ -224,7 +224,8 @@ def create_app(
     app.state.frontend = state
     app.frontend = state
     app.state.error_renderers = renderers
-    if any(m.router is not None and m.router.mode in ("session", "kv", "kv-approx") for m in models):
+    affinity = any(m.router is not None and m.router.mode in ("session", "kv", "kv-approx") for m in models)
+    if affinity or reloader is not None:  # a reload may bring a model that routes by session
         from deepseek_frontend.routing.session import SessionMiddleware
 
         app.add_middleware(SessionMiddleware)  # the agent session header, for affinity
