@@ -35,10 +35,27 @@ FUNCTIONS = frozenset(
 
 
 @dataclass
-class Names:
-    """``selectors``: (metric name, labels its matchers name); ``grouping``: labels of by/on/... lists."""
+class Selector:
+    """``metric{label op "value", ...}``: the metric name ('' for ``{...}`` alone) and its matchers as
+    (label, operator, value without quotes)."""
 
-    selectors: list[tuple[str, list[str]]] = field(default_factory=list)
+    metric: str
+    matchers: list[tuple[str, str, str]] = field(default_factory=list)
+
+    @property
+    def labels(self) -> list[str]:
+        return [label for label, _, _ in self.matchers]
+
+    def matchers_of(self, label: str) -> list[tuple[str, str]]:
+        """(operator, value) of this selector's matchers on ``label``."""
+        return [(op, value) for name, op, value in self.matchers if name == label]
+
+
+@dataclass
+class Names:
+    """``selectors``: every metric selector; ``grouping``: labels of by/on/... lists."""
+
+    selectors: list[Selector] = field(default_factory=list)
     grouping: set[str] = field(default_factory=set)
 
 
@@ -57,6 +74,11 @@ def _tokens(expr: str) -> list[tuple[str, str]]:
         if match.lastgroup is not None:
             out.append((match.lastgroup, match.group()))
     return out
+
+
+def _unquote(text: str) -> str:
+    """A PromQL string literal's value (the escapes a label value needs: quotes and backslashes)."""
+    return re.sub(r"\\(.)", r"\1", text[1:-1])
 
 
 def names(expr: str) -> Names:
@@ -93,19 +115,19 @@ def names(expr: str) -> Names:
         elif kind == "ident" or (kind == "op" and text == "{"):
             metric = text if kind == "ident" else ""
             i += 1 if kind == "ident" else 0
-            labels: list[str] = []
+            selector = Selector(metric)
             if i < len(toks) and toks[i][1] == "{":
                 i += 1
                 while toks[i][1] != "}":
                     name, op, value = toks[i], toks[i + 1], toks[i + 2]
                     if name[0] != "ident" or op[1] not in ("=", "!=", "=~", "!~") or value[0] != "str":
                         raise PromQLError(f"bad label matcher near {name[1]!r} in {expr!r}")
-                    labels.append(name[1])
+                    selector.matchers.append((name[1], op[1], _unquote(value[1])))
                     i += 3
                     if toks[i][1] == ",":
                         i += 1
                 i += 1
-            found.selectors.append((metric, labels))
+            found.selectors.append(selector)
         else:
             i += 1
     return found
