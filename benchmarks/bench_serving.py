@@ -68,7 +68,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import socket
 import statistics
 import subprocess
@@ -80,6 +79,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from _streams import StreamClient
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
@@ -88,7 +89,6 @@ STREAM_TOKENS = {1: 20_000, 64: 1_000, 256: 400, 1024: 100}
 QUICK_STREAM_TOKENS = {1: 4_000, 64: 300, 256: 100, 1024: 50}
 #: chunk samples kept by the server per run (bounded memory)
 MAX_SAMPLES = 2_000_000
-_USAGE = re.compile(rb'"completion_tokens":(\d+)')
 
 
 # --------------------------------------------------------------------------- instrumented server
@@ -263,39 +263,6 @@ def serve_bare(port_file: str, tokens_per_chunk: int) -> None:
 # --------------------------------------------------------------------------- load generator
 
 
-class _Stream(asyncio.Protocol):
-    """One streamed chat completion over raw HTTP/1.1; ``done`` resolves to (tokens, first-chunk s).
-
-    The client only keeps the tail of the body (for the usage chunk and ``[DONE]``) and stamps
-    the first body bytes after the headers, so it stays cheap next to the server it measures.
-    """
-
-    def __init__(self, request: bytes, done: asyncio.Future[tuple[int, float]]) -> None:
-        self.request = request
-        self.done = done
-        self.tail = b""
-        self.started = 0.0
-        self.first = 0.0
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.started = time.perf_counter()
-        transport.write(self.request)  # type: ignore[attr-defined]
-
-    def data_received(self, data: bytes) -> None:
-        if not self.first and (b"data:" in data or b"data:" in self.tail + data):
-            self.first = time.perf_counter() - self.started
-        self.tail = (self.tail + data)[-4096:]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.done.done():
-            return
-        match = _USAGE.findall(self.tail)  # no usage chunk (not asked for): 0 tokens
-        if b"[DONE]" not in self.tail:
-            self.done.set_exception(RuntimeError(f"stream did not complete: {self.tail[-300:]!r}"))
-        else:
-            self.done.set_result((int(match[-1]) if match else 0, self.first))
-
-
 @dataclass(frozen=True)
 class Target:
     """A frontend to drive: where, which model name, and which processes' CPU time to count."""
@@ -345,7 +312,7 @@ async def run_load(target: Target, concurrency: int, tokens: int) -> tuple[int, 
     async def one(index: int, length: int) -> tuple[int, float]:
         done: asyncio.Future[tuple[int, float]] = loop.create_future()
         request = _request(target, length, index)
-        await loop.create_connection(lambda: _Stream(request, done), target.host, target.port)
+        await loop.create_connection(lambda: StreamClient(request, done), target.host, target.port)
         return await done
 
     # warm-up: the simulated engine plans each distinct prompt once (memoised); that is engine work
@@ -581,7 +548,7 @@ async def run_burst(
 
     async def one(request: bytes) -> tuple[float, float]:
         done: asyncio.Future[tuple[int, float]] = loop.create_future()
-        stream = _Stream(request, done)
+        stream = StreamClient(request, done)
         await loop.create_connection(lambda: stream, target.host, target.port)
         first = (await done)[1]
         return stream.started, first

@@ -40,37 +40,9 @@ import sys
 import time
 from pathlib import Path
 
+from _streams import StreamClient
+
 REPO = Path(__file__).resolve().parents[1]
-_COMPLETION = re.compile(rb'"completion_tokens":(\d+)')
-
-
-class _Stream(asyncio.Protocol):
-    """One streamed ``/generate`` request; ``done`` resolves to (tokens, first-chunk seconds)."""
-
-    def __init__(self, request: bytes, done: asyncio.Future[tuple[int, float]]) -> None:
-        self.request = request
-        self.done = done
-        self.tail = b""
-        self.started = 0.0
-        self.first = 0.0
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.started = time.perf_counter()
-        transport.write(self.request)  # type: ignore[attr-defined]
-
-    def data_received(self, data: bytes) -> None:
-        if not self.first:
-            self.first = time.perf_counter() - self.started
-        self.tail = (self.tail + data)[-2048:]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        matches = _COMPLETION.findall(self.tail)
-        if self.done.done():
-            return
-        if not matches or b"[DONE]" not in self.tail:
-            self.done.set_exception(RuntimeError(f"stream did not complete: {self.tail[-300:]!r}"))
-        else:
-            self.done.set_result((int(matches[-1]), self.first))
 
 
 def conversation_ids(prompt_tokens: int) -> list[int]:
@@ -117,7 +89,9 @@ async def run_load(
     async def one(index: int) -> tuple[int, float]:
         done: asyncio.Future[tuple[int, float]] = loop.create_future()
         request = _request(tokens, index, history)
-        await loop.create_connection(lambda: _Stream(request, done), "127.0.0.1", port)
+        # a /generate stream: its first bytes are the first chunk; every stream reports completion_tokens
+        stream = StreamClient(request, done, first_marker=b"", tail_bytes=2048, tokens_required=True)
+        await loop.create_connection(lambda: stream, "127.0.0.1", port)
         return await done
 
     # warm-up: the plan for a short prompt is memoised; a conversation's head is in the caches
