@@ -1,15 +1,20 @@
-"""What the pipeline needs from the objects it is handed: the engine backend and the metrics sink.
+"""What the pipeline needs from the objects it is handed -- the engine backend and the metrics
+sink -- and what a choice's stream reads of the pipeline that runs it.
 
-Both are structural (``typing.Protocol``): the serving layer passes its worker pool and its
-metrics registry, tests pass fakes, and this package imports neither.
+All are structural (``typing.Protocol``): the serving layer passes its worker pool and its
+metrics registry, tests pass fakes, and this package imports neither; the choice stream names
+the pipeline by what it reads, so ``stream.py`` does not import ``chat.py``, which imports it.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from deepseek_frontend.generation import EngineChunk, GenerateRequest
+
+if TYPE_CHECKING:
+    from deepseek_frontend.tokenization import PromptTokenizer
 
 
 class EngineBackend(Protocol):
@@ -76,4 +81,38 @@ class PipelineMetrics(Protocol):
     @property
     def ledger(self) -> RequestRecords:
         """The per-request figures."""
+        ...
+
+
+class StreamSource(Protocol):
+    """What a choice's stream (``stream.ChoiceStream``) reads of the pipeline that runs it."""
+
+    @property
+    def metrics(self) -> PipelineMetrics | None:
+        """Where the stream records its timings and counts (None: nowhere)."""
+        ...
+
+    @property
+    def backend(self) -> EngineBackend:
+        """The engine the stream's request goes to."""
+        ...
+
+    @property
+    def tokenizer(self) -> PromptTokenizer:
+        """The model's tokenizer (its detokenizer decodes the stream)."""
+        ...
+
+    @property
+    def family(self) -> str:
+        """The model family (its output grammar parses the stream)."""
+        ...
+
+    @property
+    def special_token_ids(self) -> frozenset[int]:
+        """Ids of the vocabulary's special tokens."""
+        ...
+
+    @property
+    def eos_token_id(self) -> int:
+        """The end-of-sequence id."""
         ...

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from deepseek_frontend import _tracing
 from deepseek_frontend.errors import EngineError, EngineStreamError, EngineTimeoutError
@@ -27,11 +27,9 @@ from deepseek_frontend.parsing import (
     ToolCallStart,
 )
 
+from .interfaces import StreamSource
 from .request import Event, FinishReason, PipelineChunk, PreparedRequest, StreamEnd, Usage
 from .stop import StopStringMatcher
-
-if TYPE_CHECKING:
-    from .chat import ChatPipeline
 
 log = logging.getLogger("deepseek_frontend.api")
 
@@ -73,7 +71,7 @@ class ChoiceStream:
         "_usage",
     )
 
-    def __init__(self, pipeline: ChatPipeline, prepared: PreparedRequest, index: int) -> None:
+    def __init__(self, pipeline: StreamSource, prepared: PreparedRequest, index: int) -> None:
         req = prepared.request
         self._pipeline = pipeline
         self._prepared = prepared

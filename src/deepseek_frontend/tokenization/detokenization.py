@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tokenizers import Tokenizer
 from tokenizers.decoders import DecodeStream
 
 from deepseek_frontend.errors import FormatError
 
-if TYPE_CHECKING:
-    from deepseek_frontend.tokenization.tokenizer import PromptTokenizer
+
+class DecodingVocabulary(Protocol):
+    """What a detokenizer reads of its tokenizer (a ``PromptTokenizer``): the ``id -> bytes`` table
+    of a byte-level vocabulary (None for another kind), and the HF tokenizer that decodes the rest."""
+
+    _id_bytes: list[bytes] | None
+    full: Tokenizer
 
 
 class IncrementalDetokenizer:
@@ -29,7 +34,7 @@ class IncrementalDetokenizer:
 
     __slots__ = ("_decoder", "_stream", "_table", "_tokenizer")
 
-    def __init__(self, tokenizer: PromptTokenizer) -> None:
+    def __init__(self, tokenizer: DecodingVocabulary) -> None:
         self._table = tokenizer._id_bytes
         self._tokenizer = tokenizer
         self._decoder = codecs.getincrementaldecoder("utf-8")("replace")

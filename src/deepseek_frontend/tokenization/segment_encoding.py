@@ -21,13 +21,28 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from random import Random
+from typing import Protocol
 
 from deepseek_frontend.formats.segments import PromptSegment
-from deepseek_frontend.tokenization.caches import RUN_CACHE_MIN_CHARS, id_array
+from deepseek_frontend.tokenization.caches import RUN_CACHE_MIN_CHARS, PrefixCache, RunCache, id_array
 
-if TYPE_CHECKING:
-    from deepseek_frontend.tokenization.tokenizer import PromptTokenizer
+
+class SegmentTokenizer(Protocol):
+    """What encoding segments reads of its tokenizer (a ``PromptTokenizer``): the prompt-id caches,
+    the added-token spellings and their ids, the text encoder, and the sampled self-check."""
+
+    cache: RunCache
+    prefix_cache: PrefixCache
+    _added: dict[str, int]
+    self_check_rate: float
+    _rng: Random
+
+    def token_id(self, spelling: str) -> int: ...
+
+    def _encode_texts(self, texts: list[str]) -> list[list[int]]: ...
+
+    def self_check(self, segments: list[PromptSegment], ids: list[int]) -> None: ...
 
 
 class PendingEncoding:
@@ -57,7 +72,7 @@ class PendingEncoding:
 
     def __init__(
         self,
-        tokenizer: PromptTokenizer,
+        tokenizer: SegmentTokenizer,
         segments: list[PromptSegment],
         ids: array,
         special_pos: list[int],
@@ -95,7 +110,7 @@ class PendingEncoding:
 
 
 def start_encoding(
-    tokenizer: PromptTokenizer, segments: Sequence[PromptSegment], cache_limit: int | None
+    tokenizer: SegmentTokenizer, segments: Sequence[PromptSegment], cache_limit: int | None
 ) -> PendingEncoding:
     """:meth:`.PromptTokenizer.start_encoding`: split ``segments`` into special ids and maximal text
     runs after the prefix cache's hit, and look each run up in the run cache."""
@@ -142,7 +157,7 @@ def start_encoding(
 
 
 def finish_encoding(
-    tokenizer: PromptTokenizer, pending: PendingEncoding, defer_self_check: bool
+    tokenizer: SegmentTokenizer, pending: PendingEncoding, defer_self_check: bool
 ) -> list[int]:
     """:meth:`.PromptTokenizer.finish_encoding`: join the runs' ids with the special ids, fill both caches
     (unless over ``cache_limit``) and sample the prompt for the self-check."""
