@@ -6,7 +6,9 @@
     ├── SGLangClient (sglang.py)    POST /generate, token mode, SSE (incremental or cumulative chunks)
     ├── VLLMClient (vllm.py)        POST /inference/v1/generate (token-in, 0.32+), else /v1/completions
     ├── SimulatedEngine (sim/)      in-process, deterministic DSV4 output (sim/: engine.py, rules in model.py)
-    └── WorkerPool (pool.py)        a Router (routing/) picks workers; health checks, retry, migration
+    └── WorkerPool (pool.py)        a Router (routing/) picks workers; per-worker slots and deadlines
+                                    (limits.py), retry and migration (dispatch.py), health checks and
+                                    discovery (upkeep.py), one worker's record (workers.py)
 
 The two HTTP clients share ``_http.py`` (connection pool, SSE reading, failure mapping,
 health probe). ``sim/server.py`` serves a SimulatedEngine over SGLang's HTTP protocol and
