@@ -589,7 +589,7 @@ def ttft_overhead(target_tokens: int = 100_000, repeats: int = 20) -> tuple[int,
 
     from deepseek_frontend.api.app import create_app
     from deepseek_frontend.api.config import ServerConfig
-    from deepseek_frontend.api.openai.chat import to_chat_request
+    from deepseek_frontend.api.openai.chat_request import to_chat_request
     from deepseek_frontend.engines.sim.engine import SimulatedEngine
     from deepseek_frontend.tokenization import PromptTokenizer
 

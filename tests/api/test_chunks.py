@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from deepseek_frontend.api.openai.chat import ChunkWriter, build_response, events_to_deltas
+from deepseek_frontend.api.openai.chat_response import ChunkWriter, build_response, events_to_deltas
 from deepseek_frontend.api.sse import DONE, data_event, named_event
 from deepseek_frontend.parsing import (
     ContentDelta,

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from deepseek_frontend.api.config import ModelAlias, ServerConfig
-from deepseek_frontend.api.openai.chat import to_chat_request
+from deepseek_frontend.api.openai.chat_request import to_chat_request
 from deepseek_frontend.errors import ModelNotFoundError, RequestError
 
 CONFIG = ServerConfig(

@@ -16,7 +16,7 @@ import deepseek_recipe as dr
 import pytest
 
 from deepseek_frontend.api.anthropic.convert import convert_messages_request
-from deepseek_frontend.api.openai.chat import to_chat_request as openai_to_chat_request
+from deepseek_frontend.api.openai.chat_request import to_chat_request as openai_to_chat_request
 from deepseek_frontend.api.responses.convert import convert_responses_request
 from deepseek_frontend.formats import place_instructions
 from deepseek_frontend.formats.request import SYSTEM_REMINDER_TEMPLATE

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from deepseek_frontend.api.arrivals import ArrivalPacer
-from deepseek_frontend.api.http import HEAD_BYTES, WARM_KEY, RecentHeads
+from deepseek_frontend.api.request_turns import HEAD_BYTES, WARM_KEY, RecentHeads
 from tests.reliability.test_units import _RecordingTransport
 from tests.support.servers import Server, start_frontend
 

@@ -20,7 +20,7 @@ import pytest
 
 from deepseek_frontend.api.app import create_app
 from deepseek_frontend.api.config import ServerConfig
-from deepseek_frontend.api.openai.chat import to_chat_request
+from deepseek_frontend.api.openai.chat_request import to_chat_request
 from deepseek_frontend.engines.sim.engine import SimulatedEngine
 from deepseek_frontend.pipeline.chat import ChatPipeline
 from deepseek_frontend.pipeline.offload import OFFLOAD_NICENESS, OffloadPool

@@ -241,7 +241,7 @@ def test_loop_turns_serve_urgent_waiters_first_and_each_queue_in_order() -> None
 
 def test_recent_heads_recognise_a_body_that_starts_like_a_recent_one() -> None:
     """A follow-up resends its conversation: its body starts with the same bytes as the last one's."""
-    from deepseek_frontend.api.http import HEAD_BYTES, RecentHeads
+    from deepseek_frontend.api.request_turns import HEAD_BYTES, RecentHeads
 
     heads = RecentHeads(max_entries=2)
     conversation = b'{"messages":[{"role":"user","content":"' + b"x" * HEAD_BYTES

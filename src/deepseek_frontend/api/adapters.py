@@ -29,7 +29,8 @@ from deepseek_frontend.images import resolve_request_images
 
 from .errors import as_frontend_error
 from .event_stream import EventEncoder, SSEEvent, frame_events
-from .http import EventStreamResponse, get_state, served_model, unless_disconnected
+from .http import get_state, served_model
+from .streaming import EventStreamResponse, unless_disconnected
 from .validation import check_array, check_boolean, check_integer, check_object, check_string
 
 if TYPE_CHECKING:
@@ -38,8 +39,8 @@ if TYPE_CHECKING:
     from deepseek_frontend.pipeline.chat import ChatRequest, ChoiceStream, PreparedRequest
 
     from .config import ServerConfig
-    from .http import RequestTracker
     from .served_model import ServedModel
+    from .tracking import RequestTracker
 
 __all__ = [
     "ConvertedChat",

@@ -47,13 +47,14 @@ from .auth import AuthMiddleware, renderer_for
 from .config import ServerConfig
 from .errors import ErrorBodyRenderer, error_response
 from .fleet_config import Fleet
-from .http import FrontendApp, FrontendState, RecentHeads, TurnGate
+from .http import FrontendApp, FrontendState
 from .info_routes import health, list_models, live, metrics_endpoint, retrieve_model
 from .memory import MemoryReleaser
 from .metrics import FrontendMetrics
 from .model_registry import ModelRegistry
 from .rate_limits import KeyUsageMetrics, RateLimiter
 from .reload import FleetReloader
+from .request_turns import RecentHeads, TurnGate
 from .served_model import ServedModel
 from .state_config import open_state_store
 from .tenants import TenantTable

@@ -17,7 +17,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from deepseek_frontend.errors import AuthenticationError
 
 from .errors import ErrorBodyRenderer, error_response, openai_error_body
-from .http import FrontendState, log_request_done, new_request_id
+from .http import FrontendState, new_request_id
+from .tracking import log_request_done
 
 #: Paths that never require the API key.
 PUBLIC_PATHS = frozenset({"/health", "/live", "/metrics"})

@@ -59,7 +59,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from deepseek_frontend.errors import FrontendError, OverloadedError, RequestError, RequestTimeoutError
 
 from .arrivals import ArrivalPacer
-from .http import HEAD_BYTES, WARM_KEY, RecentHeads
+from .request_turns import HEAD_BYTES, WARM_KEY, RecentHeads
 
 log = logging.getLogger("deepseek_frontend.api")
 

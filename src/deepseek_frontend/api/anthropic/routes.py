@@ -33,7 +33,10 @@ from deepseek_frontend.images import family_reads_images, resolve_request_images
 from ..adapters import respond_with_events, to_chat_request
 from ..continuity import continuity_of
 from ..errors import ErrorBodyRenderer
-from ..http import RequestTracker, api_route, get_state, read_json, served_model
+from ..http import get_state, served_model
+from ..request_body import read_json
+from ..route import api_route
+from ..tracking import RequestTracker
 from .convert import convert_messages_request
 from .events import MessagesStreamEncoder, accumulate_message, anthropic_error_body
 from .hidden_thinking import HIDDEN_REASONING

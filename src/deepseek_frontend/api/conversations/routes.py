@@ -21,9 +21,12 @@ from starlette.routing import Route
 from deepseek_frontend.errors import RequestError
 from deepseek_frontend.state import Page, StoredConversation, StoredItem, new_id
 
-from ..http import RequestTracker, api_route, get_state, read_json
+from ..http import get_state
+from ..request_body import read_json
 from ..responses.stateful import input_items
+from ..route import api_route
 from ..stored import json_response, list_body, list_query, not_stored, owner_of, read_page, store_of
+from ..tracking import RequestTracker
 from ..validation import check_array, check_object
 
 __all__ = ["ROUTES"]

@@ -20,16 +20,14 @@ from starlette.responses import Response
 from deepseek_frontend.errors import RequestError
 from deepseek_frontend.pipeline.chat import ChatRequest, ChoiceAccumulator, ChoiceStream, PipelineChunk, Usage
 
-from ..http import RequestTracker, api_route, get_state, read_json, served_model
+from ..http import get_state, served_model
+from ..request_body import read_json
+from ..route import api_route
+from ..tracking import RequestTracker
 from ..validation import check_boolean, check_integer
-from .chat import (
-    map_model,
-    map_sampling,
-    map_stream,
-    openai_event_stream,
-    requested_model,
-    respond_with_choices,
-)
+from .chat import respond_with_choices
+from .chat_request import map_model, map_sampling, map_stream, requested_model
+from .chat_response import openai_event_stream
 
 if TYPE_CHECKING:
     from deepseek_frontend.engines.base import TokenLogprob

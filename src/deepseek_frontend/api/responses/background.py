@@ -29,8 +29,9 @@ from deepseek_frontend.state import StateStore, StoredResponse
 
 from ..adapters import ConvertedChat, to_chat_request
 from ..errors import as_frontend_error
-from ..http import FrontendState, KeyCharge
+from ..http import FrontendState
 from ..served_model import ServedModel
+from ..tracking import KeyCharge
 from .events import ResponsesStreamEncoder
 from .stateful import StatefulRequest, save_response, stored_items, stored_output_items
 

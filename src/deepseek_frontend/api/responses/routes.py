@@ -30,10 +30,14 @@ from deepseek_frontend.routing.session import session_from_headers
 
 from ..adapters import respond_with_events
 from ..continuity import continuity_of
-from ..http import EventStreamResponse, RequestTracker, api_route, get_state, read_json, served_model
+from ..http import get_state, served_model
 from ..log_once import FirstSeen
-from ..openai.chat import logprobs_content
+from ..openai.chat_response import logprobs_content
+from ..request_body import read_json
+from ..route import api_route
 from ..stored import json_response, owner_of
+from ..streaming import EventStreamResponse
+from ..tracking import RequestTracker
 from .convert import convert_responses_request
 from .events import ResponsesStreamEncoder
 from .stateful import StatefulRequest, resolve_stateful, save_response

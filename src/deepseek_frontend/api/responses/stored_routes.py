@@ -18,8 +18,10 @@ from starlette.routing import Route
 
 from deepseek_frontend.errors import RequestError
 
-from ..http import RequestTracker, api_route, get_state
+from ..http import get_state
+from ..route import api_route
 from ..stored import json_response, list_body, list_query, not_stored, owner_of, read_page, store_of
+from ..tracking import RequestTracker
 from .background import TERMINAL, BackgroundRuns, expire_if_lost
 
 __all__ = ["ROUTES", "background_runs"]
