@@ -21,7 +21,7 @@ import yaml
 
 from deepseek_frontend.api.config import ServerConfig
 from deepseek_frontend.api.fleet_config import Fleet, fleet_from_args
-from deepseek_frontend.api.serve_command import flag_actions
+from deepseek_frontend.api.serve_flags import flag_actions
 from deepseek_frontend.cli import build_parser
 
 from .recipe_checks import (
