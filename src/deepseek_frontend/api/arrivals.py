@@ -8,8 +8,8 @@ their tokenizing and engine calls. ``LoopTurns`` orders that work once it has st
 orders what starts at all.
 
 The HTTP protocol (:mod:`deepseek_frontend.api.http_protocol`) reads a ``POST`` request's head
-and the first :data:`~deepseek_frontend.api.http.HEAD_BYTES` of its body before it creates the
-request's ASGI task, and judges it with :class:`~deepseek_frontend.api.http.RecentHeads`:
+and the first :data:`~deepseek_frontend.api.request_turns.HEAD_BYTES` of its body before it creates the
+request's ASGI task, and judges it with :class:`~deepseek_frontend.api.request_turns.RecentHeads`:
 
 * a **warm** request (its body starts like a recent one: an agent resending its conversation)
   starts at once (:meth:`ArrivalPacer.warm_started`), and is counted until it answers (its

@@ -43,7 +43,7 @@ client that opens a connection and sends its request line and headers a byte at 
   ``BODY_HEAD_WAIT_S``, is paced as cold with no verdict in the scope (the application judges
   the whole body once it has it).
 
-The body deadline is the application's (:func:`deepseek_frontend.api.http.read_json`).
+The body deadline is the application's (:func:`deepseek_frontend.api.request_body.read_json`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Shared by ``render`` and ``tokenize``: read an OpenAI chat request body and render it offline.
 
-The request goes through exactly the server's path (``api.openai.chat.to_chat_request``
+The request goes through exactly the server's path (``api.openai.chat_request.to_chat_request``
 then ``PromptRenderer``), so what these commands print is what ``serve`` would send.
 """
 

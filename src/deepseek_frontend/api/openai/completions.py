@@ -151,7 +151,7 @@ def stream_completion(
     created: int,
     tracker: RequestTracker | None = None,
 ) -> AsyncIterator[bytes]:
-    """The ``text_completion`` SSE body (see :func:`~.chat.openai_event_stream`)."""
+    """The ``text_completion`` SSE body (see :func:`~.chat_response.openai_event_stream`)."""
     writer = CompletionChunkWriter(req, created, model.tokenizer)
     return openai_event_stream(
         model, req, streams, tracker, opening=(), encode=writer.chunk, usage_event=writer.usage
