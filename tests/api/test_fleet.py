@@ -33,7 +33,7 @@ import openai
 import pytest
 import yaml
 
-from deepseek_frontend.tokenization import bundled_tokenizer_path, v41_stand_in_tokenizer_json
+from tests.support.checkpoints import v41_checkpoint
 from tests.support.servers import Server, start_frontend, start_sim_engine
 from tests.support.waiting import wait_until
 
@@ -50,18 +50,6 @@ REQUEST_TIMEOUT_S = 30.0
 
 
 # ---------------------------------------------------------------- processes and configuration
-
-
-def v41_checkpoint(root: Path) -> Path:
-    """A DeepSeek-V4.1 checkpoint directory real workers accept: its config and the stand-in tokenizer."""
-    model = root / "DeepSeek-V4.1-Flash"
-    model.mkdir()
-    (model / "config.json").write_text(
-        json.dumps({"model_type": "deepseek_v41", "architectures": ["DeepseekV41ForCausalLM"]})
-    )
-    text = v41_stand_in_tokenizer_json(bundled_tokenizer_path().read_text(encoding="utf-8"))
-    (model / "tokenizer.json").write_text(text, encoding="utf-8")
-    return model
 
 
 def start_all(stack: contextlib.ExitStack, *starters: Callable[[], Server]) -> list[Server]:
@@ -245,7 +233,7 @@ class TwoModels:
 def two_models(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TwoModels]:
     """V4 on an aggregated worker and V4.1 on a prefill/decode pair, from one configuration file."""
     tmp_path = tmp_path_factory.mktemp("two-models")
-    checkpoint = v41_checkpoint(tmp_path)
+    checkpoint = v41_checkpoint(tmp_path / "DeepSeek-V4.1-Flash")
     with contextlib.ExitStack() as stack:
         v4_worker, prefill, decode = start_all(stack, start_sim_engine, prefill_sim, decode_sim)
         config = write_config(

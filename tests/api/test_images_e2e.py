@@ -9,9 +9,7 @@ it received (``I see 1 image (image 1: 640x480, blue).``): the image went client
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -22,7 +20,7 @@ import pytest
 from deepseek_frontend.engines.base import GenerateRequest, SamplingParams
 from deepseek_frontend.engines.sglang import SGLangClient
 from deepseek_frontend.images import image_token_count
-from deepseek_frontend.tokenization import bundled_tokenizer_path, v41_stand_in_tokenizer_json
+from tests.support.checkpoints import v41_checkpoint
 from tests.support.images import b64, data_url, image_bytes
 from tests.support.servers import Server, start_frontend, start_sim_engine
 
@@ -34,17 +32,6 @@ BMP_URL = "data:image/bmp;base64,Qk0="
 TRUNCATED_PNG = "data:image/png;base64," + base64.b64encode(image_bytes(50, 50)[:60]).decode()
 
 
-def _checkpoint(root: Path) -> Path:
-    model = root / "DeepSeek-V4.1-Flash"
-    model.mkdir()
-    (model / "config.json").write_text(
-        json.dumps({"model_type": "deepseek_v41", "architectures": ["DeepseekV41ForCausalLM"]})
-    )
-    text = v41_stand_in_tokenizer_json(bundled_tokenizer_path().read_text(encoding="utf-8"))
-    (model / "tokenizer.json").write_text(text, encoding="utf-8")
-    return model
-
-
 @pytest.fixture(scope="module")
 def engine() -> Iterator[Server]:
     with start_sim_engine() as server:
@@ -53,7 +40,7 @@ def engine() -> Iterator[Server]:
 
 @pytest.fixture(scope="module")
 def frontend(tmp_path_factory: pytest.TempPathFactory, engine: Server) -> Iterator[Server]:
-    model = _checkpoint(tmp_path_factory.mktemp("v41-images"))
+    model = v41_checkpoint(tmp_path_factory.mktemp("v41-images") / "DeepSeek-V4.1-Flash")
     with start_frontend(
         "--engine", "sglang", "--worker", engine.url, "--model-path", str(model),
         "--served-model-name", MODEL, "--context-length", str(CONTEXT), "--max-images-per-request", "3",

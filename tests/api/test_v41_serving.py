@@ -23,6 +23,7 @@ from deepseek_frontend.tokenization import (
     bundled_tokenizer_path,
     v41_stand_in_tokenizer_json,
 )
+from tests.support.checkpoints import v41_checkpoint
 from tests.support.servers import Server, start_frontend, start_sim_engine
 
 WEATHER = {
@@ -40,25 +41,13 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
-def _checkpoint(root: Path, *, tokenizer: bool) -> Path:
-    model = root / "DeepSeek-V4.1-Flash"
-    model.mkdir()
-    (model / "config.json").write_text(
-        json.dumps({"model_type": "deepseek_v41", "architectures": ["DeepseekV41ForCausalLM"]})
-    )
-    if tokenizer:
-        text = v41_stand_in_tokenizer_json(bundled_tokenizer_path().read_text(encoding="utf-8"))
-        (model / "tokenizer.json").write_text(text, encoding="utf-8")
-    return model
-
-
 def test_v41_is_served_on_the_simulated_engine_without_a_checkpoint() -> None:
     config = ServerConfig.from_args(parse("--served-model-name", "deepseek-v4.1-flash"))
     assert config.family == "deepseek_v41" and config.reasoning_effort_profile == "release"
 
 
 def test_real_workers_need_the_checkpoint_tokenizer(tmp_path: Path) -> None:
-    model = _checkpoint(tmp_path, tokenizer=False)
+    model = v41_checkpoint(tmp_path / "DeepSeek-V4.1-Flash", tokenizer=False)
     with pytest.raises(UnsupportedModelError, match=r"--model-path.*tokenizer\.json"):
         ServerConfig.from_args(parse("--model-path", str(model), "--worker", "http://127.0.0.1:9"))
     with pytest.raises(UnsupportedModelError, match="checkpoint's own tokenizer"):
@@ -68,7 +57,7 @@ def test_real_workers_need_the_checkpoint_tokenizer(tmp_path: Path) -> None:
 
 
 def test_the_effort_profile_must_fit_the_family(tmp_path: Path) -> None:
-    model = _checkpoint(tmp_path, tokenizer=True)
+    model = v41_checkpoint(tmp_path / "DeepSeek-V4.1-Flash")
     with pytest.raises(ValueError, match="release or prerelease"):
         ServerConfig.from_args(parse("--model-path", str(model), "--reasoning-effort-profile", "preview"))
     config = ServerConfig.from_args(
@@ -87,7 +76,7 @@ def test_the_stand_in_tokenizer_has_one_id_per_v41_token() -> None:
 
 @pytest.fixture(scope="module")
 def v41_frontend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    model = _checkpoint(tmp_path_factory.mktemp("v41"), tokenizer=True)
+    model = v41_checkpoint(tmp_path_factory.mktemp("v41") / "DeepSeek-V4.1-Flash")
     engine = start_sim_engine()
     try:
         frontend = start_frontend(

@@ -6,12 +6,12 @@ Each test reads every manifest of both variants (B200 FP4 and H200 FP8; DGD and 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from deepseek_frontend.cli import build_parser
+from tests.support.checkpoints import v41_checkpoint
 
 from .recipe_checks import (
     NAMESPACE_REF,
@@ -115,20 +115,6 @@ def _parse_frontend_args(frontend: Workload):
         return build_parser().parse_args(argv[1:])
     except SystemExit as exc:  # argparse reports the problem on stderr and exits
         raise AssertionError(f"{frontend.source}: frontend args do not parse: {argv[1:]}") from exc
-
-
-def _v41_checkpoint(root: Path) -> Path:
-    """A DeepSeek-V4.1 checkpoint directory: its config.json and (the stand-in of) its tokenizer.json."""
-    from deepseek_frontend.tokenization import bundled_tokenizer_path, v41_stand_in_tokenizer_json
-
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "config.json").write_text(
-        json.dumps({"model_type": "deepseek_v41", "architectures": ["DeepseekV41ForCausalLM"]}),
-        encoding="utf-8",
-    )
-    text = v41_stand_in_tokenizer_json(bundled_tokenizer_path().read_text(encoding="utf-8"))
-    (root / "tokenizer.json").write_text(text, encoding="utf-8")
-    return root
 
 
 def _deployment_path(workload: Workload) -> str:
@@ -436,7 +422,7 @@ def test_frontend_args_resolve_to_a_server_config_for_sglang_workers(variant: st
         if FAMILY[variant] == "deepseek_v41":
             # V4.1 on real workers reads the checkpoint's tokenizer.json and config.json from --model-path
             # (the frontend refuses to start without them): a checkpoint directory stands in for the PVC.
-            args.model_path = str(_v41_checkpoint(tmp_path / Path(frontend.source).name))
+            args.model_path = str(v41_checkpoint(tmp_path / Path(frontend.source).name))
         config = ServerConfig.from_args(args)
         assert config.family == FAMILY[variant], frontend.source
         assert config.engine == "sglang"
