@@ -89,7 +89,12 @@ class BackgroundRuns:
         and settles ``charge`` (the request's API key: its concurrency slot and its tokens) then."""
         name = converted.model or model.name
         queued = ResponsesStreamEncoder(model=name, input_tokens=0, echo=echo).snapshot("queued")
-        await save_response(state.store, stateful, queued)
+        try:
+            await save_response(state.store, stateful, queued)
+        except BaseException:
+            if charge is not None:
+                charge.settle(500, None, model.name)  # nothing runs: the key's slot is free again
+            raise
         model.enter()
         task = asyncio.create_task(self._run(state, model, stateful, converted, echo, queued, charge))
         task.add_done_callback(lambda _t: model.leave())
