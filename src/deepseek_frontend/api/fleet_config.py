@@ -114,11 +114,8 @@ def fleet_from_args(args: argparse.Namespace, actions: Mapping[str, argparse.Act
     if path:
         return load_fleet(path, args, actions)
     config = ServerConfig.from_args(args)
-    keys_file = getattr(args, "keys_file", None)
-    tenants = _tenants(
-        None, keys_file, config.accepted_api_keys, Path(keys_file).parent if keys_file else None
-    )
-    return Fleet((config,), tenants)
+    keys_files = [Path(args.keys_file)] if getattr(args, "keys_file", None) else []
+    return Fleet((config,), _tenants(None, keys_files, config.accepted_api_keys))
 
 
 def load_fleet(path: str, args: argparse.Namespace, actions: Mapping[str, argparse.Action]) -> Fleet:
@@ -152,11 +149,15 @@ def load_fleet(path: str, args: argparse.Namespace, actions: Mapping[str, argpar
         _model_config(entry, f"models[{i}]", args, actions, path) for i, entry in enumerate(entries)
     )
     _check_names(models, path)
-    keys_file = data.get("keys_file") or getattr(args, "keys_file", None)
-    if keys_file is not None and not isinstance(keys_file, str):
-        raise ConfigFileError(f"{path}: keys_file must be a path, got {type(keys_file).__name__}")
-    base = Path(path).parent
-    tenants = _tenants(data.get("keys"), keys_file, models[0].accepted_api_keys, base, where=f"{path}: keys")
+    keys_files = []
+    in_file = data.get("keys_file")
+    if in_file is not None:
+        if not isinstance(in_file, str) or not in_file:
+            raise ConfigFileError(f"{path}: keys_file must be a path, got {in_file!r}")
+        keys_files.append(Path(path).parent / in_file)  # relative to the configuration file
+    if getattr(args, "keys_file", None):
+        keys_files.append(Path(args.keys_file))  # relative to the working directory, as any flag
+    tenants = _tenants(data.get("keys"), keys_files, models[0].accepted_api_keys, where=f"{path}: keys")
     served = {m.served_model_name for m in models}
     for tenant in tenants or ():
         for name in sorted((tenant.models or frozenset()) - served):
@@ -243,20 +244,14 @@ def _check_names(models: tuple[ServerConfig, ...], path: str) -> None:
 
 
 def _tenants(
-    entries: object,
-    keys_file: str | None,
-    plain_keys: tuple[str, ...],
-    base: Path | None,
-    where: str = "keys",
+    entries: object, keys_files: list[Path], plain_keys: tuple[str, ...], where: str = "keys"
 ) -> TenantTable | None:
-    """The API keys: the file's ``keys``, a keys file's and the plain ``--api-key`` keys (None: none)."""
+    """The API keys: the configuration's ``keys``, the keys files' and the plain ``--api-key`` keys
+    (None: none at all)."""
     tables: list[TenantTable] = []
     if entries is not None:
         tables.append(TenantTable.from_entries(entries, where=where))
-    if keys_file:
-        file = Path(keys_file)
-        if base is not None and not file.is_absolute():
-            file = base / file
+    for file in keys_files:
         tables.append(load_keys_file(file))
     if plain_keys:
         tables.append(TenantTable.from_plain_keys(plain_keys))
