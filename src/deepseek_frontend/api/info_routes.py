@@ -8,7 +8,6 @@ Each reports every served model: ``/v1/models`` lists the names the request's AP
 
 from __future__ import annotations
 
-import hmac
 import time
 from typing import Any
 
@@ -173,4 +172,4 @@ async def metrics_endpoint(request: Request) -> Response:
     return Response(own, media_type=CONTENT_TYPE)
 
 
-__all__ = ["health", "hmac", "list_models", "live", "metrics_endpoint", "render_metrics", "retrieve_model"]
+__all__ = ["health", "list_models", "live", "metrics_endpoint", "render_metrics", "retrieve_model"]
