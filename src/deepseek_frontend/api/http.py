@@ -25,9 +25,8 @@ from starlette.types import Receive, Scope, Send
 if TYPE_CHECKING:
     from deepseek_frontend._tracing import Tracer
     from deepseek_frontend.pipeline.chat import ChatPipeline
-    from deepseek_frontend.tokenization import PromptTokenizer
 
-    from .admission import Admission, BodyReaders
+    from .admission import BodyReaders
     from .arrivals import ArrivalPacer
     from .config import ServerConfig
     from .memory import MemoryReleaser
@@ -79,21 +78,6 @@ class FrontendState:
     def pipeline(self) -> ChatPipeline:
         """The first model's pipeline (its loop turns and offload threads are every model's)."""
         return self.models.default.pipeline
-
-    @property
-    def tokenizer(self) -> PromptTokenizer:
-        """The first model's tokenizer."""
-        return self.models.default.tokenizer
-
-    @property
-    def backend(self) -> Any:
-        """The first model's engine backend."""
-        return self.models.default.backend
-
-    @property
-    def admission(self) -> Admission:
-        """The first model's admission control."""
-        return self.models.default.admission
 
 
 def get_state(request: Request) -> FrontendState:

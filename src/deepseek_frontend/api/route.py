@@ -32,19 +32,19 @@ from .tracking import RequestTracker
 if TYPE_CHECKING:
     from .http import FrontendState
     from .served_model import ServedModel
+    from .tenants import Tenant
 
 log = logging.getLogger("deepseek_frontend.api")
 
 REQUEST_ID_HEADER = "x-request-id"
 
 
-def _route(request: Request, state: FrontendState, selects_model: bool) -> ServedModel:
+def _route(request: Request, state: FrontendState, tenant: Tenant | None, selects_model: bool) -> ServedModel:
     """The model ``request`` goes to: the one its JSON body's ``model`` names (``selects_model``),
     among those its API key may use. With one model and a key that may use it, the body is not
     parsed here (the handler parses it after admission). Raises ``ModelNotFoundError`` (404) and,
     for a body that is not a JSON object, ``RequestError`` (400)."""
     models = state.models
-    tenant = request.scope.get("state", {}).get("tenant")
     only = models.only
     if not selects_model or (only is not None and (tenant is None or tenant.may_use(only.name))):
         return only if only is not None else models.resolve(None, tenant)
@@ -109,10 +109,11 @@ def api_route(
                     if memory is not None and len(getattr(request.state, BODY_ATTR)) >= LARGE_BODY_BYTES:
                         memory.started()
                         tracker.on_done = memory.finished
-                model = _route(request, state, selects_model)
+                # the auth middleware's (api/auth.py); None without API keys
+                tenant = request.scope.get("state", {}).get("tenant")
+                model = _route(request, state, tenant, selects_model)
                 tracker.route(model)
                 setattr(request.state, MODEL_ATTR, model)
-                tenant = request.scope.get("state", {}).get("tenant")
                 if tenant is not None and state.limiter is not None:
                     verdict = state.limiter.admit(tenant, protocol=_limit_protocol(render))
                     if isinstance(verdict, Refusal):
