@@ -13,7 +13,6 @@ import logging
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from deepseek_frontend.state import (
     DEFAULT_DB_NAME,
@@ -21,7 +20,6 @@ from deepseek_frontend.state import (
     Retention,
     StateStore,
     default_state_dir,
-    owner_key,
     store_for_url,
 )
 
@@ -29,7 +27,6 @@ __all__ = [
     "StateOptions",
     "add_state_arguments",
     "open_state_store",
-    "request_owner",
     "state_options_from_args",
 ]
 
@@ -131,19 +128,6 @@ def state_options_from_args(args: argparse.Namespace) -> StateOptions:
     )
     store_for_url(url)  # a bad URL fails at start-up, naming the flag
     return options
-
-
-def request_owner(headers: Any, api_key_configured: bool) -> str:
-    """The owner of what a request stores or reads: a hash of the API key it presented (the
-    server checked it already), or the anonymous owner when the server checks no key."""
-    if not api_key_configured:
-        return owner_key(None)
-    auth = headers.get("authorization")
-    if auth:
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() == "bearer" and token.strip():
-            return owner_key(token.strip())
-    return owner_key((headers.get("x-api-key") or "").strip() or None)
 
 
 async def open_state_store(options: StateOptions, store: StateStore) -> StateStore:

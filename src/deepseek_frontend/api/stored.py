@@ -1,7 +1,7 @@
 """What the stored-object endpoints share: the store and owner of a request, 404s, list pages.
 
 Used by ``/v1/responses`` (stored responses) and ``/v1/conversations``. Every read names the
-owner of the request (:func:`~.state_config.request_owner`): an object of another API key is
+owner of the request (:func:`owner_of`): an object of another API key is
 answered exactly as an object that does not exist.
 """
 
@@ -14,10 +14,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from deepseek_frontend.errors import FrontendError, RequestError
-from deepseek_frontend.state import MAX_PAGE, CursorError, Page, StateStore
+from deepseek_frontend.state import MAX_PAGE, CursorError, Page, StateStore, owner_key
 
+from .auth import presented_key
 from .http import get_state
-from .state_config import request_owner
 
 __all__ = [
     "ListQuery",
@@ -44,8 +44,13 @@ def store_of(request: Request) -> StateStore:
 
 
 def owner_of(request: Request) -> str:
-    """The owner key of the request's API key (the auth middleware has checked it already)."""
-    return request_owner(request.headers, get_state(request).tenants is not None)
+    """The owner of what a request stores or reads: a hash of the API key it presented (the auth
+    middleware has checked it already), or the anonymous owner when the server checks no key."""
+    if get_state(request).tenants is None:
+        return owner_key(None)
+    key = presented_key(request.scope["headers"])
+    # as Starlette decodes header values: the owners of stored objects stay what they were
+    return owner_key(key.decode("latin-1") if key else None)
 
 
 def not_stored(kind: str, object_id: str, param: str | None = None) -> StoredObjectNotFoundError:
