@@ -244,8 +244,7 @@ class FrontendMetrics:
             ["model"],
             registry=r,
         )
-        for model in models:
-            self.model_info.labels(model).set(1)
+        self.serve_models(models)
         self.requests = Counter(
             f"{PREFIX}_requests",
             "Finished HTTP requests by endpoint, status code and error type ('' on success).",
@@ -300,6 +299,12 @@ class FrontendMetrics:
             "Tool calls the model made to tools the request did not declare (dropped).",
             registry=r,
         )
+
+    def serve_models(self, names: Iterable[str]) -> None:
+        """``model_info`` names exactly ``names`` (at start, and after a reload)."""
+        self.model_info.clear()
+        for name in names:
+            self.model_info.labels(name).set(1)
 
     def watch_caches(self, stats: Callable[[], dict[str, dict[str, int]]]) -> None:
         """Export the prompt-id caches' sizes and hit counts, read from ``stats()`` at each scrape."""

@@ -123,9 +123,7 @@ class FleetReloader:
         state.models = registry
         state.tenants = fleet.tenants
         state.fleet = fleet
-        state.metrics.model_info.clear()
-        for model in registry:
-            state.metrics.model_info.labels(model.name).set(1)
+        state.metrics.serve_models(m.name for m in registry)
         kept = {id(m) for m in models}
         retired = [m for m in old if id(m) not in kept]
         for model in retired:
