@@ -32,11 +32,11 @@ import msgspec
 from msgspec import Meta, Struct
 from pydantic import BaseModel, ConfigDict, Field
 
-from deepseek_frontend.api.config import ServerConfig
 from deepseek_frontend.api.openai.chat_request import resolve_reasoning_effort
 from deepseek_frontend.api.schemas import check_json_schema
 from deepseek_frontend.api.validation import check_boolean, check_tool_name
 from deepseek_frontend.errors import RequestError
+from deepseek_frontend.fleet.config import ServerConfig
 from deepseek_frontend.pipeline import ChatRequest
 
 MAX_STOP = 16

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import uvloop
 
-from deepseek_frontend.api.acceptor import BulkAcceptor
+from deepseek_frontend.server.acceptor import BulkAcceptor
 
 CLIENT = """
 import socket, sys, time

@@ -70,11 +70,11 @@ STAMPS_KEY = "bench.stamps"
 def install_stamps(dump_path: str) -> None:
     """Wrap the frontend's stage boundaries with stamps; SIGUSR1 writes the follow-ups' stamps
     (``{"k": probe number, stage: perf_counter, ...}`` per line) to ``dump_path`` and forgets all."""
-    from deepseek_frontend.api import http as api_http
-    from deepseek_frontend.api import http_protocol
     from deepseek_frontend.api.openai import chat as openai_chat
+    from deepseek_frontend.edge import context as api_http
     from deepseek_frontend.engines import sglang
     from deepseek_frontend.pipeline import chat as pipeline_chat
+    from deepseek_frontend.server import http_protocol
 
     clock = time.perf_counter
     current: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar("stamps", default=None)

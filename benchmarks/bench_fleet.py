@@ -422,11 +422,11 @@ def step_costs(keys: list[str], prompt_tokens: int, body: bytes) -> list[tuple[s
     """What the added steps cost per request in process, outside the server: (step, µs). Last, for
     scale, parsing ``body``: every setup does it once; with several models before admission."""
     sys.path.insert(0, str(REPO / "src"))
-    from deepseek_frontend.api.auth import presented_key
-    from deepseek_frontend.api.limit_state import SharedLimitState
-    from deepseek_frontend.api.rate_limits import RateLimiter
-    from deepseek_frontend.api.request_body import parse_json_object
-    from deepseek_frontend.api.tenants import TenantTable
+    from deepseek_frontend.edge.auth import presented_key
+    from deepseek_frontend.edge.body import parse_json_object
+    from deepseek_frontend.keys.limit_state import SharedLimitState
+    from deepseek_frontend.keys.rate_limits import RateLimiter
+    from deepseek_frontend.keys.tenants import TenantTable
 
     headers = [(b"host", b"127.0.0.1"), (b"authorization", f"Bearer {keys[-1]}".encode())]
     plain = TenantTable.from_entries([{"name": f"agent-{i}", "key": k} for i, k in enumerate(keys)])

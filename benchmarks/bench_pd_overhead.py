@@ -10,7 +10,7 @@ output checks, router tickets) over in-process engine clients that answer at onc
 time on one event loop:
 
 * **aggregated**: one pool of 2 workers, ``--router-mode`` as given;
-* **pd**: a :class:`~deepseek_frontend.routing.pd.DisaggregatedPool` over a 1-worker prefill pool
+* **pd**: a :class:`~deepseek_frontend.disagg.pool.DisaggregatedPool` over a 1-worker prefill pool
   and a 1-worker decode pool (a room, the two leg requests, two tasks, the first-token race, the
   prefill answer's check, the log line and the counters).
 
@@ -27,9 +27,9 @@ import statistics
 import time
 from collections.abc import AsyncIterator
 
+from deepseek_frontend.disagg.pool import DisaggregatedPool, PdConfig
 from deepseek_frontend.engines.base import EngineChunk, EngineClient, GenerateRequest, SamplingParams
 from deepseek_frontend.engines.pool import WorkerPool
-from deepseek_frontend.routing.pd import DisaggregatedPool, PdConfig
 from deepseek_frontend.routing.router import Router, RouterConfig
 
 

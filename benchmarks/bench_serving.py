@@ -101,9 +101,9 @@ def serve(port_file: str, tokens_per_chunk: int, ttft_ms: float = 0.0, itl_ms: f
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from deepseek_frontend.api.app import create_app
-    from deepseek_frontend.api.config import ServerConfig
     from deepseek_frontend.engines.sim.engine import SimulatedEngine
+    from deepseek_frontend.fleet.config import ServerConfig
+    from deepseek_frontend.server.app import create_app
     from deepseek_frontend.tokenization import PromptTokenizer
 
     tokenizer = PromptTokenizer.load()
@@ -587,10 +587,10 @@ def ttft_overhead(target_tokens: int = 100_000, repeats: int = 20) -> tuple[int,
     """(prompt tokens, median ms cold-extension, median ms first-time whole prompt)."""
     import orjson
 
-    from deepseek_frontend.api.app import create_app
-    from deepseek_frontend.api.config import ServerConfig
     from deepseek_frontend.api.openai.chat_request import to_chat_request
     from deepseek_frontend.engines.sim.engine import SimulatedEngine
+    from deepseek_frontend.fleet.config import ServerConfig
+    from deepseek_frontend.server.app import create_app
     from deepseek_frontend.tokenization import PromptTokenizer
 
     tokenizer = PromptTokenizer.load()

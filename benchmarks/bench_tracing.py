@@ -96,9 +96,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from deepseek_frontend._tracing import tracer_from_env
-    from deepseek_frontend.api.app import create_app
-    from deepseek_frontend.api.config import ServerConfig
     from deepseek_frontend.engines.sim.engine import SimulatedEngine
+    from deepseek_frontend.fleet.config import ServerConfig
+    from deepseek_frontend.server.app import create_app
     from deepseek_frontend.tokenization import PromptTokenizer
 
     ports: Any = multiprocessing.Queue()

@@ -58,33 +58,25 @@ LAYERS: tuple[Layer, ...] = (
     Layer("parsing", _in(PACKAGE, ".parsing", ".parsing.*")),
     # choosing among workers known by URL and capabilities (KV-cache index, sessions, KV events,
     # migration's continuation request): a routing decision never calls an engine itself
-    Layer(
-        "routing",
-        _in(
-            f"{PACKAGE}.routing",
-            "",
-            ".router",
-            ".index",
-            ".hashing",
-            ".events",
-            ".session",
-            ".subscriber",
-            ".migration",
-            ".metrics",
-        ),
-    ),
+    Layer("routing", _in(PACKAGE, ".routing", ".routing.*")),
     # engine clients (SGLang, vLLM, the simulated engine) and the worker pool that asks a router
     Layer("engines", _in(PACKAGE, ".engines", ".engines.*")),
-    # prefill/decode orchestration composes two worker pools (choosing a prefill/decode pair is a
-    # routing decision made over pools); options.py holds the serve flags of the router and of
-    # prefill/decode, so it sits with the latter, above both
-    Layer("prefill/decode", _in(f"{PACKAGE}.routing", ".pd", ".pd_*", ".options")),
+    # prefill/decode orchestration: two worker pools composed into one engine
+    Layer("disagg", _in(PACKAGE, ".disagg", ".disagg.*")),
     # a chat request end to end: render, tokenize, generate, parse
     Layer("pipeline", _in(PACKAGE, ".pipeline", ".pipeline.*")),
     # stored responses and conversations
     Layer("state", _in(PACKAGE, ".state", ".state.*")),
-    # the HTTP server: OpenAI and Anthropic APIs, configuration, metrics
+    # API keys: tenants, their limits and the limits' shared state
+    Layer("keys", _in(PACKAGE, ".keys", ".keys.*")),
+    # what is served: the models, their configuration, admission and metrics
+    Layer("fleet", _in(PACKAGE, ".fleet", ".fleet.*")),
+    # one request in and out: its context, body, route, limits, tracking, streaming, errors
+    Layer("edge", _in(PACKAGE, ".edge", ".edge.*")),
+    # the wire protocols: OpenAI chat and completions, Anthropic Messages, Responses, conversations
     Layer("api", _in(PACKAGE, ".api", ".api.*")),
+    # the server process: app composition, serve command and flags, supervisor, HTTP protocol, reload
+    Layer("server", _in(PACKAGE, ".server", ".server.*")),
     # commands and the command line over everything below
     Layer(
         "entry points",

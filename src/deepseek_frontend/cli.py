@@ -16,7 +16,7 @@ from deepseek_frontend import __version__
 
 #: subcommand name -> module implementing it
 COMMANDS: dict[str, str] = {
-    "serve": "deepseek_frontend.api.serve_command",
+    "serve": "deepseek_frontend.server.serve_command",
     "sim-engine": "deepseek_frontend.engines.sim.command",
     "render": "deepseek_frontend.commands.render",
     "tokenize": "deepseek_frontend.commands.tokenize",

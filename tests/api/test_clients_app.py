@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import pytest
 from starlette.testclient import TestClient
 
-from deepseek_frontend.api.app import create_app
-from deepseek_frontend.api.config import ModelAlias, ServerConfig
+from deepseek_frontend.fleet.config import ModelAlias, ServerConfig
+from deepseek_frontend.server.app import create_app
 from deepseek_frontend.tokenization import PromptTokenizer
 
 KEY = "clients-key"

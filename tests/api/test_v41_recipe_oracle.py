@@ -17,9 +17,9 @@ import pytest
 
 from deepseek_frontend.api.adapters import to_chat_request as converted_to_chat_request
 from deepseek_frontend.api.anthropic.convert import convert_messages_request
-from deepseek_frontend.api.config import ServerConfig
 from deepseek_frontend.api.openai.chat_request import to_chat_request as openai_to_chat_request
 from deepseek_frontend.api.responses.convert import convert_responses_request
+from deepseek_frontend.fleet.config import ServerConfig
 from deepseek_frontend.formats import join_segments
 from deepseek_frontend.pipeline.chat import PromptRenderer
 

@@ -115,10 +115,10 @@ def test_the_answer_rules_read_the_last_turn_whatever_its_case(turn: str, answer
 
 
 def _tool_search_prompt(family: str, n: int) -> str:
-    """The rendered prompt of the tool-search conversation of tests/api_anthropic (first ``n``
+    """The rendered prompt of the tool-search conversation of tests/api/anthropic (first ``n``
     messages), its tool results alone in their user turns (no text after them: on V3.2 user
     text after a result opens a new user turn, and the model reads that turn instead)."""
-    from tests.api_anthropic.test_tool_search import convert, render, turn
+    from tests.api.anthropic.test_tool_search import convert, render, turn
 
     messages = turn(n)
     for m in messages[2:]:

@@ -1,5 +1,5 @@
 """The vLLM client sends a request's W3C trace context as headers (the SGLang client's are checked end
-to end over the sim-engine in tests/api/test_tracing.py): on the streamed request and on the
+to end over the sim-engine in tests/server/test_tracing.py): on the streamed request and on the
 prefill leg of a disaggregated pair; a request without trace context sends none."""
 
 from __future__ import annotations

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from deepseek_frontend.api.anthropic.convert import IMAGE_PLACEHOLDER, convert_messages_request
-from deepseek_frontend.api.config import ServerConfig
 from deepseek_frontend.api.openai.chat_request import to_chat_request
 from deepseek_frontend.api.responses.convert import convert_responses_request
 from deepseek_frontend.errors import RequestError
+from deepseek_frontend.fleet.config import ServerConfig
 from deepseek_frontend.formats.dsv41 import ImagePart
 
 URL = "data:image/png;base64,iVBORw0KGgo="

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from deepseek_frontend.api.config import ServerConfig
 from deepseek_frontend.engines.base import EngineChunk, GenerateRequest, WorkerCapabilities
 from deepseek_frontend.errors import ContextLengthError, UnsupportedFeatureError
+from deepseek_frontend.fleet.config import ServerConfig
 from deepseek_frontend.images import ImageOptions, ImageResolver, image_token_count, make_image_part
 from deepseek_frontend.pipeline.chat import ChatPipeline, ChatRequest
 from deepseek_frontend.tokenization import (

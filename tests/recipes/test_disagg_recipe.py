@@ -319,8 +319,8 @@ def test_the_bootstrap_port_the_frontend_sends_is_the_one_the_prefill_leader_ser
 
 
 def test_frontend_probes_hit_real_frontend_paths_on_its_port() -> None:
-    from deepseek_frontend.api.app import create_app
-    from deepseek_frontend.api.config import ServerConfig
+    from deepseek_frontend.fleet.config import ServerConfig
+    from deepseek_frontend.server.app import create_app
 
     app = create_app(ServerConfig(served_model_name="deepseek-ai/DeepSeek-V4-Pro"))
     routes = {route.path for route in app.routes}

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
-from deepseek_frontend.api.config import ServerConfig
-from deepseek_frontend.api.fleet_config import Fleet, fleet_from_args
-from deepseek_frontend.api.serve_flags import flag_actions
 from deepseek_frontend.cli import build_parser
+from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.fleet.config_file import Fleet, fleet_from_args
+from deepseek_frontend.server.serve_flags import flag_actions
 
 from .recipe_checks import (
     K8S_VERSIONS,
@@ -238,8 +238,8 @@ def test_frontend_args_parse_and_leave_the_models_to_the_configuration_file() ->
 
 
 def test_frontend_probes_hit_live_and_health_on_its_port() -> None:
-    from deepseek_frontend.api.app import create_app
-    from deepseek_frontend.api.config import ServerConfig
+    from deepseek_frontend.fleet.config import ServerConfig
+    from deepseek_frontend.server.app import create_app
 
     routes = {r.path for r in create_app(ServerConfig(served_model_name=V4)).routes}
     container = _frontend().container
@@ -322,8 +322,8 @@ class _RoutedModel:
 
 
 def test_request_names_reach_the_model_the_readme_says(tmp_path: Path) -> None:
-    from deepseek_frontend.api.model_registry import ModelRegistry
     from deepseek_frontend.errors import ModelNotFoundError
+    from deepseek_frontend.fleet.registry import ModelRegistry
 
     fleet = _staged_fleet(tmp_path)
     registry = ModelRegistry([_RoutedModel(m.served_model_name, m) for m in fleet.models])

@@ -287,8 +287,8 @@ def test_workers_keep_a_grammar_backend_and_set_no_retired_environment(variant: 
 
 def _frontend_routes() -> set[str]:
     """Paths the frontend app serves, read from the app itself."""
-    from deepseek_frontend.api.app import create_app
-    from deepseek_frontend.api.config import ServerConfig
+    from deepseek_frontend.fleet.config import ServerConfig
+    from deepseek_frontend.server.app import create_app
 
     app = create_app(ServerConfig(served_model_name="deepseek-ai/DeepSeek-V4-Flash"))
     return {route.path for route in app.routes}
@@ -415,7 +415,7 @@ def test_frontend_image_exposes_the_port_the_manifests_use() -> None:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_frontend_args_resolve_to_a_server_config_for_sglang_workers(variant: str, tmp_path: Path) -> None:
-    from deepseek_frontend.api.config import ServerConfig
+    from deepseek_frontend.fleet.config import ServerConfig
 
     for frontend in _frontends(variant):
         args = _parse_frontend_args(frontend)

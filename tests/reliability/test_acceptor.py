@@ -19,8 +19,8 @@ from collections.abc import Callable
 import pytest
 import uvloop
 
-from deepseek_frontend.api import acceptor as acceptor_module
-from deepseek_frontend.api.acceptor import BulkAcceptor
+from deepseek_frontend.server import acceptor as acceptor_module
+from deepseek_frontend.server.acceptor import BulkAcceptor
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -20,8 +20,8 @@ from typing import Any
 import httpx
 import pytest
 
-from deepseek_frontend.api.arrivals import ArrivalPacer
-from deepseek_frontend.api.request_turns import HEAD_BYTES, WARM_KEY, RecentHeads
+from deepseek_frontend.edge.arrivals import ArrivalPacer
+from deepseek_frontend.edge.turns import HEAD_BYTES, WARM_KEY, RecentHeads
 from tests.reliability.test_units import _RecordingTransport
 from tests.support.servers import Server, start_frontend
 
@@ -51,7 +51,7 @@ class _Harness:
         from uvicorn.config import Config
         from uvicorn.server import ServerState
 
-        from deepseek_frontend.api.http_protocol import guarded_protocol
+        from deepseek_frontend.server.http_protocol import guarded_protocol
 
         self.pacer = pacer
         self.started: list[str] = []

@@ -22,10 +22,10 @@ import httpx
 import pytest
 import uvicorn
 
-from deepseek_frontend.api.acceptor import FrontendServer
-from deepseek_frontend.api.app import create_app
-from deepseek_frontend.api.config import ServerConfig
-from deepseek_frontend.api.http_protocol import guarded_protocol
+from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.server.acceptor import FrontendServer
+from deepseek_frontend.server.app import create_app
+from deepseek_frontend.server.http_protocol import guarded_protocol
 from tests.support.servers import free_port
 from tests.support.waiting import wait_until
 

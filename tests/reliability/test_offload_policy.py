@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from deepseek_frontend.api.app import create_app
-from deepseek_frontend.api.config import ServerConfig
 from deepseek_frontend.api.openai.chat_request import to_chat_request
 from deepseek_frontend.engines.sim.engine import SimulatedEngine
+from deepseek_frontend.fleet.config import ServerConfig
 from deepseek_frontend.pipeline.chat import ChatPipeline
 from deepseek_frontend.pipeline.offload import OFFLOAD_NICENESS, OffloadPool
+from deepseek_frontend.server.app import create_app
 from deepseek_frontend.tokenization import PromptTokenizer
 
 pytestmark = pytest.mark.timeout(120)

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
-from deepseek_frontend.api.admission import BodyReaders
+from deepseek_frontend.edge.body_readers import BodyReaders
 from tests.support.servers import Server, start_frontend
 from tests.support.waiting import wait_until
 

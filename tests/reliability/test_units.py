@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from deepseek_frontend.api.admission import Admission
-from deepseek_frontend.api.logs import KeyValueFormatter
 from deepseek_frontend.engines._http import SSELineTooLongError, iter_sse_batches
 from deepseek_frontend.engines.base import EngineChunk, EngineClient, GenerateRequest, SamplingParams
 from deepseek_frontend.engines.pool import StreamLimits, WorkerPool
 from deepseek_frontend.errors import EngineStreamError, EngineTimeoutError, OverloadedError
+from deepseek_frontend.fleet.admission import Admission
+from deepseek_frontend.server.logs import KeyValueFormatter
 from deepseek_frontend.tokenization import PromptTokenizer, split_long_run
 
 pytestmark = pytest.mark.timeout(120)
@@ -241,7 +241,7 @@ def test_loop_turns_serve_urgent_waiters_first_and_each_queue_in_order() -> None
 
 def test_recent_heads_recognise_a_body_that_starts_like_a_recent_one() -> None:
     """A follow-up resends its conversation: its body starts with the same bytes as the last one's."""
-    from deepseek_frontend.api.request_turns import HEAD_BYTES, RecentHeads
+    from deepseek_frontend.edge.turns import HEAD_BYTES, RecentHeads
 
     heads = RecentHeads(max_entries=2)
     conversation = b'{"messages":[{"role":"user","content":"' + b"x" * HEAD_BYTES
@@ -288,7 +288,7 @@ def test_live_is_answered_inside_the_read_callback_without_the_application() -> 
     from uvicorn.config import Config
     from uvicorn.server import ServerState
 
-    from deepseek_frontend.api.http_protocol import guarded_protocol
+    from deepseek_frontend.server.http_protocol import guarded_protocol
 
     called: list[str] = []
 

@@ -16,9 +16,9 @@ from typing import Any
 import orjson
 from starlette.testclient import TestClient
 
-from deepseek_frontend.api.app import create_app
-from deepseek_frontend.api.config import ServerConfig
 from deepseek_frontend.engines.base import EngineChunk, GenerateRequest
+from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.server.app import create_app
 from deepseek_frontend.tokenization import PromptTokenizer
 
 #: the served model name of :func:`scripted_client`'s app

@@ -35,7 +35,7 @@ _ADDRESS = re.compile(r"listening on (http://[0-9.]+:\d+)")
 START_TIMEOUT_S = 60.0
 #: CLI command -> the module the CLI dispatches it to
 _COMMANDS = {
-    "serve": "deepseek_frontend.api.serve_command",
+    "serve": "deepseek_frontend.server.serve_command",
     "sim-engine": "deepseek_frontend.engines.sim.command",
 }
 

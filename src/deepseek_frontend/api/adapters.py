@@ -24,23 +24,22 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 from starlette.responses import Response
 
+from deepseek_frontend.edge.context import get_state, served_model
+from deepseek_frontend.edge.errors import as_frontend_error
+from deepseek_frontend.edge.streaming import EventStreamResponse, unless_disconnected
 from deepseek_frontend.errors import RequestError
 from deepseek_frontend.images import resolve_request_images
 
-from .errors import as_frontend_error
 from .event_stream import EventEncoder, SSEEvent, frame_events
-from .http import get_state, served_model
-from .streaming import EventStreamResponse, unless_disconnected
 from .validation import check_array, check_boolean, check_integer, check_object, check_string
 
 if TYPE_CHECKING:
     from starlette.requests import Request
 
+    from deepseek_frontend.edge.tracking import RequestTracker
+    from deepseek_frontend.fleet.config import ServerConfig
+    from deepseek_frontend.fleet.served_model import ServedModel
     from deepseek_frontend.pipeline.chat import ChatRequest, ChoiceStream, PreparedRequest
-
-    from .config import ServerConfig
-    from .served_model import ServedModel
-    from .tracking import RequestTracker
 
 __all__ = [
     "ConvertedChat",

@@ -32,10 +32,10 @@ from typing import Any
 from prometheus_client import Counter
 from starlette.requests import Request
 
+from deepseek_frontend.edge.context import FrontendState, get_state
 from deepseek_frontend.pipeline.chat import ChoiceAccumulator, PipelineChunk
 from deepseek_frontend.state import StateStore
 
-from .http import FrontendState, get_state
 from .stored import owner_of
 
 __all__ = ["IdsOf", "ReasoningContinuity", "continuity_of", "turn_key"]

@@ -15,6 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any, Literal
 
+from deepseek_frontend.edge.sse import named_event
 from deepseek_frontend.parsing.events import (
     ContentDelta,
     Finish,
@@ -23,8 +24,6 @@ from deepseek_frontend.parsing.events import (
     ToolCallEnd,
     ToolCallStart,
 )
-
-from .sse import named_event
 
 if TYPE_CHECKING:
     from deepseek_frontend.errors import FrontendError

@@ -13,11 +13,10 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from deepseek_frontend.edge.auth import presented_key
+from deepseek_frontend.edge.context import get_state
 from deepseek_frontend.errors import FrontendError, RequestError
 from deepseek_frontend.state import MAX_PAGE, CursorError, Page, StateStore, owner_key
-
-from .auth import presented_key
-from .http import get_state
 
 __all__ = [
     "ListQuery",

@@ -45,7 +45,7 @@ def add_request_arguments(parser: argparse.ArgumentParser) -> None:
 
 def load_body(file: str) -> dict[str, Any]:
     """The request body in ``file`` (``-``: stdin) as a JSON object (``RequestError`` otherwise)."""
-    from deepseek_frontend.api.request_body import parse_json_object
+    from deepseek_frontend.edge.body import parse_json_object
 
     raw = sys.stdin.buffer.read() if file == "-" else Path(file).read_bytes()
     return parse_json_object(raw, "stdin" if file == "-" else file)
@@ -54,8 +54,8 @@ def load_body(file: str) -> dict[str, Any]:
 def render_request(args: argparse.Namespace) -> tuple[str, list[PromptSegment]]:
     """The format family and the prompt segments of the request in ``args.file``, rendered as ``serve``
     would (the family from ``--model-path``, else the request's ``model``, else DeepSeek-V4)."""
-    from deepseek_frontend.api.config import ServerConfig
     from deepseek_frontend.api.openai.chat_request import to_chat_request
+    from deepseek_frontend.fleet.config import ServerConfig
     from deepseek_frontend.formats import default_effort_profile, detect_family
     from deepseek_frontend.pipeline.chat import PromptRenderer
 

@@ -5,7 +5,7 @@ Messages request is translated into exactly what a Chat Completions request
 would carry -- messages, OpenAI function tools, an OpenAI ``tool_choice``,
 thinking on/off and sampling -- and then runs through the same pipeline.
 
-Translation rules (each one is pinned by a test in ``tests/api_anthropic``):
+Translation rules (each one is pinned by a test in ``tests/api/anthropic``):
 
 * ``system`` (a string or text blocks) becomes one leading system message; the
   blocks are joined with a blank line, as DeepSeek's own converter does.
@@ -67,10 +67,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from deepseek_frontend.errors import RequestError, UnsupportedFeatureError
-from deepseek_frontend.images import make_image_part
-
-from ..adapters import (
+from deepseek_frontend.api.adapters import (
     ChatMessage,
     ConvertedChat,
     check_model,
@@ -78,8 +75,8 @@ from ..adapters import (
     length_controls,
     to_chat_request,
 )
-from ..schemas import check_json_schema
-from ..validation import (
+from deepseek_frontend.api.schemas import check_json_schema
+from deepseek_frontend.api.validation import (
     check_array,
     check_boolean,
     check_integer,
@@ -88,6 +85,8 @@ from ..validation import (
     check_string,
     check_tool_name,
 )
+from deepseek_frontend.errors import RequestError, UnsupportedFeatureError
+from deepseek_frontend.images import make_image_part
 
 __all__ = [
     "IMAGE_PLACEHOLDER",

@@ -33,9 +33,8 @@ import secrets
 import string
 from typing import TYPE_CHECKING, Any, Literal
 
+from deepseek_frontend.api.event_stream import EventEncoder, Section, SSEEvent
 from deepseek_frontend.errors import FrontendError
-
-from ..event_stream import EventEncoder, Section, SSEEvent
 
 if TYPE_CHECKING:
     from deepseek_frontend.pipeline.chat import StreamEnd

@@ -28,15 +28,15 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from deepseek_frontend.api.adapters import respond_with_events, to_chat_request
+from deepseek_frontend.api.continuity import continuity_of
+from deepseek_frontend.edge.body import read_json
+from deepseek_frontend.edge.context import get_state, served_model
+from deepseek_frontend.edge.errors import ErrorBodyRenderer
+from deepseek_frontend.edge.route import api_route
+from deepseek_frontend.edge.tracking import RequestTracker
 from deepseek_frontend.images import family_reads_images, resolve_request_images
 
-from ..adapters import respond_with_events, to_chat_request
-from ..continuity import continuity_of
-from ..errors import ErrorBodyRenderer
-from ..http import get_state, served_model
-from ..request_body import read_json
-from ..route import api_route
-from ..tracking import RequestTracker
 from .convert import convert_messages_request
 from .events import MessagesStreamEncoder, accumulate_message, anthropic_error_body
 from .hidden_thinking import HIDDEN_REASONING

@@ -18,16 +18,23 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from deepseek_frontend.api.responses.stateful import input_items
+from deepseek_frontend.api.stored import (
+    json_response,
+    list_body,
+    list_query,
+    not_stored,
+    owner_of,
+    read_page,
+    store_of,
+)
+from deepseek_frontend.api.validation import check_array, check_object
+from deepseek_frontend.edge.body import read_json
+from deepseek_frontend.edge.context import get_state
+from deepseek_frontend.edge.route import api_route
+from deepseek_frontend.edge.tracking import RequestTracker
 from deepseek_frontend.errors import RequestError
 from deepseek_frontend.state import Page, StoredConversation, StoredItem, new_id
-
-from ..http import get_state
-from ..request_body import read_json
-from ..responses.stateful import input_items
-from ..route import api_route
-from ..stored import json_response, list_body, list_query, not_stored, owner_of, read_page, store_of
-from ..tracking import RequestTracker
-from ..validation import check_array, check_object
 
 __all__ = ["ROUTES"]
 

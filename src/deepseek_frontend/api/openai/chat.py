@@ -15,6 +15,12 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from deepseek_frontend.api.continuity import continuity_of
+from deepseek_frontend.edge.body import read_json
+from deepseek_frontend.edge.context import get_state, served_model
+from deepseek_frontend.edge.route import api_route
+from deepseek_frontend.edge.streaming import EventStreamResponse, unless_disconnected
+from deepseek_frontend.edge.tracking import RequestTracker
 from deepseek_frontend.images import resolve_request_images
 from deepseek_frontend.pipeline.chat import (
     ChatRequest,
@@ -24,19 +30,12 @@ from deepseek_frontend.pipeline.chat import (
     collect,
 )
 
-from ..continuity import continuity_of
-from ..http import get_state, served_model
-from ..request_body import read_json
-from ..route import api_route
-from ..streaming import EventStreamResponse, unless_disconnected
-from ..tracking import RequestTracker
 from .chat_request import to_chat_request
 from .chat_response import build_response, stream_chat
 
 if TYPE_CHECKING:
+    from deepseek_frontend.fleet.served_model import ServedModel
     from deepseek_frontend.tokenization import PromptTokenizer
-
-    from ..served_model import ServedModel
 
 
 async def respond_with_choices(

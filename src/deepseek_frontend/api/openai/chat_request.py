@@ -13,13 +13,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from deepseek_frontend.errors import RequestError
-from deepseek_frontend.images import family_reads_images, make_image_part
-from deepseek_frontend.pipeline.chat import MAX_N, MAX_TOP_LOGPROBS, ChatRequest
-
-from ..adapters import length_controls
-from ..schemas import check_json_schema
-from ..validation import (
+from deepseek_frontend.api.adapters import length_controls
+from deepseek_frontend.api.schemas import check_json_schema
+from deepseek_frontend.api.validation import (
     check_array,
     check_boolean,
     check_integer,
@@ -29,9 +25,12 @@ from ..validation import (
     check_tool_name,
     json_type,
 )
+from deepseek_frontend.errors import RequestError
+from deepseek_frontend.images import family_reads_images, make_image_part
+from deepseek_frontend.pipeline.chat import MAX_N, MAX_TOP_LOGPROBS, ChatRequest
 
 if TYPE_CHECKING:
-    from ..config import ServerConfig
+    from deepseek_frontend.fleet.config import ServerConfig
 
 #: Most stop strings a request may set.
 MAX_STOP = 16

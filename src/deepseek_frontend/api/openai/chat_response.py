@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from deepseek_frontend.edge.sse import DONE, data_event
+from deepseek_frontend.edge.streaming import stream_error_body
 from deepseek_frontend.parsing import ContentDelta, ReasoningDelta, ToolCallArgumentsDelta, ToolCallStart
 from deepseek_frontend.pipeline.chat import (
     ChatRequest,
@@ -28,15 +30,11 @@ from deepseek_frontend.pipeline.chat import (
     merge_choices,
 )
 
-from ..sse import DONE, data_event
-from ..streaming import stream_error_body
-
 if TYPE_CHECKING:
+    from deepseek_frontend.edge.tracking import RequestTracker
     from deepseek_frontend.engines.base import TokenLogprob
+    from deepseek_frontend.fleet.served_model import ServedModel
     from deepseek_frontend.tokenization import PromptTokenizer
-
-    from ..served_model import ServedModel
-    from ..tracking import RequestTracker
 
 
 def logprobs_content(

@@ -17,24 +17,23 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from deepseek_frontend.api.validation import check_boolean, check_integer
+from deepseek_frontend.edge.body import read_json
+from deepseek_frontend.edge.context import get_state, served_model
+from deepseek_frontend.edge.route import api_route
+from deepseek_frontend.edge.tracking import RequestTracker
 from deepseek_frontend.errors import RequestError
 from deepseek_frontend.pipeline.chat import ChatRequest, ChoiceAccumulator, ChoiceStream, PipelineChunk, Usage
 
-from ..http import get_state, served_model
-from ..request_body import read_json
-from ..route import api_route
-from ..tracking import RequestTracker
-from ..validation import check_boolean, check_integer
 from .chat import respond_with_choices
 from .chat_request import map_model, map_sampling, map_stream, requested_model
 from .chat_response import openai_event_stream
 
 if TYPE_CHECKING:
     from deepseek_frontend.engines.base import TokenLogprob
+    from deepseek_frontend.fleet.config import ServerConfig
+    from deepseek_frontend.fleet.served_model import ServedModel
     from deepseek_frontend.tokenization import PromptTokenizer
-
-    from ..config import ServerConfig
-    from ..served_model import ServedModel
 
 #: OpenAI's default output limit for /v1/completions.
 DEFAULT_COMPLETION_MAX_TOKENS = 16

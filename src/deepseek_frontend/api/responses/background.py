@@ -24,14 +24,14 @@ from typing import Any
 
 import orjson
 
+from deepseek_frontend.api.adapters import ConvertedChat, to_chat_request
+from deepseek_frontend.edge.context import FrontendState
+from deepseek_frontend.edge.errors import as_frontend_error
+from deepseek_frontend.edge.tracking import KeyCharge
+from deepseek_frontend.fleet.served_model import ServedModel
 from deepseek_frontend.images import resolve_request_images
 from deepseek_frontend.state import StateStore, StoredResponse
 
-from ..adapters import ConvertedChat, to_chat_request
-from ..errors import as_frontend_error
-from ..http import FrontendState
-from ..served_model import ServedModel
-from ..tracking import KeyCharge
 from .events import ResponsesStreamEncoder
 from .stateful import StatefulRequest, save_response, stored_items, stored_output_items
 

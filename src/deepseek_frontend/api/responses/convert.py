@@ -2,7 +2,7 @@
 
 The Responses API is a re-shaped Chat Completions: ``input`` items become chat
 messages and the rest maps field by field. Translation rules (pinned by tests in
-``tests/api_responses``):
+``tests/api/responses``):
 
 * ``input`` as a string is one user message. As items: messages (``role``
   user/assistant/system/developer, content a string or ``input_text`` /
@@ -42,12 +42,15 @@ import binascii
 from collections.abc import Mapping
 from typing import Any
 
-from deepseek_frontend.errors import RequestError, UnsupportedFeatureError
-from deepseek_frontend.images import make_image_part
-
-from ..adapters import ChatMessage, ConvertedChat, check_model, function_tools, length_controls
-from ..schemas import check_json_schema
-from ..validation import (
+from deepseek_frontend.api.adapters import (
+    ChatMessage,
+    ConvertedChat,
+    check_model,
+    function_tools,
+    length_controls,
+)
+from deepseek_frontend.api.schemas import check_json_schema
+from deepseek_frontend.api.validation import (
     check_array,
     check_boolean,
     check_integer,
@@ -57,6 +60,8 @@ from ..validation import (
     check_tool_name,
     json_type,
 )
+from deepseek_frontend.errors import RequestError, UnsupportedFeatureError
+from deepseek_frontend.images import make_image_part
 
 __all__ = [
     "REASONING_BLOB_PREFIX",

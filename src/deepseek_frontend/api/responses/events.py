@@ -27,9 +27,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from deepseek_frontend.api.event_stream import EventEncoder, Section, SSEEvent
 from deepseek_frontend.errors import FrontendError
 
-from ..event_stream import EventEncoder, Section, SSEEvent
 from .convert import encode_reasoning
 
 if TYPE_CHECKING:

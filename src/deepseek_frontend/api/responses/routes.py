@@ -24,20 +24,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from deepseek_frontend.api.adapters import respond_with_events
+from deepseek_frontend.api.continuity import continuity_of
+from deepseek_frontend.api.openai.chat_response import logprobs_content
+from deepseek_frontend.api.stored import json_response, owner_of
+from deepseek_frontend.edge.body import read_json
+from deepseek_frontend.edge.context import get_state, served_model
+from deepseek_frontend.edge.log_once import FirstSeen
+from deepseek_frontend.edge.route import api_route
+from deepseek_frontend.edge.streaming import EventStreamResponse
+from deepseek_frontend.edge.tracking import RequestTracker
 from deepseek_frontend.errors import RequestError
 from deepseek_frontend.images import family_reads_images
 from deepseek_frontend.routing.session import session_from_headers
 
-from ..adapters import respond_with_events
-from ..continuity import continuity_of
-from ..http import get_state, served_model
-from ..log_once import FirstSeen
-from ..openai.chat_response import logprobs_content
-from ..request_body import read_json
-from ..route import api_route
-from ..stored import json_response, owner_of
-from ..streaming import EventStreamResponse
-from ..tracking import RequestTracker
 from .convert import convert_responses_request
 from .events import ResponsesStreamEncoder
 from .stateful import StatefulRequest, resolve_stateful, save_response

@@ -20,11 +20,10 @@ from typing import Any
 
 import orjson
 
+from deepseek_frontend.api.stored import not_stored
+from deepseek_frontend.api.validation import check_array, check_boolean, check_object, check_string
 from deepseek_frontend.errors import RequestError
 from deepseek_frontend.state import BrokenChainError, StateStore, StoredItem, StoredResponse, new_id
-
-from ..stored import not_stored
-from ..validation import check_array, check_boolean, check_object, check_string
 
 __all__ = [
     "StatefulRequest",

@@ -16,12 +16,20 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from deepseek_frontend.api.stored import (
+    json_response,
+    list_body,
+    list_query,
+    not_stored,
+    owner_of,
+    read_page,
+    store_of,
+)
+from deepseek_frontend.edge.context import get_state
+from deepseek_frontend.edge.route import api_route
+from deepseek_frontend.edge.tracking import RequestTracker
 from deepseek_frontend.errors import RequestError
 
-from ..http import get_state
-from ..route import api_route
-from ..stored import json_response, list_body, list_query, not_stored, owner_of, read_page, store_of
-from ..tracking import RequestTracker
 from .background import TERMINAL, BackgroundRuns, expire_if_lost
 
 __all__ = ["ROUTES", "background_runs"]

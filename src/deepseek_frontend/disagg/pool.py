@@ -1,0 +1,590 @@
+"""Prefill/decode disaggregation: one request, two workers (``--prefill-worker``, ``--decode-worker``).
+
+:class:`DisaggregatedPool` looks like one engine to the pipeline (``generate``, ``abort``,
+``statuses``, ...) and runs two :class:`~deepseek_frontend.engines.pool.WorkerPool` s, one per role,
+each with its own :class:`~deepseek_frontend.routing.router.Router` (so ``--router-mode`` and
+session affinity apply to each role). Per request it picks a pair -- the prefill worker by the
+prefill router (KV overlap from the prefill workers' events, plus load), the decode worker by the
+decode router (load, plus overlap where decode workers publish a cache) -- and runs the two legs:
+
+* **SGLang** (its gateway's ``pd_router`` flow): a random ``bootstrap_room`` (0..2**63-1, drawn
+  with :mod:`secrets` and never one drawn recently, :class:`Rooms`), ``bootstrap_host`` = the
+  prefill worker's host, ``bootstrap_port`` = its ``/server_info`` ``disaggregation_bootstrap_port``
+  (:data:`DEFAULT_BOOTSTRAP_PORT` when it does not say; ``--disaggregation-bootstrap-port``
+  overrides it). The same ``/generate`` body, token ids included, goes to both legs at once. With
+  data-parallel attention the router's best rank on the prefill worker goes out as
+  ``routed_dp_rank`` on the prefill leg and ``disagg_prefill_dp_rank`` on both legs (SGLang then
+  neither asks the prefill's bootstrap server for the rank nor applies its
+  ``follow_bootstrap_room`` check, ``room % dp_size``); the decode router's rank, if any, is the
+  decode leg's ``routed_dp_rank``.
+* **vLLM** (NixlConnector's sequential flow): the prefill leg is a non-streamed request with
+  ``max_tokens`` 1 and ``kv_transfer_params`` ``{"do_remote_decode": true, "do_remote_prefill":
+  false, "remote_engine_id": null, "remote_block_ids": null, "remote_host": null, "remote_port":
+  null}``; its answer's ``kv_transfer_params`` go verbatim into the decode request.
+
+The client's stream is the decode leg's. The prefill leg's answer is read to the end and checked
+(a finish that is not an abort); a bad answer after the decode's first token is logged and counted.
+The client's response ends when the decode ends: a prefill answer still on its way then is read in
+the background, at most ``PdConfig.prefill_grace_s``, then the leg is aborted (a late failure).
+
+Roles: every worker's ``/server_info`` ``disaggregation_mode`` is checked at start (a mismatch stops
+``serve``), and each pool's vet checks it again at every later discovery: a worker found later by
+DNS gets no leg until it is checked, and none of a role it does not report (logged, counted).
+
+Faults (no leg outlives the client's request -- every exit path closes both -- except a prefill leg
+whose answer is awaited, at most ``prefill_grace_s``, after a decode that finished; ``aclose`` aborts
+those at once):
+
+* prefill leg fails before the decode's first token -> the decode leg is aborted (SGLang
+  ``/abort_request`` with its rid, by closing its stream) and the pair retried once, on other
+  workers where there are any, with a new room and rid;
+* decode leg fails before its first token -> the prefill leg is aborted, the pair retried once;
+  after the first token -> the prefill leg is aborted and the error propagates to migration
+  (routing/migration.py) as for aggregated workers: a new pair continues the stream;
+* no first token within ``transfer_timeout_s`` of the prefill leg's end (``--pd-transfer-timeout``)
+  -> both legs aborted, :class:`~deepseek_frontend.errors.EngineTimeoutError` (504, the APIs'
+  worker-fault shape);
+* a refusal (4xx) by either leg is the client's error: both legs aborted, no retry;
+* the client leaves -> both legs aborted.
+
+Each request -- whatever the pairs its retries and migrations used -- ends with one log line (logger
+``deepseek_frontend.disagg.pool``) naming every pair's workers and room, one outcome (``migrated``
+when a continuation finished it) and the transfer time; :class:`PdStats` feeds
+``routing/pd_metrics.py``. The vLLM prefill leg holds a slot of the prefill pool like any leg.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+import logging
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from deepseek_frontend.engines.pool import WorkerPool
+from deepseek_frontend.errors import (
+    EngineError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+    FrontendError,
+    NoHealthyWorkerError,
+    RequestError,
+)
+from deepseek_frontend.generation import (
+    ConstraintKind,
+    EngineChunk,
+    GenerateRequest,
+    WorkerCapabilities,
+    WorkerStatus,
+)
+
+from .legs import sglang_legs, sglang_prefill, vllm_prefill
+from .parts import (
+    DEFAULT_BOOTSTRAP_PORT,
+    OUTCOMES,
+    PAIR_ATTEMPTS,
+    TRANSFER_BUCKETS,
+    TRANSFER_TIMEOUT_S,
+    LegFailed,
+    PdConfig,
+    PdStats,
+    RoleMismatchError,
+    Rooms,
+    Trace,
+    first_chunk,
+    leg_failure,
+    leg_message,
+    log_request,
+    quietly_cancel,
+)
+
+if TYPE_CHECKING:
+    from deepseek_frontend.routing.router import Router
+
+    from .parts import Role
+
+__all__ = [
+    "DEFAULT_BOOTSTRAP_PORT",
+    "OUTCOMES",
+    "TRANSFER_BUCKETS",
+    "TRANSFER_TIMEOUT_S",
+    "DisaggregatedPool",
+    "PdConfig",
+    "PdStats",
+    "RoleMismatchError",
+    "Rooms",
+    "build_disaggregated",
+]
+
+logger = logging.getLogger("deepseek_frontend.routing.pd")
+
+
+class DisaggregatedPool:
+    """Prefill and decode pools behind one engine interface (see module docstring)."""
+
+    def __init__(
+        self,
+        prefill: WorkerPool,
+        decode: WorkerPool,
+        config: PdConfig | None = None,
+        *,
+        migration_limit: int = 0,
+    ) -> None:
+        self.prefill = prefill
+        self.decode = decode
+        self.config = config or PdConfig()
+        self.migration_limit = max(0, migration_limit)
+        self.rooms = Rooms()
+        self.stats = PdStats()
+        #: background aborts of legs stopped before their first token (aclose waits for them)
+        self._aborts: set[asyncio.Task[None]] = set()
+        #: background reads of prefill answers still on their way when the decode finished, each
+        #: with the prefill leg's task it waits for
+        self._settles: dict[asyncio.Task[None], asyncio.Task[Any]] = {}
+        #: the prefill router: the app installs session middleware from it
+        self.router = prefill.router
+        self.name = "pd"
+        # a worker discovered later (DNS) gets no request until its role has been checked
+        prefill.vet = functools.partial(self._vet, "prefill")
+        decode.vet = functools.partial(self._vet, "decode")
+
+    def __repr__(self) -> str:
+        return f"DisaggregatedPool(prefill={self.prefill!r}, decode={self.decode!r})"
+
+    @property
+    def routers(self) -> dict[str, Router]:
+        """Each role's router (the app exports their metrics with a ``role`` label)."""
+        pairs = (("prefill", self.prefill.router), ("decode", self.decode.router))
+        return {role: router for role, router in pairs if router is not None}
+
+    # ------------------------------------------------------------------ engine interface
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
+        """Stream ``request`` from a prefill/decode pair; a stream broken after its first token
+        continues on a new pair up to ``migration_limit`` times (not for constrained requests)."""
+        if self.migration_limit and request.sampling.constraint is None:
+            return self._migrating(request)
+        return self._pair_stream(request)
+
+    async def _migrating(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
+        """``request`` over as many pairs as migration needs, as one request: one trace, so one
+        outcome (``migrated`` when a continuation finished it) and one log line."""
+        from deepseek_frontend.routing.migration import migrating_stream
+
+        trace = Trace(request.request_id)
+
+        def attempt(
+            req: GenerateRequest, avoid: frozenset[str], served: list[str]
+        ) -> AsyncIterator[EngineChunk]:
+            return self._pair_stream(req, avoid, served, trace)
+
+        def migrated(url: str, tokens: int) -> None:
+            trace.migrations += 1
+            if self.decode.router is not None:
+                self.decode.router.migrations += 1  # the decode leg broke: the decode role's count
+
+        stream = migrating_stream(attempt, request, self.migration_limit, on_migrate=migrated)
+        try:
+            async for chunk in stream:
+                yield chunk
+        finally:
+            try:
+                await stream.aclose()  # type: ignore[attr-defined]
+            finally:
+                if trace.migrations and trace.outcome == "ok":
+                    trace.outcome = "migrated"
+                self._release(trace)
+
+    async def abort(self, request_id: str) -> None:
+        await asyncio.gather(self.prefill.abort(request_id), self.decode.abort(request_id))
+
+    async def check_health(self) -> bool:
+        """Ready when both roles have an admitted worker."""
+        return self.prefill.healthy_count > 0 and self.decode.healthy_count > 0
+
+    @property
+    def healthy_count(self) -> int:
+        return min(self.prefill.healthy_count, self.decode.healthy_count)
+
+    def statuses(self) -> list[WorkerStatus]:
+        """Both roles' workers; each status's ``extra["role"]`` says which."""
+        out = []
+        for role, pool in (("prefill", self.prefill), ("decode", self.decode)):
+            for status in pool.statuses():
+                status.extra["role"] = role
+                out.append(status)
+        return out
+
+    def supports_constraint(self, kind: ConstraintKind) -> bool:
+        # SGLang's prefill samples the first token under the grammar too: both roles must enforce it
+        return self.prefill.supports_constraint(kind) and self.decode.supports_constraint(kind)
+
+    def capabilities(self) -> WorkerCapabilities | None:
+        """The decode workers' combined capabilities, with the constraint kinds both roles enforce
+        and the smaller context length."""
+        dec, pre = self.decode.capabilities(), self.prefill.capabilities()
+        if dec is None or pre is None:
+            return dec or pre
+        contexts = [c for c in (dec.context_length, pre.context_length) if c]
+        return dataclasses.replace(
+            dec,
+            constraint_kinds=dec.constraint_kinds & pre.constraint_kinds,
+            context_length=min(contexts) if contexts else None,
+        )
+
+    async def discover(self) -> WorkerCapabilities | None:
+        await asyncio.gather(self.prefill.discover(), self.decode.discover())
+        return self.capabilities()
+
+    async def start(self) -> None:
+        """Start both pools, then check every worker's role (:class:`RoleMismatchError` on a mismatch)."""
+        await asyncio.gather(self.prefill.start(), self.decode.start())
+        self.check_roles()
+
+    def check_roles(self) -> None:
+        """Compare each worker's reported ``disaggregation_mode`` with the flag that named it.
+
+        A worker that reports another role (``null`` included) is a :class:`RoleMismatchError`; one
+        that reports nothing (unreachable, or vLLM, which has no such field) is only logged. Workers
+        found later by DNS are checked by :meth:`_vet` as they are discovered.
+        """
+        problems = []
+        for role, pool in (("prefill", self.prefill), ("decode", self.decode)):
+            for status in pool.statuses():
+                found = pool.client_of(status.url)
+                caps = found[1] if found is not None else None
+                mode = caps.extra.get("disaggregation_mode") if caps is not None else None
+                if mode is None:
+                    if self.config.engine == "sglang":
+                        logger.warning(
+                            "%s worker %s did not report its disaggregation_mode; its role is unchecked",
+                            role,
+                            status.url,
+                        )
+                elif mode != role:
+                    problems.append(
+                        f"{status.url} was given as --{role}-worker but its /server_info says "
+                        f'disaggregation_mode "{mode}" (start it with --disaggregation-mode {role})'
+                    )
+        if problems:
+            raise RoleMismatchError("; ".join(problems))
+
+    def _vet(self, role: Role, url: str, caps: WorkerCapabilities) -> str | None:
+        """The pools' vet (each discovery of a worker): why a worker that reports another role than
+        ``role`` must get no ``role`` leg (counted in ``role_mismatches``), or None."""
+        mode = caps.extra.get("disaggregation_mode")
+        if mode is None or mode == role:
+            return None
+        self.stats.role_mismatches[role] += 1
+        return (
+            f'{role} worker reports disaggregation_mode "{mode}"; it gets no {role} legs until it '
+            f"reports {role}"
+        )
+
+    async def aclose(self) -> None:
+        for leg in self._settles.values():
+            leg.cancel()  # aborts the leg; its settle then counts it missing and writes the line
+        await asyncio.gather(*self._settles, *self._aborts, return_exceptions=True)
+        await asyncio.gather(self.prefill.aclose(), self.decode.aclose())
+
+    def pd_stats(self) -> PdStats:
+        """The orchestrator's counters (routing/pd_metrics.py reads them at scrape time)."""
+        return self.stats
+
+    # ------------------------------------------------------------------ one request
+
+    def _choose_pair(
+        self, request: GenerateRequest, tried_p: set[str], tried_d: set[str]
+    ) -> tuple[str, str] | None:
+        """A prefill and a decode worker, preferring ones not tried yet (a retry reuses a worker only
+        when its role has no other)."""
+        p = self.prefill.choose_url(request, tried_p)
+        if p is None and tried_p:
+            p = self.prefill.choose_url(request)
+        d = self.decode.choose_url(request, tried_d)
+        if d is None and tried_d:
+            d = self.decode.choose_url(request)
+        if p is None or d is None:
+            return None
+        return p, d
+
+    def sglang_legs(
+        self, request: GenerateRequest, prefill_url: str, decode_url: str, room: int
+    ) -> tuple[GenerateRequest, GenerateRequest]:
+        """The two legs' requests (routing/pd_legs.py)."""
+        return sglang_legs(self.prefill, self.decode, self.config, request, prefill_url, decode_url, room)
+
+    def _release(self, trace: Trace) -> None:
+        """One holder of ``trace`` is done; the last one counts the outcome and writes the line."""
+        trace.pending -= 1
+        if trace.pending == 0:
+            self.stats.outcomes[trace.outcome] += 1
+            log_request(trace)
+
+    async def _pair_stream(
+        self,
+        request: GenerateRequest,
+        avoid: frozenset[str] = frozenset(),
+        served: list[str] | None = None,
+        trace: Trace | None = None,
+    ) -> AsyncIterator[EngineChunk]:
+        """One request on a pair (see module docstring); ``avoid``: decode URLs not to use (a
+        migration's broken worker); ``served`` (out): the decode worker that streamed; ``trace``:
+        the request's, when this is one of its pairs (migration), else this stream owns one."""
+        owned = trace is None
+        if trace is None:
+            trace = Trace(request.request_id)
+        trace.outcome = "error"  # until this pair says otherwise
+        stats = self.stats
+        tried_p: set[str] = set()
+        tried_d: set[str] = set(avoid)
+        errors: list[str] = []
+        loop = asyncio.get_running_loop()
+        try:
+            for attempt in range(PAIR_ATTEMPTS):
+                pair = self._choose_pair(request, tried_p, tried_d)
+                if pair is None:
+                    break
+                p_url, d_url = pair
+                tried_p.add(p_url)
+                tried_d.add(d_url)
+                if attempt:
+                    stats.retries += 1
+                leg_request = (
+                    request
+                    if not attempt
+                    else dataclasses.replace(request, request_id=f"{request.request_id}-pd{attempt}")
+                )
+                prefill_task: asyncio.Task[Any]
+                if self.config.engine == "vllm":
+                    trace.pairs.append((p_url, d_url, None))
+                    prefill_task = loop.create_task(vllm_prefill(self.prefill, p_url, leg_request))
+                    try:
+                        await asyncio.wait({prefill_task})
+                    except BaseException:
+                        await quietly_cancel(prefill_task)
+                        raise
+                    failure = leg_failure("prefill", prefill_task.exception())
+                    if failure is not None:
+                        stats.bootstrap_failures += 1
+                        trace.outcome = "prefill_failed"
+                        errors.append(failure)
+                        continue
+                    prefill_end: float | None = loop.time()
+                    decode_request = dataclasses.replace(
+                        leg_request, extra_fields={"kv_transfer_params": prefill_task.result()}
+                    )
+                else:
+                    room = self.rooms.draw()
+                    trace.pairs.append((p_url, d_url, room))
+                    prefill_request, decode_request = self.sglang_legs(leg_request, p_url, d_url, room)
+                    prefill_task = loop.create_task(sglang_prefill(self.prefill, p_url, prefill_request))
+                    prefill_end = None
+                decode = self.decode.generate_on(d_url, decode_request)
+                first_task: asyncio.Task[EngineChunk] = loop.create_task(first_chunk(decode))
+                try:
+                    await self._await_first(prefill_task, first_task, prefill_end, trace)
+                except LegFailed as exc:
+                    await self._stop_legs(
+                        prefill_task, first_task, decode, p_url, d_url, leg_request.request_id
+                    )
+                    errors.append(exc.message)
+                    continue
+                except BaseException:
+                    await self._stop_legs(
+                        prefill_task, first_task, decode, p_url, d_url, leg_request.request_id
+                    )
+                    raise
+                first = first_task.result()
+                if served is not None:
+                    served.append(d_url)
+                # settled before each yield: a consumer holding the last chunk closes the stream there
+                finished = first.finish_reason is not None
+                if finished:
+                    trace.outcome = "ok"
+                try:
+                    yield first
+                    while not finished:
+                        chunk = await anext(decode)
+                        finished = chunk.finish_reason is not None
+                        if finished:
+                            trace.outcome = "ok"
+                        yield chunk
+                except StopAsyncIteration:
+                    trace.note(f"{d_url}: stream ended without a finish", "decode_failed")
+                    raise EngineUnavailableError(
+                        f"{d_url}: the decode stream ended without a finish"
+                    ) from None
+                except EngineError as exc:
+                    trace.note(f"{d_url}: {exc.message}", "decode_failed")
+                    raise
+                finally:
+                    if finished and not prefill_task.done():
+                        # the client's response ends with the decode: the answer is read in the background
+                        self._settle_later(prefill_task, p_url, trace)
+                    else:
+                        await quietly_cancel(prefill_task)
+                        self._check_late_prefill(prefill_task, p_url, trace)
+                    await decode.aclose()  # type: ignore[attr-defined]
+                return
+            if not errors:
+                trace.outcome = "no_worker"  # else the last pair's failure (prefill_failed, decode_failed)
+            detail = "; ".join(errors) if errors else "no prefill or no decode worker is admitted"
+            trace.note(detail)
+            raise NoHealthyWorkerError(f"no prefill/decode pair could take the request ({detail})")
+        except (GeneratorExit, asyncio.CancelledError):
+            if trace.outcome != "ok":
+                trace.outcome = "client_gone"
+            raise
+        except EngineTimeoutError as exc:
+            trace.note(exc.message, "decode_failed" if trace.outcome == "error" else None)
+            raise
+        except RequestError as exc:
+            trace.note(exc.message, "rejected")
+            raise
+        except FrontendError as exc:
+            if trace.outcome == "error":
+                trace.note(exc.message)
+            raise
+        finally:
+            if owned:
+                self._release(trace)
+
+    async def _await_first(
+        self,
+        prefill_task: asyncio.Task[Any],
+        first_task: asyncio.Task[EngineChunk],
+        prefill_end: float | None,
+        trace: Trace,
+    ) -> None:
+        """Wait for the decode's first chunk while watching the prefill leg.
+
+        Raises :class:`LegFailed` for a failure another pair may not repeat, the leg's own
+        ``RequestError`` for a refusal, and ``EngineTimeoutError`` past the transfer timeout.
+        """
+        stats = self.stats
+        loop = asyncio.get_running_loop()
+        if prefill_end is None:
+            await asyncio.wait({prefill_task, first_task}, return_when=asyncio.FIRST_COMPLETED)
+            if not first_task.done():
+                failure = leg_failure("prefill", prefill_task.exception())
+                if failure is not None:
+                    stats.bootstrap_failures += 1
+                    trace.outcome = "prefill_failed"
+                    raise LegFailed("prefill", failure)
+                prefill_end = prefill_task.result()
+        if not first_task.done():
+            timeout = self.config.transfer_timeout_s
+            await asyncio.wait({first_task}, timeout=timeout)
+            if not first_task.done():
+                stats.transfer_failures += 1
+                trace.outcome = "transfer_timeout"
+                raise EngineTimeoutError(
+                    f"the decode worker did not receive the prompt's KV cache from the prefill worker "
+                    f"within {timeout:g} s (--pd-transfer-timeout); both legs were aborted"
+                )
+        failure = leg_failure("decode", first_task.exception())
+        if failure is not None:
+            stats.transfer_failures += 1
+            trace.outcome = "decode_failed"
+            raise LegFailed("decode", failure)
+        if prefill_end is not None:
+            trace.transfer_s = max(0.0, loop.time() - prefill_end)
+            stats.observe_transfer(trace.transfer_s)
+
+    async def _stop_legs(
+        self,
+        prefill_task: asyncio.Task[Any],
+        first_task: asyncio.Task[EngineChunk],
+        decode: AsyncIterator[EngineChunk],
+        p_url: str,
+        d_url: str,
+        rid: str,
+    ) -> None:
+        """Abort both legs of a pair before its first token: cancel their tasks (closing a stream the
+        worker has answered sends ``/abort_request`` too) and, because a leg cancelled before its
+        worker answered may still have reached it, send each worker an abort for ``rid`` as well
+        (in the background: the next pair or the client's error must not wait for it)."""
+        prefill_running, decode_running = not prefill_task.done(), not first_task.done()
+        await quietly_cancel(first_task, prefill_task)
+        await decode.aclose()  # type: ignore[attr-defined]
+        for running, pool, url in (
+            (prefill_running, self.prefill, p_url),
+            (decode_running, self.decode, d_url),
+        ):
+            found = pool.client_of(url) if running else None
+            if found is not None:
+                task = asyncio.get_running_loop().create_task(found[0].abort(rid))
+                self._aborts.add(task)
+                task.add_done_callback(self._aborts.discard)
+
+    def _settle_later(self, task: asyncio.Task[Any], url: str, trace: Trace) -> None:
+        """Read the prefill answer of a finished request in the background (:meth:`_settle`); the
+        request's line waits for it."""
+        trace.pending += 1
+        settle = asyncio.get_running_loop().create_task(self._settle(task, url, trace))
+        self._settles[settle] = task
+        settle.add_done_callback(lambda done: self._settles.pop(done, None))
+
+    async def _settle(self, task: asyncio.Task[Any], url: str, trace: Trace) -> None:
+        """Wait at most ``prefill_grace_s`` for the prefill answer, then abort the leg (a missing
+        answer is a late failure), check the answer and release the request's trace."""
+        grace = self.config.prefill_grace_s
+        try:
+            await asyncio.wait({task}, timeout=grace)
+        finally:
+            missing = not task.done() or task.cancelled()  # cancelled: by aclose
+            await quietly_cancel(task)
+            if missing:
+                self.stats.late_prefill_failures += 1
+                trace.warn = True
+                trace.note(f"{url}: no prefill answer within {grace:g} s of the decode's end; aborted")
+            self._check_late_prefill(task, url, trace)
+            self._release(trace)
+
+    def _check_late_prefill(self, task: asyncio.Task[Any], url: str, trace: Trace) -> None:
+        """Count a prefill answer that went wrong after the decode had started (the request's line,
+        at WARNING, says what)."""
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self.stats.late_prefill_failures += 1
+            trace.warn = True
+            trace.note(f"late prefill answer: {leg_message(exc)}")
+        elif trace.transfer_s is None and isinstance(task.result(), float):
+            self.stats.observe_transfer(0.0)  # the decode started before the prefill's answer arrived
+            trace.transfer_s = 0.0
+
+
+def build_disaggregated(config: Any, limits: Any) -> DisaggregatedPool:
+    """The ``serve`` backend for ``config.prefill_workers`` / ``config.decode_workers``
+    (a :class:`~deepseek_frontend.fleet.config.ServerConfig`): one pool and one router per role."""
+    from deepseek_frontend.engines.pool import from_urls
+    from deepseek_frontend.routing.router import Router, RouterConfig
+
+    def pool(urls: tuple[str, ...]) -> WorkerPool:
+        return from_urls(
+            config.engine,
+            urls,
+            model=config.worker_model or config.served_model_name,
+            vllm_grammar=config.vllm_grammar,
+            health_interval_s=config.health_check_interval,
+            health_timeout_s=config.health_check_timeout,
+            max_attempts=1,  # a leg runs where the pair put it; the orchestrator retries pairs
+            limits=limits,
+            router=Router(config.router or RouterConfig()),
+        )
+
+    pd_config = PdConfig(
+        engine=config.engine,
+        transfer_timeout_s=config.pd_transfer_timeout,
+        bootstrap_port=config.disaggregation_bootstrap_port,
+    )
+    return DisaggregatedPool(
+        pool(config.prefill_workers),
+        pool(config.decode_workers),
+        pd_config,
+        migration_limit=config.migration_limit,
+    )

@@ -1,0 +1,94 @@
+"""API keys at the edge: which tenant a request comes from, before anything else runs.
+
+With keys configured (``--api-key``, ``--keys-file``, or ``keys:`` in ``--config``), every route
+except ``/health``, ``/live`` and ``/metrics`` (probes and scrapers carry no key) needs one, sent
+as ``Authorization: Bearer KEY`` or ``x-api-key: KEY``. The key is checked against the server's
+current :class:`~deepseek_frontend.keys.tenants.TenantTable` (read per request, so a reload's keys
+apply to the next request) by its SHA-256 digest in constant time; the request then carries its
+``Tenant`` (``scope["state"]["tenant"]``) and, for its log line, the tenant's name -- never the key.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from deepseek_frontend.errors import AuthenticationError
+
+from .context import FrontendState, new_request_id
+from .errors import ErrorBodyRenderer, error_response, openai_error_body
+from .tracking import log_request_done
+
+#: Paths that never require the API key.
+PUBLIC_PATHS = frozenset({"/health", "/live", "/metrics"})
+
+
+def presented_key(headers: Any) -> bytes | None:
+    """The key a request presents (``Authorization: Bearer`` first, else ``x-api-key``), or None.
+
+    ``headers`` is the ASGI scope's list of (name, value) byte pairs."""
+    bearer = None
+    api_key = None
+    for name, value in headers:
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            if scheme.lower() == b"bearer":
+                bearer = token.strip()
+        elif name == b"x-api-key" and api_key is None:
+            api_key = value.strip()
+    return bearer if bearer is not None else api_key
+
+
+class AuthMiddleware:
+    """Pure-ASGI API key check (no per-request task or body wrapping, unlike BaseHTTPMiddleware)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        state: FrontendState,
+        renderers: list[tuple[str, ErrorBodyRenderer]],
+        endpoints: frozenset[str] = frozenset(),
+    ) -> None:
+        self.app = app
+        self._state = state
+        self._renderers = renderers
+        #: paths counted under their own name; any other path is counted as "other" (bounded labels)
+        self._endpoints = endpoints
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in PUBLIC_PATHS:
+            await self.app(scope, receive, send)
+            return
+        state = self._state
+        tenants = state.tenants
+        if tenants is None:
+            await self.app(scope, receive, send)
+            return
+        presented = presented_key(scope["headers"])
+        tenant = tenants.authenticate(presented) if presented is not None else None
+        if tenant is not None:
+            request_state = scope.setdefault("state", {})
+            request_state["tenant"] = tenant
+            request_state["api_key_name"] = tenant.name
+            await self.app(scope, receive, send)
+            return
+        message = "Missing API key" if presented is None else "Incorrect API key provided"
+        err = AuthenticationError(
+            f"{message}: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
+        )
+        path = scope["path"]
+        response = error_response(err, renderer_for(path, self._renderers))
+        # A refused request is counted and logged like any other (the key itself never is).
+        endpoint = path if path in self._endpoints else "other"
+        state.metrics.requests.labels(endpoint, str(err.status_code), err.error_type).inc()
+        log_request_done(new_request_id("auth"), endpoint, err.status_code, err.error_type, err.message, 0.0)
+        await response(scope, receive, send)
+
+
+def renderer_for(path: str, renderers: list[tuple[str, ErrorBodyRenderer]]) -> ErrorBodyRenderer:
+    """The error body shape of the API ``path`` belongs to (OpenAI's unless a protocol claims it)."""
+    for prefix, render in renderers:
+        if path.startswith(prefix):
+            return render
+    return openai_error_body

@@ -1,0 +1,182 @@
+"""Event-stream responses and the client going away.
+
+* :class:`EventStreamResponse` -- an SSE response whose body iterator is always closed (and
+  therefore its engine requests aborted) when the response ends, whether it finished, failed or
+  the client went away.
+* :func:`unless_disconnected` -- awaits a non-streaming answer unless the client leaves first
+  (:class:`ClientGoneError`, logged as 499).
+* :func:`stream_error_body` -- the error a stream reports in-band, in the protocol's shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Coroutine
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio
+from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from deepseek_frontend._tasks import DisconnectWatch
+from deepseek_frontend.errors import FrontendError
+from deepseek_frontend.pipeline.offload import CURRENT_TURN
+
+from .context import RAW_SEND_KEY
+from .errors import ErrorBodyRenderer, as_frontend_error, openai_error_body
+from .sse import MEDIA_TYPE, SSE_HEADERS
+from .turns import WARM_KEY
+
+if TYPE_CHECKING:
+    from .tracking import RequestTracker
+
+T = TypeVar("T")
+
+
+class EventStreamResponse(StreamingResponse):
+    """``text/event-stream`` response that always closes its body iterator.
+
+    The body iterator is closed, shielded from cancellation, when the response ends in any way --
+    finished, failed, or the client went away -- so its ``finally`` (engine abort) runs at once,
+    not whenever the garbage collector finalises a generator suspended at a ``yield``. The tracker
+    records status 200 for a stream that ran to its end, 499 for one the client abandoned, and the
+    error type a body generator reports through :attr:`error_type`.
+
+    Starlette's ``StreamingResponse`` runs the body and a disconnect listener in an anyio task
+    group: two tasks and a cancel scope per response, and its cancellation formats the task's repr
+    -- about a tenth of a short request's cost. Here the body is written by the request's own task
+    and a watcher task cancels it when the client disconnects.
+    """
+
+    def __init__(
+        self,
+        content: AsyncIterator[bytes],
+        tracker: RequestTracker | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        self._body_done = False
+        super().__init__(content, media_type=MEDIA_TYPE, headers={**SSE_HEADERS, **(headers or {})})
+        self._tracker = tracker
+        if tracker is not None:
+            tracker.deferred = True
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watch = DisconnectWatch(receive)
+        body_send: Send = scope.get(RAW_SEND_KEY) or send
+        try:
+            await send(
+                {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+            )
+            async for part in self.body_iterator:
+                await body_send({"type": "http.response.body", "body": part, "more_body": True})
+            watch.stop()  # the server answers http.disconnect once the response is complete
+            await body_send({"type": "http.response.body", "body": b"", "more_body": False})
+            self._body_done = True
+        except asyncio.CancelledError:
+            if not watch.absorb():  # the client went away: the normal end of an abandoned stream
+                raise
+        finally:
+            watch.stop()
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                # shielded only when a cancellation is under way (a cancel scope costs on every stream)
+                writer = asyncio.current_task()
+                shield = anyio.CancelScope(shield=True) if writer is None or writer.cancelling() else None
+                with shield or contextlib.nullcontext(), contextlib.suppress(Exception):
+                    await aclose()
+            if self._tracker is not None:
+                if self._tracker.stream_error:
+                    self._tracker.finish(200, self._tracker.stream_error)
+                elif self._body_done:
+                    self._tracker.finish(200)
+                else:
+                    # the client went away before the end (nginx's "client closed request")
+                    self._tracker.finish(499, "client_disconnected")
+
+
+class ClientGoneError(FrontendError):
+    """The client disconnected before a non-streaming answer was ready (logged as 499)."""
+
+    status_code = 499
+    error_type = "client_disconnected"
+
+
+async def _disconnected(request: Request) -> None:
+    """Return when the client has gone (its body read, the next ASGI message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """Await ``work`` (e.g. folding a whole non-streaming answer) unless the client leaves first.
+
+    The request body must already be read: the next ASGI message is then the disconnect.
+    On a disconnect ``work`` is cancelled -- which closes its engine streams and so aborts
+    the engine requests -- and ``ClientGoneError`` is raised.
+
+    A warm request (``WARM_KEY``: a follow-up whose prompt came from the caches) awaits ``work``
+    in the request's own task, so its engine request goes out in the step that prepared it. In a
+    new task the work would start one loop iteration later, after that iteration's network reads
+    -- during a burst, milliseconds of other connections' requests (bench_burst_stages.py
+    --timeline).
+    """
+    if request.scope.get(WARM_KEY):
+        return await _in_this_task_unless_disconnected(request, work)
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+    if task.cancelled():
+        raise ClientGoneError("the client disconnected before the response was ready")
+    return task.result()
+
+
+async def _in_this_task_unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
+    """:func:`unless_disconnected` with ``work`` awaited in the calling task, which a watcher
+    cancels when the client leaves first."""
+    task = asyncio.current_task()
+    assert task is not None
+    finished = False
+    # The request's loop turn is handed on at the next iteration, when a task of its own would
+    # have started the work and given the turn up: ``work`` runs now, but a burst's pacing (at
+    # most ``LOOP_TURN_SLOTS`` requests' prompt work per iteration) stays what it was. Given up
+    # at once instead, twice as many requests' preparing and engine calls ran per iteration and
+    # /live stalled for 300 ms in tests/reliability/test_burst.py.
+    release = CURRENT_TURN.get()
+    if release is not None:
+        CURRENT_TURN.set(None)
+        asyncio.get_running_loop().call_soon(release)
+
+    def on_disconnect(watcher: asyncio.Future[None]) -> None:
+        # Runs as a loop callback, so the task is suspended in ``await work`` -- or done with it
+        if not finished and not watcher.cancelled() and watcher.exception() is None:
+            task.cancel()
+
+    watcher = asyncio.ensure_future(_disconnected(request))
+    watcher.add_done_callback(on_disconnect)
+    try:
+        return await work
+    except asyncio.CancelledError:
+        if watcher.done() and not watcher.cancelled() and watcher.exception() is None:
+            task.uncancel()  # this cancellation was ours, not the caller's
+            raise ClientGoneError("the client disconnected before the response was ready") from None
+        raise
+    finally:
+        finished = True
+        watcher.cancel()
+
+
+def stream_error_body(
+    exc: BaseException, render: ErrorBodyRenderer = openai_error_body
+) -> tuple[FrontendError, Any]:
+    """The error a stream reports in-band, and its JSON body in the protocol's shape."""
+    err = as_frontend_error(exc)
+    return err, render(err)

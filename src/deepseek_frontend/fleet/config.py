@@ -1,0 +1,393 @@
+"""Server configuration: one frozen value built from the ``serve`` flags.
+
+Everything the server needs to know at startup lives here, resolved once:
+the model family (detected from the checkpoint path or served name), the
+context length (``config.json`` ``max_position_embeddings`` when present), the
+engine wiring and the model names requests may use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from deepseek_frontend.errors import ModelNotFoundError, UnsupportedModelError
+from deepseek_frontend.images import ImageOptions
+from deepseek_frontend.pipeline.chat import OFFLOAD_MIN_CHARS, OFFLOAD_PREPARE_CHARS, OFFLOAD_THREADS
+from deepseek_frontend.routing.router import RouterConfig
+from deepseek_frontend.tokenization import CACHE_IDLE_SECONDS, PREFIX_CACHE_BYTES, RUN_CACHE_BYTES
+
+from .routing_flags import router_config_from_args
+from .store_config import StateOptions, state_options_from_args
+
+EngineKind = Literal["sglang", "vllm", "sim"]
+
+#: Context window used when the checkpoint does not say (DeepSeek-V4: 1M tokens).
+DEFAULT_CONTEXT_LENGTH = 1_048_576
+#: Per-family fallbacks when no config.json is available.
+FAMILY_CONTEXT_LENGTH = {"deepseek_v4": 1_048_576, "deepseek_v41": 1_048_576, "deepseek_v32": 163_840}
+#: Name served when neither --served-model-name nor --model-path gives one.
+FAMILY_DISPLAY_NAME = {
+    "deepseek_v4": "deepseek-v4-flash",
+    "deepseek_v41": "deepseek-v4.1-flash",
+    "deepseek_v32": "deepseek-v3.2",
+}
+#: Environment variable read when --api-key is not given.
+API_KEY_ENV = "DEEPSEEK_FRONTEND_API_KEY"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelAlias:
+    """A model name (or glob pattern such as ``claude-*``) accepted besides the served name."""
+
+    pattern: str
+    target: str
+
+    @property
+    def is_glob(self) -> bool:
+        """Whether the pattern matches many names (``claude-*``) rather than being one name."""
+        return any(c in self.pattern for c in "*?[")
+
+    def matches(self, name: str) -> bool:
+        if self.is_glob:
+            return fnmatch.fnmatchcase(name, self.pattern)
+        return name == self.pattern
+
+
+@dataclass(frozen=True, slots=True)
+class ServingLimits:
+    """What one client or one worker may cost the server (``serve`` flags of the "limits" group).
+
+    Defaults are sized for DeepSeek's long prompts: a 1M-token prefill takes minutes before the
+    first token, decode steps take milliseconds. A timeout of 0 turns it off.
+    """
+
+    #: requests served at once (admission control); more wait in a queue of ``max_queued_requests``
+    max_concurrent_requests: int = 1024
+    max_queued_requests: int = 256
+    #: seconds a request may wait in that queue before its 429
+    queue_timeout: float = 10.0
+    #: engine requests one worker runs at once (the engine client's connections are sized to match)
+    max_requests_per_worker: int = 1024
+    #: seconds from sending a request to a worker to its response headers (sent before the prefill)
+    worker_response_timeout: float = 10.0
+    #: seconds from sending a request to a worker to its first token
+    first_token_timeout: float = 600.0
+    #: seconds a started stream may go without a chunk from its worker
+    idle_timeout: float = 60.0
+    #: seconds one engine request may take in all
+    request_timeout: float = 3600.0
+    #: seconds a client may take for its request line and headers, and for its body
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    #: open client connections at most (file descriptors)
+    max_connections: int = 8192
+    #: requests whose body is still arriving, at once and per client address (api/admission.py)
+    max_body_readers: int = 512
+    max_body_readers_per_client: int = 32
+    #: seconds a request that starts like no recent one (a new conversation) may be held while
+    #: follow-ups of recent conversations are answered first (api/arrivals.py); 0: none is held
+    arrival_hold_timeout: float = 0.05
+    #: threads tokenizing long prompts; uncached characters that send a prompt's tokenizing there;
+    #: characters that send a whole request's preparation (rendering included) there
+    offload_threads: int = OFFLOAD_THREADS
+    offload_min_chars: int = OFFLOAD_MIN_CHARS
+    offload_prepare_chars: int = OFFLOAD_PREPARE_CHARS
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServingLimits:
+        """The limits the parsed flags give (a flag missing from ``args`` keeps its default)."""
+        defaults = cls()
+        values = {name: getattr(args, name, getattr(defaults, name)) for name in cls.__dataclass_fields__}
+        for name, value in values.items():
+            # timeouts and the queue may be 0 (off / no queue); counts must be positive
+            may_be_zero = name.endswith("timeout") or name == "max_queued_requests"
+            if value is None or value < 0 or (value == 0 and not may_be_zero):
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value!r}")
+        return cls(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """Resolved server settings. Build with :meth:`from_args` or directly in tests."""
+
+    served_model_name: str
+    family: str = "deepseek_v4"
+    model_path: str | None = None
+    #: the tokenizer.json (or a directory holding it) the model renders with (``--tokenizer``; None:
+    #: ``model_path``'s)
+    tokenizer_path: str | None = None
+    engine: EngineKind = "sim"
+    workers: tuple[str, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = 8000
+    default_thinking: bool = True
+    reasoning_effort_profile: str = "preview"
+    api_key: str | None = None
+    #: every accepted key (``--api-key`` repeated); empty: ``api_key`` alone. Stored state is kept
+    #: per key (api/state_config.py), so each key is a tenant of its own
+    api_keys: tuple[str, ...] = ()
+    max_body_bytes: int = 32 * 1024 * 1024
+    context_length: int = DEFAULT_CONTEXT_LENGTH
+    #: output limit when a request sets none; None = whatever room the context leaves
+    default_max_tokens: int | None = None
+    model_aliases: tuple[ModelAlias, ...] = ()
+    #: the ``model`` field of requests to vLLM workers (their --served-model-name)
+    worker_model: str | None = None
+    #: whether vLLM workers get the DSML tool grammar (``--[no-]vllm-grammar``); None: yes (the default)
+    vllm_grammar: bool | None = None
+    #: what /v1/responses does with hosted tools it cannot run: "drop" (warn) or "reject" (400)
+    hosted_tools: str = "drop"
+    health_check_interval: float = 5.0
+    #: seconds one health probe or capability discovery may take (above SGLang's 20 s health wait)
+    health_check_timeout: float = 30.0
+    max_retries: int = 2
+    #: the router's settings (``--router-mode`` and friends, routing/options.py); None: defaults
+    router: RouterConfig | None = None
+    #: times a response broken mid-stream continues on another worker (``--migration-limit``)
+    migration_limit: int = 0
+    #: prefill and decode workers (``--prefill-worker`` / ``--decode-worker``): when set, the model
+    #: is served disaggregated (routing/pd.py) and ``workers`` is empty
+    prefill_workers: tuple[str, ...] = ()
+    decode_workers: tuple[str, ...] = ()
+    #: seconds from the prefill leg's end to the decode's first token (``--pd-transfer-timeout``; None: none)
+    pd_transfer_timeout: float | None = 60.0
+    #: bootstrap port sent for every prefill worker (``--disaggregation-bootstrap-port``; None: its own)
+    disaggregation_bootstrap_port: int | None = None
+    sim_ttft_ms: float = 0.0
+    sim_itl_ms: float = 0.0
+    sim_tokens_per_chunk: int = 1
+    #: the built-in simulated engine's behaviour preset (engines/sim/behavior.py PRESETS)
+    sim_behave: str = "ideal"
+    #: memory budgets of the prompt-id caches and their idle expiry (see tokenization.PromptTokenizer)
+    run_cache_bytes: int = RUN_CACHE_BYTES
+    prefix_cache_bytes: int = PREFIX_CACHE_BYTES
+    cache_idle_seconds: float = CACHE_IDLE_SECONDS
+    #: limits and timeouts (docs/serving.md "Limits and timeouts"); a timeout of 0 is off
+    limits: ServingLimits = field(default_factory=lambda: ServingLimits())
+    #: image limits and the remote image URL policy (images.py)
+    images: ImageOptions = field(default_factory=ImageOptions)
+    #: the conversation-state store (api/state_config.py); built directly: none
+    state: StateOptions = field(default_factory=StateOptions)
+    extra: dict[str, object] = field(default_factory=dict, compare=False)
+
+    @property
+    def uses_builtin_sim(self) -> bool:
+        """True when the in-process simulated engine serves requests."""
+        return self.engine == "sim"
+
+    @property
+    def accepted_api_keys(self) -> tuple[str, ...]:
+        """The keys a request may present (none: no auth)."""
+        return self.api_keys or ((self.api_key,) if self.api_key else ())
+
+    def resolve_model(self, name: str | None) -> str:
+        """The served model a request's ``model`` field names; raises ``ModelNotFoundError``.
+
+        A missing ``model`` means the served model (there is only one).
+        """
+        if name is None or name == self.served_model_name:
+            return self.served_model_name
+        for alias in self.model_aliases:
+            if alias.matches(name):
+                return alias.target
+        raise ModelNotFoundError(
+            f"The model {name!r} does not exist; this server serves {self.served_model_name!r}",
+            param="model",
+        )
+
+    def listed_model_names(self) -> list[str]:
+        """The names ``GET /v1/models`` lists: the served name, then every exact (non-glob) alias in flag
+        order. A glob such as ``claude-*`` is a set of names, not one, so it is answered but not listed."""
+        names = [self.served_model_name]
+        for alias in self.model_aliases:
+            if not alias.is_glob and alias.pattern not in names:
+                names.append(alias.pattern)
+        return names
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ServerConfig:
+        """Resolve the ``serve`` flags (see ``serve_command.add_arguments``).
+
+        Raises ``UnsupportedModelError`` for a family without an encoder (V4.1) and
+        ``ValueError`` for contradictory flags.
+        """
+        from deepseek_frontend.formats import default_effort_profile, detect_family
+
+        model_path: str | None = args.model_path
+        served: str | None = args.served_model_name
+        tokenizer_path: str | None = getattr(args, "tokenizer", None)
+        if tokenizer_path is not None and not (
+            Path(tokenizer_path).is_file() or (Path(tokenizer_path) / "tokenizer.json").is_file()
+        ):
+            raise ValueError(
+                f"--tokenizer {tokenizer_path}: expected a tokenizer.json or a directory holding one"
+            )
+        family = getattr(args, "family", None) or detect_family(model_path, served)
+        if family is None:
+            if model_path and (Path(model_path) / "config.json").is_file():
+                # The checkpoint says what it is, and it is not a family this frontend renders.
+                raise UnsupportedModelError(
+                    f"{model_path}/config.json does not describe a DeepSeek-V4 or V3.2 model; "
+                    "this frontend renders only DeepSeek chat formats"
+                )
+            # Nothing known (no config.json, a served name we do not recognise): the bundled
+            # tokenizer and format are DeepSeek-V4's.
+            family = "deepseek_v4"
+        if served is None:
+            if model_path:
+                served = Path(model_path).resolve().name
+            else:
+                served = FAMILY_DISPLAY_NAME.get(family, family)
+
+        context_length = args.context_length or _context_length_from_checkpoint(model_path)
+        if context_length is None:
+            context_length = FAMILY_CONTEXT_LENGTH.get(family, DEFAULT_CONTEXT_LENGTH)
+
+        workers = tuple(w.rstrip("/") for w in args.worker)
+        prefill_workers = tuple(w.rstrip("/") for w in getattr(args, "prefill_worker", None) or ())
+        decode_workers = tuple(w.rstrip("/") for w in getattr(args, "decode_worker", None) or ())
+        if prefill_workers or decode_workers:
+            if not (prefill_workers and decode_workers):
+                raise ValueError(
+                    "prefill/decode disaggregation needs both --prefill-worker and --decode-worker URLs"
+                )
+            if workers:
+                raise ValueError(
+                    "--worker (aggregated workers) cannot be combined with --prefill-worker / "
+                    "--decode-worker: a model is served either aggregated or disaggregated"
+                )
+            if args.engine == "sim":
+                raise ValueError(
+                    "--engine sim takes no --prefill-worker / --decode-worker; run `deepseek-frontend "
+                    "sim-engine --disaggregation-mode prefill|decode` servers and pass --engine sglang"
+                )
+        engine = args.engine or ("sglang" if workers or prefill_workers else "sim")
+        if engine == "sim" and workers:
+            raise ValueError(
+                "--engine sim runs the simulated engine in-process and takes no --worker; "
+                "to use a `deepseek-frontend sim-engine` server pass --engine sglang --worker URL"
+            )
+        if engine != "sim" and not workers and not prefill_workers:
+            raise ValueError(f"--engine {engine} needs at least one --worker URL")
+        if (
+            family == "deepseek_v41"
+            and engine != "sim"
+            and not tokenizer_path
+            and not (model_path and (Path(model_path) / "tokenizer.json").is_file())
+        ):
+            # The bundled tokenizer is V4's: it has no <｜System｜> and spells the image token
+            # <｜image2｜>. Only the simulated engine may run on the renamed stand-in.
+            raise UnsupportedModelError(
+                "DeepSeek-V4.1 on real workers needs the checkpoint's own tokenizer: pass "
+                "--model-path DIR (a directory with the checkpoint's tokenizer.json) or --tokenizer PATH; "
+                "the bundled tokenizer is DeepSeek-V4's and lacks <｜System｜> and <｜deepseek_image｜>"
+            )
+        profile = args.reasoning_effort_profile or default_effort_profile(model_path, served)
+        from deepseek_frontend.formats.effort import V41_PROFILES
+
+        if (family == "deepseek_v41") != (profile in V41_PROFILES):
+            expected = "release or prerelease" if family == "deepseek_v41" else "preview or official"
+            raise ValueError(f"--reasoning-effort-profile {profile}: a {family} checkpoint takes {expected}")
+
+        aliases = tuple(parse_model_alias(a, served) for a in args.model_alias)
+        keys = args.api_key if isinstance(args.api_key, list) else [args.api_key] if args.api_key else []
+        api_key = keys[0] if keys else os.environ.get(API_KEY_ENV) or None
+        return cls(
+            served_model_name=served,
+            family=family,
+            model_path=model_path,
+            tokenizer_path=tokenizer_path,
+            engine=engine,
+            workers=workers,
+            host=args.host,
+            port=args.port,
+            default_thinking=args.default_thinking,
+            reasoning_effort_profile=profile,
+            api_key=api_key,
+            api_keys=tuple(keys),
+            max_body_bytes=args.max_body_bytes,
+            context_length=context_length,
+            default_max_tokens=args.default_max_tokens,
+            model_aliases=aliases,
+            worker_model=getattr(args, "worker_model", None) or model_path or served,
+            vllm_grammar=getattr(args, "vllm_grammar", None),
+            hosted_tools=getattr(args, "hosted_tools", "drop") or "drop",
+            health_check_interval=args.health_check_interval,
+            health_check_timeout=getattr(args, "health_check_timeout", 30.0),
+            max_retries=args.max_retries,
+            router=router_config_from_args(args),
+            migration_limit=getattr(args, "migration_limit", 0),
+            prefill_workers=prefill_workers,
+            decode_workers=decode_workers,
+            pd_transfer_timeout=getattr(args, "pd_transfer_timeout", 60.0) or None,
+            disaggregation_bootstrap_port=getattr(args, "disaggregation_bootstrap_port", None),
+            sim_ttft_ms=args.sim_ttft_ms,
+            sim_itl_ms=args.sim_itl_ms,
+            sim_tokens_per_chunk=args.sim_tokens_per_chunk,
+            sim_behave=_sim_behave(getattr(args, "sim_behave", "ideal")),
+            run_cache_bytes=args.run_cache_bytes,
+            prefix_cache_bytes=args.prefix_cache_bytes,
+            cache_idle_seconds=args.cache_idle_seconds,
+            limits=ServingLimits.from_args(args),
+            images=_image_options(args),
+            state=state_options_from_args(args),
+        )
+
+
+def _image_options(args: argparse.Namespace) -> ImageOptions:
+    """The image flags -> :class:`ImageOptions`; raises ValueError for a non-positive limit."""
+    defaults = ImageOptions()
+    options = ImageOptions(
+        max_images_per_request=getattr(args, "max_images_per_request", defaults.max_images_per_request),
+        max_image_bytes=getattr(args, "max_image_bytes", defaults.max_image_bytes),
+        max_total_image_bytes=getattr(args, "max_total_image_bytes", defaults.max_total_image_bytes),
+        url_allow=tuple(getattr(args, "image_url_allow", None) or ()),
+        fetch_timeout=getattr(args, "image_fetch_timeout", defaults.fetch_timeout),
+    )
+    for name in ("max_images_per_request", "max_image_bytes", "max_total_image_bytes", "fetch_timeout"):
+        if getattr(options, name) <= 0:
+            flag = "image-fetch-timeout" if name == "fetch_timeout" else name.replace("_", "-")
+            raise ValueError(f"--{flag} must be positive")
+    return options
+
+
+def _sim_behave(name: str) -> str:
+    """``--sim-behave``: a preset name of the simulated engine; raises ValueError for another."""
+    from deepseek_frontend.engines.sim.behavior import PRESETS
+
+    if name not in PRESETS:
+        raise ValueError(f"--sim-behave {name!r}: expected one of {', '.join(sorted(PRESETS))}")
+    return name
+
+
+def parse_model_alias(spec: str, served_model_name: str) -> ModelAlias:
+    """``NAME`` or ``NAME=SERVED`` (SERVED must be the served model) -> :class:`ModelAlias`."""
+    name, sep, target = spec.partition("=")
+    name = name.strip()
+    target = target.strip() if sep else served_model_name
+    if not name:
+        raise ValueError(f"--model-alias {spec!r}: empty name")
+    if target != served_model_name:
+        raise ValueError(
+            f"--model-alias {spec!r}: this server serves only {served_model_name!r}, "
+            f"cannot alias to {target!r}"
+        )
+    return ModelAlias(name, target)
+
+
+def _context_length_from_checkpoint(model_path: str | None) -> int | None:
+    if not model_path:
+        return None
+    path = Path(model_path) / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    value = data.get("max_position_embeddings") if isinstance(data, dict) else None
+    return value if isinstance(value, int) and value > 0 else None

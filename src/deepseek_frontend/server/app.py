@@ -1,0 +1,238 @@
+"""The Starlette application: routes, middlewares, lifespan.
+
+``create_app(config)`` wires everything once; the shared state lives at
+``app.state.frontend`` (:class:`~deepseek_frontend.edge.context.FrontendState`): the served models
+(api/model_registry.py; each with its own tokenizer, engine backend, pipeline, admission and
+metrics, api/served_model.py), the API keys and their limits, the state store and the tracer.
+
+Routes::
+
+    POST /v1/chat/completions   openai.chat.chat_completions
+    POST /v1/completions        completions.completions
+    GET  /v1/models             every name the request's key may use (info_routes.py)
+    GET  /health                JSON with every model's worker states; 503 when no model has a healthy one
+    GET  /live                  process liveness (never touches workers)
+    GET  /metrics               Prometheus text, per model (a ``model`` label)
+    + the ROUTES of deepseek_frontend.api.anthropic / .responses / .conversations
+
+Auth (with API keys): api/auth.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import importlib
+import logging
+import signal
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Route
+
+from deepseek_frontend._tracing import tracer_from_env
+from deepseek_frontend.edge.arrivals import ArrivalPacer
+from deepseek_frontend.edge.auth import AuthMiddleware, renderer_for
+from deepseek_frontend.edge.body_readers import BodyReaders
+from deepseek_frontend.edge.context import FrontendApp, FrontendState
+from deepseek_frontend.edge.errors import ErrorBodyRenderer, error_response
+from deepseek_frontend.edge.memory import MemoryReleaser
+from deepseek_frontend.edge.turns import RecentHeads, TurnGate
+from deepseek_frontend.errors import FrontendError, RequestError
+from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.fleet.config_file import Fleet
+from deepseek_frontend.fleet.metrics import FrontendMetrics
+from deepseek_frontend.fleet.registry import ModelRegistry
+from deepseek_frontend.fleet.served_model import ServedModel
+from deepseek_frontend.fleet.store_config import open_state_store
+from deepseek_frontend.keys.rate_limits import KeyUsageMetrics, RateLimiter
+from deepseek_frontend.keys.tenants import TenantTable
+from deepseek_frontend.state import purge_forever
+
+from .info_routes import health, list_models, live, metrics_endpoint, retrieve_model
+from .reload import FleetReloader
+
+log = logging.getLogger("deepseek_frontend.api")
+
+#: Packages whose ``ROUTES`` the app mounts beside the OpenAI chat and completions routes; each may
+#: expose ``ERROR_RENDERERS: dict[path_prefix, ErrorBodyRenderer]`` for errors raised before its
+#: handlers run.
+PROTOCOL_ROUTE_MODULES = (
+    "deepseek_frontend.api.anthropic.routes",
+    "deepseek_frontend.api.responses.routes",
+    "deepseek_frontend.api.conversations.routes",
+)
+
+
+async def _http_exception(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    err: FrontendError
+    if exc.status_code == 404:
+        err = RequestError(f"no route {request.method} {request.url.path}")
+        err.status_code = 404
+        err.error_type = "not_found_error"
+    elif exc.status_code == 405:
+        err = RequestError(f"method {request.method} is not allowed on {request.url.path}")
+        err.status_code = 405
+    else:
+        err = RequestError(str(exc.detail))
+        err.status_code = exc.status_code
+    renderers = request.app.state.error_renderers
+    return error_response(
+        err, renderer_for(request.url.path, renderers), headers=getattr(exc, "headers", None)
+    )
+
+
+async def _frontend_error(request: Request, exc: Exception) -> Response:
+    renderers = request.app.state.error_renderers
+    return error_response(exc, renderer_for(request.url.path, renderers))
+
+
+def _listen_for_sighup(reloader: FleetReloader | None) -> bool:
+    """Reload on SIGHUP (only the main thread's loop can take signals: not under a test client)."""
+    if reloader is None or threading.current_thread() is not threading.main_thread():
+        return False
+    asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reloader.request)
+    return True
+
+
+def build_models(
+    configs: Sequence[ServerConfig], *, tokenizer: Any = None, backend: Any = None
+) -> ModelRegistry:
+    """The served models of ``configs`` (not started). ``tokenizer`` and ``backend`` (tests and
+    benchmarks) apply to the first model; every model shares the first one's loop turns and offload
+    threads (one process, one CPU budget)."""
+    first = ServedModel(configs[0], tokenizer=tokenizer, backend=backend)
+    return ModelRegistry([first, *(ServedModel(c, shared_with=first) for c in configs[1:])])
+
+
+def create_app(
+    config: ServerConfig,
+    *,
+    tokenizer: Any | None = None,
+    backend: Any | None = None,
+    fleet: Fleet | None = None,
+    shared_limits: Any = None,
+    process_index: int = 0,
+    load_fleet: Callable[[], Fleet] | None = None,
+) -> Starlette:
+    """The ASGI app serving ``fleet``'s models (default: ``config``'s one model and its keys).
+
+    ``config`` gives the server-wide settings (with a fleet: its first model's configuration).
+    ``tokenizer`` and ``backend`` (an object with ``generate`` -- a WorkerPool, an EngineClient)
+    may be injected by tests and benchmarks for the first model; by default they are loaded from
+    its configuration. The backends are started and closed by the app's lifespan.
+    ``shared_limits`` (``limit_state.SharedLimitState``) holds the keys' limits across the
+    processes of ``serve --workers N``, this one being ``process_index``. ``load_fleet`` reads the
+    configuration again: given, the server reloads it on SIGHUP (api/reload.py).
+    """
+    from deepseek_frontend.api.openai.chat import chat_completions
+    from deepseek_frontend.api.openai.completions import completions
+
+    if fleet is None:
+        keys = config.accepted_api_keys
+        fleet = Fleet((config,), TenantTable.from_plain_keys(keys) if keys else None)
+    models = build_models(fleet.models, tokenizer=tokenizer, backend=backend)
+    metrics = FrontendMetrics(models=[m.name for m in models])
+    key_usage = KeyUsageMetrics(metrics.registry)
+    state = FrontendState(models=models, metrics=metrics)
+    state.tenants = fleet.tenants
+    state.limiter = RateLimiter(shared_limits, process_index)
+    state.key_usage = key_usage
+    state.fleet = fleet
+    state.extra["started_at"] = int(time.time())
+    lim = config.limits
+    state.body_readers = BodyReaders(lim.max_body_readers, lim.max_body_readers_per_client, lim.queue_timeout)
+    state.memory = MemoryReleaser()
+    state.recent_heads = RecentHeads()
+    state.store = config.state.build()
+    if lim.arrival_hold_timeout:
+        state.arrivals = ArrivalPacer(max_hold_s=lim.arrival_hold_timeout)
+    reloader = FleetReloader(state, load_fleet) if load_fleet is not None else None
+    if reloader is not None:
+        state.extra["reloads"] = reloader
+        metrics.registry.register(reloader)
+    turns_owner = models.default.pipeline
+    metrics.watch_process(
+        lambda: turns_owner.offload.pending,
+        # the serve command puts its HTTP protocol class here (absent under a test client)
+        lambda: getattr(state.extra.get("http_protocol"), "stats", None),
+        state.arrivals,
+    )
+
+    routes: list[BaseRoute] = [
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/live", live, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+    ]
+    renderers: list[tuple[str, ErrorBodyRenderer]] = []
+    for module in map(importlib.import_module, PROTOCOL_ROUTE_MODULES):
+        routes.extend(module.ROUTES)
+        renderers.extend(getattr(module, "ERROR_RENDERERS", {}).items())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        # per process (after any fork: the exporter's thread does not survive one); first, so a
+        # configuration that cannot be met stops the start-up before anything runs
+        state.tracer = tracer_from_env()
+        for model in state.models:
+            await model.start()
+        # Everything allocated at startup (tokenizer tables, grammars, caches) lives forever:
+        # move it out of the collector's sight so full collections stay short under load.
+        gc.collect()
+        gc.freeze()
+        state.store = await open_state_store(config.state, state.store)
+        purger = asyncio.create_task(purge_forever(state.store))
+        hangup = _listen_for_sighup(reloader)
+        try:
+            yield
+        finally:
+            if hangup:
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+            purger.cancel()
+            tracer, state.tracer = state.tracer, None
+            if tracer is not None:
+                await asyncio.to_thread(tracer.shutdown)  # exports what is buffered
+            runs = state.extra.get("background_runs")  # made on the first background response
+            if runs is not None:
+                await runs.aclose()  # before the store closes: their responses are marked failed
+            await state.store.close()
+            reloads = state.extra.get("reloads")
+            if reloads is not None:
+                await reloads.aclose()  # models a reload replaced and still draining
+            for model in state.models:
+                await model.aclose()
+            resolver = state.extra.get("image_resolver")  # made on the first image request
+            if resolver is not None:
+                await resolver.aclose()
+
+    app = FrontendApp(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={HTTPException: _http_exception, FrontendError: _frontend_error},
+    )
+    app.state.frontend = state
+    app.frontend = state
+    app.state.error_renderers = renderers
+    affinity = any(m.router is not None and m.router.mode in ("session", "kv", "kv-approx") for m in models)
+    if affinity or reloader is not None:  # a reload may bring a model that routes by session
+        from deepseek_frontend.routing.session import SessionMiddleware
+
+        app.add_middleware(SessionMiddleware)  # the agent session header, for affinity
+    endpoints = frozenset(getattr(r, "path", "") for r in routes) - {""}
+    # always in place (a reload may bring the first keys); without keys it only passes requests on
+    app.add_middleware(AuthMiddleware, state=state, renderers=renderers, endpoints=endpoints)
+    # added last, so outermost: a burst queues here before any routing, auth or validation work
+    app.add_middleware(TurnGate, turns=turns_owner.turns)
+    return app

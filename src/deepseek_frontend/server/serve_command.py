@@ -1,0 +1,238 @@
+"""``deepseek-frontend serve``: the OpenAI-compatible HTTP server.
+
+``run`` builds the served models' :class:`~deepseek_frontend.fleet.config.ServerConfig` from the
+flags (defined in ``api/serve_flags.py``, registered by ``add_arguments``), binds the port, forks
+the ``--workers`` processes, builds the app and serves with uvicorn. With no ``--worker`` the
+built-in simulated engine runs in-process and the first log line says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from deepseek_frontend._descriptors import open_files_limit, reserve_descriptor_table
+
+from .serve_flags import add_arguments, flag_actions
+
+#: what the command line dispatches to: ``HELP``, ``add_arguments(parser)``, ``run(args)``
+__all__ = ["HELP", "add_arguments", "run"]
+
+HELP = "run the OpenAI-compatible HTTP server over SGLang / vLLM workers (or the built-in simulated engine)"
+
+SIM_NOTICE = (
+    "no --worker given: using the built-in simulated engine (deepseek_frontend.engines.sim) "
+    "-- a development/load-testing tool, not a model"
+)
+
+
+def _descriptors_for(connections: int) -> int:
+    """Open files a process serving ``connections`` client connections needs: the engine
+    connections too (one per in-flight stream, plus control connections), and a margin for the
+    tokenizer files and logs."""
+    return connections + connections // 4 + 1024
+
+
+def _connection_limit(wanted: int, log: logging.Logger) -> int:
+    """``wanted`` open connections, or fewer if the open-files limit cannot hold them.
+
+    The soft limit is raised to the hard one first; a margin of descriptors stays for worker
+    connections, the tokenizer files and logs.
+    """
+    soft = open_files_limit()
+    if soft is None:
+        return wanted
+    room = max(64, soft - (_descriptors_for(wanted) - wanted))
+    if wanted > room:
+        log.warning("--max-connections %d does not fit the open-files limit %d; using %d", wanted, soft, room)
+        return room
+    return wanted
+
+
+def _error_body_for(app: Any) -> Callable[[str, Any], bytes]:
+    """Errors the HTTP layer answers before the app runs, in the shape of the API the path belongs to."""
+    import orjson
+
+    from deepseek_frontend.edge.errors import openai_error_body
+
+    renderers = list(getattr(app.state, "error_renderers", []))
+
+    def body(path: str, err: Any) -> bytes:
+        for prefix, render in renderers:
+            if path.startswith(prefix):
+                return orjson.dumps(render(err))
+        return orjson.dumps(openai_error_body(err))
+
+    return body
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until interrupted. Returns the process exit code."""
+    import uvicorn
+
+    from deepseek_frontend._tracing import check_env as check_tracing_env
+    from deepseek_frontend.errors import FrontendError
+    from deepseek_frontend.fleet.config_file import fleet_from_args
+    from deepseek_frontend.keys.limit_state import SharedLimitState
+
+    from .acceptor import FrontendServer
+    from .app import create_app
+    from .http_protocol import PROBE_MAX_CONNECTIONS, guarded_protocol
+    from .logs import configure_logging
+
+    configure_logging(args.log_level, args.log_format)
+    log = logging.getLogger("deepseek_frontend.serve")
+    actions = flag_actions()
+    try:
+        fleet = fleet_from_args(args, actions)
+        check_tracing_env()  # before binding: every process would refuse to start later
+    except (FrontendError, OSError, ValueError, RuntimeError) as exc:
+        print(f"deepseek-frontend serve: {exc}", file=sys.stderr)
+        return 2
+    config = fleet.models[0]  # the server-wide settings (every model shares them)
+    for model in fleet.models:
+        if model.uses_builtin_sim:
+            log.warning("%s: %s", model.served_model_name, SIM_NOTICE)
+
+    # Bind ourselves so --port 0 works and the real port is logged before serving.
+    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    processes = getattr(args, "frontend_processes", 1)
+    if processes > 1 and hasattr(socket, "SO_REUSEPORT"):
+        # --workers N: each process will listen on this port with its own accept queue (processes.py)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((config.host, config.port))
+    except OSError as exc:
+        print(f"deepseek-frontend serve: cannot bind {config.host}:{config.port}: {exc}", file=sys.stderr)
+        return 2
+    max_connections = _connection_limit(config.limits.max_connections, log)
+    # a burst of connections waits in the kernel's accept queue rather than being refused by it
+    # (the kernel caps this at net.core.somaxconn)
+    backlog = max(2048, min(max_connections, 65535))
+    sock.listen(backlog)
+    sock.set_inheritable(True)
+    port = sock.getsockname()[1]
+    probe_sock = None
+    if getattr(args, "probe_port", None) is not None:
+        # one socket for every process (--workers N): probes are few, one accept queue is enough
+        probe_sock = socket.socket(family, socket.SOCK_STREAM)
+        probe_sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe_sock.bind((config.host, args.probe_port))
+        except OSError as exc:
+            print(
+                f"deepseek-frontend serve: cannot bind --probe-port {args.probe_port}: {exc}", file=sys.stderr
+            )
+            return 2
+        probe_sock.listen(256)
+
+    slot = None
+    # the API keys' limits hold across processes: their state is shared memory made before forking
+    shared_limits = SharedLimitState.create(processes=processes) if processes > 1 else None
+    if processes > 1:
+        from .processes import fork_processes
+
+        # fork before the app exists: no threads yet, and each process loads its own tokenizer
+        forked = fork_processes(processes, sock, backlog)
+        if isinstance(forked, int):
+            if probe_sock is not None:
+                probe_sock.close()
+            return forked  # the supervisor, after every process exited
+        slot = forked
+    elif processes < 1:
+        print("deepseek-frontend serve: --workers must be >= 1", file=sys.stderr)
+        return 2
+
+    # In each serving process (a forked one starts with a small table again), before the app
+    # starts threads, so no accept() waits for the table to grow (_descriptors.py)
+    reserve_descriptor_table(_descriptors_for(max_connections))
+    if slot is not None:
+        assert shared_limits is not None
+        shared_limits.reset_process(slot.index)  # what a dead predecessor held in flight is free again
+        # a process forked again later reads the configuration as it is now (a reload may have changed it)
+        try:
+            fleet = fleet_from_args(args, actions)
+            config = fleet.models[0]
+        except (FrontendError, OSError, ValueError) as exc:
+            log.error(
+                "the configuration no longer loads (%s); this process serves the one read at start", exc
+            )
+    app = create_app(
+        config,
+        fleet=fleet,
+        shared_limits=shared_limits,
+        process_index=slot.index if slot is not None else 0,
+        load_fleet=lambda: fleet_from_args(args, actions),
+    )
+    if slot is not None:
+        app.state.frontend.extra["process_slot"] = slot
+    # Thousands of requests in flight make every full collection long (~0.1 s on 2 cores, the
+    # event loop stopped meanwhile); collect the young generation 14x less often (10,000
+    # allocations instead of 700) and so run far fewer full collections under a burst.
+    gc.set_threshold(10_000, 20, 10)
+    protocol = guarded_protocol(
+        header_timeout_s=config.limits.header_timeout,
+        max_connections=max_connections,
+        error_body=_error_body_for(app),
+        arrivals=app.state.frontend.arrivals,
+        heads=app.state.frontend.recent_heads,
+    )
+    app.state.frontend.extra["http_protocol"] = protocol
+    probes = []
+    if probe_sock is not None:
+        probe_protocol = guarded_protocol(
+            header_timeout_s=config.limits.header_timeout,
+            max_connections=PROBE_MAX_CONNECTIONS,
+            error_body=_error_body_for(app),
+            probe_only=True,
+        )
+        probes = [(probe_sock, probe_protocol)]
+    uv_config = uvicorn.Config(
+        app,
+        loop="auto",
+        http=protocol,
+        # uvicorn's own servers (the private socket; the public one on a loop without add_reader)
+        backlog=backlog,
+        access_log=False,
+        log_level=args.log_level,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+        log_config=None,
+    )
+    listening = slot.listening if slot is not None and slot.listening is not None else sock
+    # the public socket is accepted by the frontend itself, up to 64 connections per wake-up
+    server = FrontendServer(uv_config, public=[listening], slot=slot, probes=probes)
+    log.info("listening on http://%s:%d", config.host, port)
+    for model in fleet.models:
+        log.info(
+            "model=%s family=%s engine=%s workers=%s",
+            model.served_model_name,
+            model.family,
+            model.engine,
+            ",".join(model.workers)
+            or (
+                f"prefill={','.join(model.prefill_workers)} decode={','.join(model.decode_workers)}"
+                if model.prefill_workers
+                else "-"
+            ),
+        )
+    if probe_sock is not None:
+        log.info(
+            "probes on http://%s:%d (/live, /health, /metrics)", config.host, probe_sock.getsockname()[1]
+        )
+    try:
+        # applies loop="auto" (uvloop when installed); a forked process also serves its private socket
+        private = [slot.private_socket] if slot is not None and slot.private_socket is not None else []
+        server.run(sockets=private)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sock.close()
+    return 0
