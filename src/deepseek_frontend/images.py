@@ -62,8 +62,6 @@ __all__ = [
     "image_token_count",
     "make_image_part",
     "read_image_header",
-    "resolve_request_images",
-    "resolver_for",
 ]
 
 # --------------------------------------------------------------------------- token count (pure)
@@ -641,32 +639,3 @@ def _decode_and_read(
         )
     check_declared_media_type(declared, where)
     return data, read_image_header(data, where)
-
-
-def resolver_for(state: Any) -> ImageResolver:
-    """The server's :class:`ImageResolver` (``state.extra["image_resolver"]``, made on first use).
-
-    Tests put their own there (for one, a fetcher allowed to reach a loopback test server).
-    """
-    resolver = state.extra.get("image_resolver")
-    if resolver is None:
-        offload = getattr(getattr(state.pipeline, "offload", None), "run", None)
-        resolver = ImageResolver(state.config.images, offload=offload)
-        state.extra["image_resolver"] = resolver
-    return resolver
-
-
-async def resolve_request_images(state: Any, messages: Sequence[Mapping[str, Any]], pipeline: Any) -> None:
-    """Resolve the image parts of a converted request in place, before ``pipeline`` (the chat
-    pipeline of the model the request goes to) prepares it.
-
-    A request without image parts costs one walk over its messages. Raises ``RequestError``
-    as :meth:`ImageResolver.resolve`.
-    """
-    if not any(True for _ in _walk_parts(messages)):
-        return
-    await resolver_for(state).resolve(
-        messages,  # type: ignore[arg-type]
-        supports_images=bool(getattr(pipeline.renderer, "takes_images", False)),
-        family=pipeline.family,
-    )

@@ -24,18 +24,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 from starlette.responses import Response
 
-from deepseek_frontend.edge.context import get_state, served_model
 from deepseek_frontend.edge.errors import as_frontend_error
 from deepseek_frontend.edge.streaming import EventStreamResponse, unless_disconnected
 from deepseek_frontend.errors import RequestError
-from deepseek_frontend.images import resolve_request_images
 
 from .event_stream import EventEncoder, SSEEvent, frame_events
 from .validation import check_array, check_boolean, check_integer, check_object, check_string
 
 if TYPE_CHECKING:
-    from starlette.requests import Request
-
+    from deepseek_frontend.edge.context import FrontendState
+    from deepseek_frontend.edge.request import RequestContext
     from deepseek_frontend.edge.tracking import RequestTracker
     from deepseek_frontend.fleet.config import ServerConfig
     from deepseek_frontend.fleet.served_model import ServedModel
@@ -46,6 +44,7 @@ __all__ = [
     "check_model",
     "function_tools",
     "length_controls",
+    "resolve_images",
     "respond_with_events",
     "to_chat_request",
 ]
@@ -203,9 +202,16 @@ def to_chat_request(converted: ConvertedChat, config: ServerConfig, request_id: 
     )
 
 
+async def resolve_images(state: FrontendState, model: ServedModel, messages: list[dict[str, Any]]) -> None:
+    """Resolve the image parts of a converted request's ``messages`` in place (``images.py``),
+    before ``model``'s pipeline prepares it; a request without image parts costs one walk over them.
+    Raises ``RequestError`` (400) naming the part, as ``ImageResolver.resolve``."""
+    pipeline = model.pipeline
+    await state.images.resolve(messages, supports_images=pipeline.takes_images, family=pipeline.family)
+
+
 async def respond_with_events(
-    request: Request,
-    tracker: RequestTracker,
+    ctx: RequestContext,
     converted: ConvertedChat,
     make_encoder: Callable[[ChatRequest, PreparedRequest], E],
     fold: Callable[[E, list[SSEEvent]], Any],
@@ -219,23 +225,22 @@ async def respond_with_events(
     before any status is chosen, so a worker failing before the first token is an
     error response; a failure after it is the encoder's in-band error event.
     """
-    state = get_state(request)
-    model = served_model(request)
-    req = to_chat_request(converted, model.config, tracker.request_id)
+    model, tracker = ctx.model, ctx.tracker
+    req = to_chat_request(converted, model.config, ctx.id)
     pipeline = model.pipeline
-    await resolve_request_images(state, req.messages, pipeline)
+    await resolve_images(ctx.state, model, req.messages)
     prepared = await pipeline.prepare_async(req)
     # A client that leaves during prefill, or while a non-streamed answer is folded,
     # cancels the work, which aborts the engine request (as on the OpenAI routes).
-    (stream,) = await unless_disconnected(request, pipeline.start(prepared))
-    if wrap is not None:  # e.g. reasoning continuity, which keeps the finished answer (api/continuity.py)
+    (stream,) = await unless_disconnected(ctx.request, pipeline.start(prepared))
+    if wrap is not None:  # e.g. reasoning continuity, which keeps the finished answer (state/continuity.py)
         (stream,) = wrap([stream])
     encoder = make_encoder(req, prepared)
     if stream.first_cached_tokens:
         encoder.note_cached_prompt(stream.first_cached_tokens)
     if converted.stream:
         return EventStreamResponse(_event_stream(model, encoder, stream, tracker), tracker)
-    events = await unless_disconnected(request, _fold_events(encoder, stream))
+    events = await unless_disconnected(ctx.request, _fold_events(encoder, stream))
     model.metrics.prompt_tokens.inc(prepared.prompt_tokens)
     return Response(orjson.dumps(fold(encoder, events)), media_type="application/json")
 

@@ -1,8 +1,8 @@
-"""What the stored-object endpoints share: the store and owner of a request, 404s, list pages.
+"""What the stored-object endpoints share: 404s and list pages.
 
 Used by ``/v1/responses`` (stored responses) and ``/v1/conversations``. Every read names the
-owner of the request (:func:`owner_of`): an object of another API key is
-answered exactly as an object that does not exist.
+owner of the request (``RequestContext.owner``): an object of another API key is answered exactly
+as an object that does not exist.
 """
 
 from __future__ import annotations
@@ -13,10 +13,8 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from deepseek_frontend.edge.auth import presented_key
-from deepseek_frontend.edge.context import get_state
 from deepseek_frontend.errors import FrontendError, RequestError
-from deepseek_frontend.state import MAX_PAGE, CursorError, Page, StateStore, owner_key
+from deepseek_frontend.state import MAX_PAGE, CursorError, Page
 
 __all__ = [
     "ListQuery",
@@ -24,8 +22,6 @@ __all__ = [
     "json_response",
     "list_body",
     "list_query",
-    "owner_of",
-    "store_of",
 ]
 
 
@@ -35,21 +31,6 @@ class StoredObjectNotFoundError(FrontendError):
 
     status_code = 404
     error_type = "invalid_request_error"
-
-
-def store_of(request: Request) -> StateStore:
-    """The server's store (a ``NullStore`` under ``--state-store none``)."""
-    return get_state(request).store
-
-
-def owner_of(request: Request) -> str:
-    """The owner of what a request stores or reads: a hash of the API key it presented (the auth
-    middleware has checked it already), or the anonymous owner when the server checks no key."""
-    if get_state(request).tenants is None:
-        return owner_key(None)
-    key = presented_key(request.scope["headers"])
-    # as Starlette decodes header values: the owners of stored objects stay what they were
-    return owner_key(key.decode("latin-1") if key else None)
 
 
 def not_stored(kind: str, object_id: str, param: str | None = None) -> StoredObjectNotFoundError:

@@ -1,22 +1,20 @@
-"""The server's shared state and its Starlette app: what every route starts from.
+"""The server's shared state, and the Starlette app that holds it: what every request starts from.
 
-* :class:`FrontendState` -- what the app holds at ``app.state.frontend``; :func:`get_state` finds it
-  from a request.
-* :func:`served_model` -- the model a request was routed to (``api/route.py`` routes it).
+* :class:`FrontendState` -- what the app holds (``app.frontend``, also ``app.state.frontend``): the
+  served models, the API keys and their limits, the state store, the server's own helpers. Every
+  member is a typed field; the server (``server/app.py``) fills them once.
+* :func:`get_state` -- the state of the app a request came to (``edge/route.py`` resolves it once
+  per request into the request's :class:`~.request.RequestContext`).
 * :func:`new_request_id` -- a request's id, also its engine request id.
 * :class:`FrontendApp` -- the Starlette app, which hands the server's own ``send`` to the event
-  streams (``api/streaming.py``).
-
-Reading and parsing request bodies is ``api/request_body.py``; the order requests take the event
-loop's turns, ``api/request_turns.py``; per-request bookkeeping, ``api/tracking.py``; the endpoint
-decorator, ``api/route.py``; SSE responses and disconnects, ``api/streaming.py``.
+  streams (``edge/streaming.py``).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -25,28 +23,51 @@ from starlette.types import Receive, Scope, Send
 if TYPE_CHECKING:
     from deepseek_frontend._tracing import Tracer
     from deepseek_frontend.fleet.config import ServerConfig
+    from deepseek_frontend.fleet.config_file import Fleet
     from deepseek_frontend.fleet.metrics import FrontendMetrics
     from deepseek_frontend.fleet.registry import ModelRegistry
-    from deepseek_frontend.fleet.served_model import ServedModel
+    from deepseek_frontend.images import ImageResolver
     from deepseek_frontend.keys.rate_limits import KeyUsageMetrics, RateLimiter
     from deepseek_frontend.keys.tenants import TenantTable
-    from deepseek_frontend.pipeline.chat import ChatPipeline
+    from deepseek_frontend.pipeline.offload import LoopTurns
+    from deepseek_frontend.state import StateStore
+    from deepseek_frontend.state.continuity import ReasoningContinuity
 
     from .arrivals import ArrivalPacer
+    from .background import BackgroundTasks
     from .body_readers import BodyReaders
     from .memory import MemoryReleaser
     from .turns import RecentHeads
 
 
-@dataclass(slots=True)
-class FrontendState:
-    """Shared state of one server (``app.state.frontend``)."""
+class ProcessGroup(Protocol):
+    """This process's place among the ``serve --workers N`` processes (``server/processes.py``)."""
 
-    #: the served models (api/model_registry.py); a reload swaps the registry, never edits it
+    async def sibling_metrics(self, own: bytes) -> bytes:
+        """Every process's metrics, this one's (``own``) merged with the others'."""
+        ...
+
+
+@dataclass(slots=True, eq=False)
+class FrontendState:
+    """Shared state of one server (``app.frontend``)."""
+
+    #: the served models (fleet/registry.py); a reload swaps the registry, never edits it
     models: ModelRegistry
     #: the server's own metrics: requests not (yet) routed to a model, keys' usage, model_info
     metrics: FrontendMetrics
-    extra: dict[str, Any] = field(default_factory=dict)
+    #: stored responses, conversations and kept reasoning (opened by the app's lifespan)
+    store: StateStore
+    #: resolves the image parts of requests (images.py)
+    images: ImageResolver
+    #: the event loop's turns every model's prompt work takes (one loop per process)
+    turns: LoopTurns
+    #: this process's background work (background responses), stopped when the server shuts down
+    background: BackgroundTasks
+    #: reasoning of tool-calling answers, kept in ``store`` to restore what a client drops
+    continuity: ReasoningContinuity
+    #: when the server started (Unix seconds; ``created`` of /v1/models)
+    started_at: int
     #: bounds the requests whose body is still arriving, before admission (None: unlimited)
     body_readers: BodyReaders | None = None
     #: gives the memory of large requests back once they are done (None: left to the allocator)
@@ -55,18 +76,20 @@ class FrontendState:
     recent_heads: RecentHeads | None = None
     #: paces the starts of cold requests (used by ``serve``'s HTTP protocol)
     arrivals: ArrivalPacer | None = None
-    #: stored responses, conversations and kept reasoning (a ``state.StateStore``; opened by the lifespan)
-    store: Any = None
     #: OpenTelemetry traces of requests (``_tracing.tracer_from_env``; None: tracing off)
     tracer: Tracer | None = None
-    #: the API keys (api/tenants.py; None: no key needed)
+    #: the API keys (keys/tenants.py; None: no key needed)
     tenants: TenantTable | None = None
-    #: the keys' request, token and concurrency limits (api/rate_limits.py)
+    #: the keys' request, token and concurrency limits (keys/rate_limits.py)
     limiter: RateLimiter | None = None
     #: the keys' usage counters in ``metrics``
     key_usage: KeyUsageMetrics | None = None
-    #: what the server was configured with (api/fleet_config.py); a reload replaces it
-    fleet: Any = None
+    #: what the server was configured with (fleet/config_file.py); a reload replaces it
+    fleet: Fleet | None = None
+    #: this process among ``serve --workers N`` (None: a single process)
+    process_group: ProcessGroup | None = None
+    #: the HTTP protocol's counters (``server/http_protocol.py``; None: not served by ``serve``)
+    connection_stats: dict[str, int] | None = None
 
     @property
     def config(self) -> ServerConfig:
@@ -74,32 +97,18 @@ class FrontendState:
         model shares)."""
         return self.models.default.config
 
-    @property
-    def pipeline(self) -> ChatPipeline:
-        """The first model's pipeline (its loop turns and offload threads are every model's)."""
-        return self.models.default.pipeline
-
 
 def get_state(request: Request) -> FrontendState:
+    """The state of the app ``request`` came to."""
     app = request.scope["app"]
     # FrontendApp's attribute first: Starlette's State resolves attributes in Python
-    state = getattr(app, "frontend", None)
-    return state if state is not None else app.state.frontend
+    state: FrontendState | None = app.frontend if isinstance(app, FrontendApp) else None
+    return state if state is not None else app.state.frontend  # type: ignore[no-any-return]
 
 
 def new_request_id(prefix: str = "chatcmpl") -> str:
     """``<prefix>-<32 hex>``: unique per request; also the engine request id."""
     return f"{prefix}-{os.urandom(16).hex()}"  # what uuid4().hex carries, without building a UUID
-
-
-#: where :func:`~.route.api_route` leaves the model a request was routed to (``request.state``)
-MODEL_ATTR = "served_model"
-
-
-def served_model(request: Request) -> ServedModel:
-    """The model ``request`` was routed to (:func:`~.route.api_route`), or the server's first model."""
-    model = getattr(request.state, MODEL_ATTR, None)
-    return model if model is not None else get_state(request).models.default
 
 
 #: where :class:`FrontendApp` puts the server's own ``send`` in the ASGI scope (read by

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import orjson
 from starlette.responses import Response
@@ -51,6 +52,20 @@ def openai_error_body(err: FrontendError) -> dict[str, Any]:
             "code": err.code,
         }
     }
+
+
+@dataclass(frozen=True, slots=True)
+class ApiShape:
+    """How one API answers at the edge: the shape of its error bodies, and whose rate-limit headers
+    its responses carry (``keys/rate_limits.py``: OpenAI's ``x-ratelimit-*`` or Anthropic's
+    ``anthropic-ratelimit-*``)."""
+
+    name: Literal["openai", "anthropic"]
+    error_body: ErrorBodyRenderer
+
+
+#: the OpenAI APIs (chat, completions, Responses, conversations)
+OPENAI = ApiShape("openai", openai_error_body)
 
 
 def error_response(

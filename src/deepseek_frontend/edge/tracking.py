@@ -72,6 +72,10 @@ class RequestTracker:
         self.key_usage: KeyUsageMetrics | None = None
         metrics.in_flight.labels(endpoint).inc()
 
+    def release_with(self, release: Callable[[], None]) -> None:
+        """Call ``release`` (the model's admission slot) when the request is done."""
+        self._release = release
+
     def route(self, model: ServedModel) -> None:
         """The request goes to ``model``: from here on it is counted in that model's metrics."""
         if model.metrics is not self.metrics:

@@ -154,6 +154,11 @@ class ChatPipeline:
         return f"ChatPipeline(family={self.family!r}, model={self.pipeline_config.served_model_name!r})"
 
     @property
+    def takes_images(self) -> bool:
+        """Whether the model's format renders image parts (DeepSeek-V4.1)."""
+        return self.renderer.takes_images
+
+    @property
     def special_token_ids(self) -> frozenset[int]:
         """Ids of the tokenizer's added (special) tokens: never part of answer text or its logprobs."""
         if self._special_token_ids is None:

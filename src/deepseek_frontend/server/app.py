@@ -1,9 +1,9 @@
 """The Starlette application: routes, middlewares, lifespan.
 
 ``create_app(config)`` wires everything once; the shared state lives at
-``app.state.frontend`` (:class:`~deepseek_frontend.edge.context.FrontendState`): the served models
-(api/model_registry.py; each with its own tokenizer, engine backend, pipeline, admission and
-metrics, api/served_model.py), the API keys and their limits, the state store and the tracer.
+``app.frontend`` (:class:`~deepseek_frontend.edge.context.FrontendState`): the served models
+(fleet/registry.py; each with its own tokenizer, engine, pipeline, admission and metrics,
+fleet/served_model.py), the API keys and their limits, the state store and the tracer.
 
 Routes::
 
@@ -15,7 +15,7 @@ Routes::
     GET  /metrics               Prometheus text, per model (a ``model`` label)
     + the ROUTES of deepseek_frontend.api.anthropic / .responses / .conversations
 
-Auth (with API keys): api/auth.py.
+Auth (with API keys): edge/auth.py.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from prometheus_client import Counter
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -40,6 +41,7 @@ from starlette.routing import BaseRoute, Route
 from deepseek_frontend._tracing import tracer_from_env
 from deepseek_frontend.edge.arrivals import ArrivalPacer
 from deepseek_frontend.edge.auth import AuthMiddleware, renderer_for
+from deepseek_frontend.edge.background import BackgroundTasks
 from deepseek_frontend.edge.body_readers import BodyReaders
 from deepseek_frontend.edge.context import FrontendApp, FrontendState
 from deepseek_frontend.edge.errors import ErrorBodyRenderer, error_response
@@ -52,9 +54,11 @@ from deepseek_frontend.fleet.metrics import FrontendMetrics
 from deepseek_frontend.fleet.registry import ModelRegistry
 from deepseek_frontend.fleet.served_model import ServedModel
 from deepseek_frontend.fleet.store_config import open_state_store
+from deepseek_frontend.images import ImageResolver
 from deepseek_frontend.keys.rate_limits import KeyUsageMetrics, RateLimiter
 from deepseek_frontend.keys.tenants import TenantTable
 from deepseek_frontend.state import purge_forever
+from deepseek_frontend.state.continuity import ReasoningContinuity
 
 from .info_routes import health, list_models, live, metrics_endpoint, retrieve_model
 from .reload import FleetReloader
@@ -141,29 +145,41 @@ def create_app(
         fleet = Fleet((config,), TenantTable.from_plain_keys(keys) if keys else None)
     models = build_models(fleet.models, tokenizer=tokenizer, backend=backend)
     metrics = FrontendMetrics(models=[m.name for m in models])
-    key_usage = KeyUsageMetrics(metrics.registry)
-    state = FrontendState(models=models, metrics=metrics)
-    state.tenants = fleet.tenants
-    state.limiter = RateLimiter(shared_limits, process_index)
-    state.key_usage = key_usage
-    state.fleet = fleet
-    state.extra["started_at"] = int(time.time())
     lim = config.limits
-    state.body_readers = BodyReaders(lim.max_body_readers, lim.max_body_readers_per_client, lim.queue_timeout)
-    state.memory = MemoryReleaser()
-    state.recent_heads = RecentHeads()
-    state.store = config.state.build()
-    if lim.arrival_hold_timeout:
-        state.arrivals = ArrivalPacer(max_hold_s=lim.arrival_hold_timeout)
+    pipeline = models.default.pipeline  # its loop turns and offload threads are every model's
+    store = config.state.build()
+    restored = Counter(
+        "deepseek_frontend_reasoning_restored",
+        "Assistant turns sent back without the reasoning this server produced for them, "
+        "whose reasoning was restored from the state store (by API).",
+        ["api"],
+        registry=metrics.registry,
+    )
+    state = FrontendState(
+        models=models,
+        metrics=metrics,
+        store=store,
+        images=ImageResolver(config.images, offload=pipeline.offload.run),
+        turns=pipeline.turns,
+        background=BackgroundTasks(),
+        continuity=ReasoningContinuity(store, restored),
+        started_at=int(time.time()),
+        body_readers=BodyReaders(lim.max_body_readers, lim.max_body_readers_per_client, lim.queue_timeout),
+        memory=MemoryReleaser(),
+        recent_heads=RecentHeads(),
+        arrivals=ArrivalPacer(max_hold_s=lim.arrival_hold_timeout) if lim.arrival_hold_timeout else None,
+        tenants=fleet.tenants,
+        limiter=RateLimiter(shared_limits, process_index),
+        key_usage=KeyUsageMetrics(metrics.registry),
+        fleet=fleet,
+    )
     reloader = FleetReloader(state, load_fleet) if load_fleet is not None else None
     if reloader is not None:
-        state.extra["reloads"] = reloader
         metrics.registry.register(reloader)
-    turns_owner = models.default.pipeline
     metrics.watch_process(
-        lambda: turns_owner.offload.pending,
-        # the serve command puts its HTTP protocol class here (absent under a test client)
-        lambda: getattr(state.extra.get("http_protocol"), "stats", None),
+        lambda: pipeline.offload.pending,
+        # the serve command gives its HTTP protocol's counters (none under a test client)
+        lambda: state.connection_stats,
         state.arrivals,
     )
 
@@ -192,7 +208,7 @@ def create_app(
         # move it out of the collector's sight so full collections stay short under load.
         gc.collect()
         gc.freeze()
-        state.store = await open_state_store(config.state, state.store)
+        state.store = state.continuity.store = await open_state_store(config.state, state.store)
         purger = asyncio.create_task(purge_forever(state.store))
         hangup = _listen_for_sighup(reloader)
         try:
@@ -204,18 +220,13 @@ def create_app(
             tracer, state.tracer = state.tracer, None
             if tracer is not None:
                 await asyncio.to_thread(tracer.shutdown)  # exports what is buffered
-            runs = state.extra.get("background_runs")  # made on the first background response
-            if runs is not None:
-                await runs.aclose()  # before the store closes: their responses are marked failed
+            await state.background.aclose()  # before the store closes: their responses are marked failed
             await state.store.close()
-            reloads = state.extra.get("reloads")
-            if reloads is not None:
-                await reloads.aclose()  # models a reload replaced and still draining
+            if reloader is not None:
+                await reloader.aclose()  # models a reload replaced and still draining
             for model in state.models:
                 await model.aclose()
-            resolver = state.extra.get("image_resolver")  # made on the first image request
-            if resolver is not None:
-                await resolver.aclose()
+            await state.images.aclose()
 
     app = FrontendApp(
         routes=routes,
@@ -234,5 +245,5 @@ def create_app(
     # always in place (a reload may bring the first keys); without keys it only passes requests on
     app.add_middleware(AuthMiddleware, state=state, renderers=renderers, endpoints=endpoints)
     # added last, so outermost: a burst queues here before any routing, auth or validation work
-    app.add_middleware(TurnGate, turns=turns_owner.turns)
+    app.add_middleware(TurnGate, turns=state.turns)
     return app

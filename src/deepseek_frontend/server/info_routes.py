@@ -16,7 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from deepseek_frontend.edge.auth import presented_key
-from deepseek_frontend.edge.context import get_state
+from deepseek_frontend.edge.context import FrontendState, get_state
 from deepseek_frontend.fleet.metrics import CONTENT_TYPE, merge_labelled, render_families
 from deepseek_frontend.fleet.served_model import ServedModel
 
@@ -59,7 +59,7 @@ async def list_models(request: Request) -> Response:
     """Every name the request's key may use (``ModelRegistry.listed``), in OpenAI's list shape -- or
     Anthropic's for an Anthropic client."""
     state = get_state(request)
-    created = state.extra.get("started_at", 0)
+    created = state.started_at
     listed = state.models.listed(_tenant(request))
     if _is_anthropic_client(request):
         entries = [_anthropic_model(name, created) for name, _ in listed]
@@ -77,7 +77,7 @@ async def retrieve_model(request: Request) -> Response:
     state = get_state(request)
     asked = request.path_params["model"]
     model = state.models.resolve(asked, _tenant(request))  # ModelNotFoundError -> 404 in the client's shape
-    created = state.extra.get("started_at", 0)
+    created = state.started_at
     if _is_anthropic_client(request):
         return Response(orjson.dumps(_anthropic_model(asked, created)), media_type="application/json")
     return Response(orjson.dumps(_openai_model(asked, created, model)), media_type="application/json")
@@ -152,7 +152,7 @@ async def live(_: Request) -> Response:
     return Response(LIVE_BODY, media_type="application/json")
 
 
-def render_metrics(state: Any) -> bytes:
+def render_metrics(state: FrontendState) -> bytes:
     """The process's metrics: the server's own series, then each model's labelled ``model``."""
     parts: list[tuple[dict[str, str], str]] = [({}, state.metrics.render().decode())]
     for model in state.models:
@@ -167,9 +167,9 @@ def render_metrics(state: Any) -> bytes:
 async def metrics_endpoint(request: Request) -> Response:
     state = get_state(request)
     own = render_metrics(state)
-    slot = state.extra.get("process_slot")  # serve --workers N (api/processes.py)
-    if slot is not None and request.query_params.get("scope") != "process":
-        return Response(await slot.sibling_metrics(own), media_type=CONTENT_TYPE)
+    group = state.process_group  # serve --workers N (server/processes.py)
+    if group is not None and request.query_params.get("scope") != "process":
+        return Response(await group.sibling_metrics(own), media_type=CONTENT_TYPE)
     return Response(own, media_type=CONTENT_TYPE)
 
 

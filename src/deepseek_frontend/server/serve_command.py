@@ -172,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         load_fleet=lambda: fleet_from_args(args, actions),
     )
     if slot is not None:
-        app.state.frontend.extra["process_slot"] = slot
+        app.state.frontend.process_group = slot
     # Thousands of requests in flight make every full collection long (~0.1 s on 2 cores, the
     # event loop stopped meanwhile); collect the young generation 14x less often (10,000
     # allocations instead of 700) and so run far fewer full collections under a burst.
@@ -184,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
         arrivals=app.state.frontend.arrivals,
         heads=app.state.frontend.recent_heads,
     )
-    app.state.frontend.extra["http_protocol"] = protocol
+    app.state.frontend.connection_stats = protocol.stats
     probes = []
     if probe_sock is not None:
         probe_protocol = guarded_protocol(

@@ -24,35 +24,32 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from deepseek_frontend.api.adapters import respond_with_events, to_chat_request
-from deepseek_frontend.api.continuity import continuity_of
-from deepseek_frontend.edge.body import read_json
-from deepseek_frontend.edge.context import get_state, served_model
-from deepseek_frontend.edge.errors import ErrorBodyRenderer
+from deepseek_frontend.api.adapters import resolve_images, respond_with_events, to_chat_request
+from deepseek_frontend.edge.errors import ApiShape, ErrorBodyRenderer
+from deepseek_frontend.edge.request import RequestContext
 from deepseek_frontend.edge.route import api_route
-from deepseek_frontend.edge.tracking import RequestTracker
-from deepseek_frontend.images import family_reads_images, resolve_request_images
+from deepseek_frontend.images import family_reads_images
 
 from .convert import convert_messages_request
 from .events import MessagesStreamEncoder, accumulate_message, anthropic_error_body
 from .hidden_thinking import HIDDEN_REASONING
 
-__all__ = ["ERROR_RENDERERS", "ROUTES", "count_tokens", "create_message"]
+__all__ = ["ANTHROPIC", "ERROR_RENDERERS", "ROUTES", "count_tokens", "create_message"]
+
+#: the Anthropic Messages API at the edge: its error shape and its ``anthropic-ratelimit-*`` headers
+ANTHROPIC = ApiShape("anthropic", anthropic_error_body)
 
 
-@api_route("/v1/messages", render=anthropic_error_body, prefix="msg", selects_model=True)
-async def create_message(request: Request, tracker: RequestTracker) -> Response:
+@api_route("/v1/messages", ANTHROPIC, prefix="msg", selects_model=True)
+async def create_message(ctx: RequestContext) -> Response:
     """``POST /v1/messages`` (streaming with ``"stream": true``, else one JSON message)."""
-    body = await read_json(request, get_state(request).config.max_body_bytes)
-    converted = convert_messages_request(
-        body, read_images=family_reads_images(served_model(request).config.family)
-    )
+    body = await ctx.json()
+    converted = convert_messages_request(body, read_images=family_reads_images(ctx.model.config.family))
     HIDDEN_REASONING.restore(converted.messages)
-    continuity, owner = continuity_of(request)  # reasoning the client dropped (api/continuity.py)
+    continuity, owner = ctx.state.continuity, ctx.owner  # reasoning the client dropped (state/continuity.py)
     await continuity.restore(owner, converted.messages, "anthropic")
     # Anthropic's semantics: thinking blocks only when the request enables thinking. Without a
     # `thinking` field the model still runs in the server's default mode; its reasoning is withheld.
@@ -76,8 +73,7 @@ async def create_message(request: Request, tracker: RequestTracker) -> Response:
         return None if None in ids else ids  # type: ignore[return-value]
 
     return await respond_with_events(
-        request,
-        tracker,
+        ctx,
         converted,
         make_encoder,
         lambda _encoder, events: accumulate_message(events),
@@ -85,25 +81,23 @@ async def create_message(request: Request, tracker: RequestTracker) -> Response:
     )
 
 
-@api_route("/v1/messages/count_tokens", render=anthropic_error_body, prefix="msg", selects_model=True)
-async def count_tokens(request: Request, tracker: RequestTracker) -> Response:
+@api_route("/v1/messages/count_tokens", ANTHROPIC, prefix="msg", selects_model=True)
+async def count_tokens(ctx: RequestContext) -> Response:
     """``POST /v1/messages/count_tokens``: ``{"input_tokens": N}`` from the real render + tokenize.
 
     The count is the prompt exactly as ``/v1/messages`` would send it to the engine
     (tools, thinking mode and effort included).
     """
-    state = get_state(request)
-    model = served_model(request)
-    body = await read_json(request, state.config.max_body_bytes)
+    model = ctx.model
+    body = await ctx.json()
     converted = convert_messages_request(
         body, require_max_tokens=False, read_images=family_reads_images(model.config.family)
     )
     HIDDEN_REASONING.restore(converted.messages)
-    continuity, owner = continuity_of(request)
-    await continuity.restore(owner, converted.messages, "anthropic")
-    req = to_chat_request(converted, model.config, tracker.request_id)
+    await ctx.state.continuity.restore(ctx.owner, converted.messages, "anthropic")
+    req = to_chat_request(converted, model.config, ctx.id)
     # images are resolved (read, limited) as for /v1/messages: their token counts are part of the answer
-    await resolve_request_images(state, req.messages, model.pipeline)
+    await resolve_images(ctx.state, model, req.messages)
     # Render + tokenize only: a prompt over the context window still gets its count, and
     # "any" / named tool_choice (a decoding constraint, not prompt text) needs no engine support.
     count = await model.pipeline.count_prompt_tokens_async(req)

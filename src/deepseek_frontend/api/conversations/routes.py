@@ -14,25 +14,14 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from deepseek_frontend.api.responses.stateful import input_items
-from deepseek_frontend.api.stored import (
-    json_response,
-    list_body,
-    list_query,
-    not_stored,
-    owner_of,
-    read_page,
-    store_of,
-)
+from deepseek_frontend.api.stored import json_response, list_body, list_query, not_stored, read_page
 from deepseek_frontend.api.validation import check_array, check_object
-from deepseek_frontend.edge.body import read_json
-from deepseek_frontend.edge.context import get_state
+from deepseek_frontend.edge.request import RequestContext
 from deepseek_frontend.edge.route import api_route
-from deepseek_frontend.edge.tracking import RequestTracker
 from deepseek_frontend.errors import RequestError
 from deepseek_frontend.state import Page, StoredConversation, StoredItem, new_id
 
@@ -70,12 +59,12 @@ def _conversation_object(conv: StoredConversation) -> dict[str, Any]:
     }
 
 
-def _disabled(request: Request) -> None:
-    if not store_of(request).enabled:
+def _disabled(ctx: RequestContext) -> None:
+    if not ctx.store.enabled:
         raise RequestError("conversations need stored state; this server is stateless (--state-store none)")
 
 
-async def _items(request: Request, raw: Any, param: str) -> list[StoredItem]:
+async def _items(ctx: RequestContext, raw: Any, param: str) -> list[StoredItem]:
     items = check_array(raw, param)
     if len(items) > MAX_ITEMS_PER_CALL:
         raise RequestError(
@@ -85,96 +74,92 @@ async def _items(request: Request, raw: Any, param: str) -> list[StoredItem]:
         item = check_object(item, f"{param}[{i}]")
         if "type" not in item and "role" not in item:
             raise RequestError(f"{param}[{i}].type: required", param=f"{param}[{i}].type")
-    resolved = await input_items(items, store_of(request), owner_of(request)) if items else []
+    resolved = await input_items(items, ctx.store, ctx.owner) if items else []
     return [StoredItem(str(item["id"]), orjson.dumps(item).decode()) for item in resolved]
 
 
 @api_route("/v1/conversations", prefix="conv")
-async def create_conversation(request: Request, tracker: RequestTracker) -> Response:
-    _disabled(request)
-    body = check_object(await read_json(request, get_state(request).config.max_body_bytes), "body")
+async def create_conversation(ctx: RequestContext) -> Response:
+    _disabled(ctx)
+    body = check_object(await ctx.json(), "body")
     metadata = _metadata(body.get("metadata"))
-    items = await _items(request, body.get("items") or [], "items")
-    conv = StoredConversation(
-        new_id("conv"), owner_of(request), store_of(request).now(), orjson.dumps(metadata).decode()
-    )
-    await store_of(request).put_conversation(conv, items)
+    items = await _items(ctx, body.get("items") or [], "items")
+    conv = StoredConversation(new_id("conv"), ctx.owner, ctx.store.now(), orjson.dumps(metadata).decode())
+    await ctx.store.put_conversation(conv, items)
     return json_response(_conversation_object(conv))
 
 
-async def _get(request: Request) -> StoredConversation:
-    conversation_id = str(request.path_params["conversation_id"])
-    conv = await store_of(request).get_conversation(owner_of(request), conversation_id)
+async def _get(ctx: RequestContext) -> StoredConversation:
+    conversation_id = str(ctx.request.path_params["conversation_id"])
+    conv = await ctx.store.get_conversation(ctx.owner, conversation_id)
     if conv is None:
         raise not_stored("Conversation", conversation_id)
     return conv
 
 
 @api_route("/v1/conversations/{id}", prefix="conv")
-async def retrieve_conversation(request: Request, tracker: RequestTracker) -> Response:
-    return json_response(_conversation_object(await _get(request)))
+async def retrieve_conversation(ctx: RequestContext) -> Response:
+    return json_response(_conversation_object(await _get(ctx)))
 
 
 @api_route("/v1/conversations/{id}", prefix="conv")
-async def update_conversation(request: Request, tracker: RequestTracker) -> Response:
-    body = check_object(await read_json(request, get_state(request).config.max_body_bytes), "body")
+async def update_conversation(ctx: RequestContext) -> Response:
+    body = check_object(await ctx.json(), "body")
     if "metadata" not in body:
         raise RequestError("metadata: required", param="metadata")
     metadata = orjson.dumps(_metadata(body["metadata"])).decode()
-    conv = await _get(request)
-    if not await store_of(request).update_conversation(owner_of(request), conv.id, metadata):
+    conv = await _get(ctx)
+    if not await ctx.store.update_conversation(ctx.owner, conv.id, metadata):
         raise not_stored("Conversation", conv.id)
-    return json_response(_conversation_object(await _get(request)))
+    return json_response(_conversation_object(await _get(ctx)))
 
 
 @api_route("/v1/conversations/{id}", prefix="conv")
-async def delete_conversation(request: Request, tracker: RequestTracker) -> Response:
-    conversation_id = str(request.path_params["conversation_id"])
-    if not await store_of(request).delete_conversation(owner_of(request), conversation_id):
+async def delete_conversation(ctx: RequestContext) -> Response:
+    conversation_id = str(ctx.request.path_params["conversation_id"])
+    if not await ctx.store.delete_conversation(ctx.owner, conversation_id):
         raise not_stored("Conversation", conversation_id)
     return json_response({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
 
 @api_route("/v1/conversations/{id}/items", prefix="conv")
-async def create_items(request: Request, tracker: RequestTracker) -> Response:
-    body = check_object(await read_json(request, get_state(request).config.max_body_bytes), "body")
+async def create_items(ctx: RequestContext) -> Response:
+    body = check_object(await ctx.json(), "body")
     if "items" not in body:
         raise RequestError("items: required", param="items")
-    conv = await _get(request)
-    items = await _items(request, body["items"], "items")
-    if not await store_of(request).add_conversation_items(owner_of(request), conv.id, items):
+    conv = await _get(ctx)
+    items = await _items(ctx, body["items"], "items")
+    if not await ctx.store.add_conversation_items(ctx.owner, conv.id, items):
         raise not_stored("Conversation", conv.id)
     return json_response(list_body(Page(items, has_more=False)))
 
 
 @api_route("/v1/conversations/{id}/items", prefix="conv")
-async def list_items(request: Request, tracker: RequestTracker) -> Response:
-    conversation_id = str(request.path_params["conversation_id"])
-    query = list_query(request)
-    store = store_of(request)
-    page = await read_page(
-        store.list_conversation_items(owner_of(request), conversation_id, **query.kwargs())
-    )
+async def list_items(ctx: RequestContext) -> Response:
+    conversation_id = str(ctx.request.path_params["conversation_id"])
+    query = list_query(ctx.request)
+    store = ctx.store
+    page = await read_page(store.list_conversation_items(ctx.owner, conversation_id, **query.kwargs()))
     if page is None:
         raise not_stored("Conversation", conversation_id)
     return json_response(list_body(page))
 
 
 @api_route("/v1/conversations/{id}/items/{item_id}", prefix="conv")
-async def retrieve_item(request: Request, tracker: RequestTracker) -> Response:
-    conv = await _get(request)
-    item_id = str(request.path_params["item_id"])
-    item = await store_of(request).get_conversation_item(owner_of(request), conv.id, item_id)
+async def retrieve_item(ctx: RequestContext) -> Response:
+    conv = await _get(ctx)
+    item_id = str(ctx.request.path_params["item_id"])
+    item = await ctx.store.get_conversation_item(ctx.owner, conv.id, item_id)
     if item is None:
         raise not_stored("Item", item_id)
     return json_response(item.data)
 
 
 @api_route("/v1/conversations/{id}/items/{item_id}", prefix="conv")
-async def delete_item(request: Request, tracker: RequestTracker) -> Response:
-    conv = await _get(request)
-    item_id = str(request.path_params["item_id"])
-    if not await store_of(request).delete_conversation_item(owner_of(request), conv.id, item_id):
+async def delete_item(ctx: RequestContext) -> Response:
+    conv = await _get(ctx)
+    item_id = str(ctx.request.path_params["item_id"])
+    if not await ctx.store.delete_conversation_item(ctx.owner, conv.id, item_id):
         raise not_stored("Item", item_id)
     return json_response(_conversation_object(conv))
 

@@ -12,16 +12,13 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from starlette.requests import Request
 from starlette.responses import Response
 
-from deepseek_frontend.api.continuity import continuity_of
-from deepseek_frontend.edge.body import read_json
-from deepseek_frontend.edge.context import get_state, served_model
+from deepseek_frontend.api.adapters import resolve_images
+from deepseek_frontend.edge.request import RequestContext
 from deepseek_frontend.edge.route import api_route
 from deepseek_frontend.edge.streaming import EventStreamResponse, unless_disconnected
 from deepseek_frontend.edge.tracking import RequestTracker
-from deepseek_frontend.images import resolve_request_images
 from deepseek_frontend.pipeline.chat import (
     ChatRequest,
     ChoiceAccumulator,
@@ -39,8 +36,7 @@ if TYPE_CHECKING:
 
 
 async def respond_with_choices(
-    request: Request,
-    tracker: RequestTracker,
+    ctx: RequestContext,
     req: ChatRequest,
     prepared: PreparedRequest,
     *,
@@ -58,32 +54,30 @@ async def respond_with_choices(
     prefill can take seconds: a client that leaves meanwhile aborts it, as it does
     while a non-streamed answer is folded.)
     """
-    model = served_model(request)
-    streams = await unless_disconnected(request, model.pipeline.start(prepared))
-    if wrap is not None:  # e.g. reasoning continuity, which keeps each finished answer (api/continuity.py)
+    model, tracker = ctx.model, ctx.tracker
+    streams = await unless_disconnected(ctx.request, model.pipeline.start(prepared))
+    if wrap is not None:  # e.g. reasoning continuity, which keeps each finished answer (state/continuity.py)
         streams = wrap(streams)
     if stream:
         return EventStreamResponse(stream_body(model, req, streams, prepared.created, tracker), tracker)
-    accs = await unless_disconnected(request, collect(streams))
+    accs = await unless_disconnected(ctx.request, collect(streams))
     model.metrics.prompt_tokens.inc(prepared.prompt_tokens)
     payload = build(req, accs, prepared.created, model.tokenizer)
     return Response(orjson.dumps(payload), media_type="application/json")
 
 
 @api_route("/v1/chat/completions", selects_model=True)
-async def chat_completions(request: Request, tracker: RequestTracker) -> Response:
+async def chat_completions(ctx: RequestContext) -> Response:
     """``POST /v1/chat/completions`` (stream and non-stream)."""
-    state = get_state(request)
-    model = served_model(request)
-    body = await read_json(request, state.config.max_body_bytes)
-    req = to_chat_request(body, model.config, tracker.request_id)
-    continuity, owner = continuity_of(request)
+    model = ctx.model
+    body = await ctx.json()
+    req = to_chat_request(body, model.config, ctx.id)
+    continuity, owner = ctx.state.continuity, ctx.owner
     await continuity.restore(owner, req.messages, "chat")  # tool-loop reasoning the client dropped
-    await resolve_request_images(state, req.messages, model.pipeline)
+    await resolve_images(ctx.state, model, req.messages)
     prepared = await model.pipeline.prepare_async(req)
     return await respond_with_choices(
-        request,
-        tracker,
+        ctx,
         req,
         prepared,
         stream=bool(body.get("stream")),

@@ -14,12 +14,10 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from starlette.requests import Request
 from starlette.responses import Response
 
 from deepseek_frontend.api.validation import check_boolean, check_integer
-from deepseek_frontend.edge.body import read_json
-from deepseek_frontend.edge.context import get_state, served_model
+from deepseek_frontend.edge.request import RequestContext
 from deepseek_frontend.edge.route import api_route
 from deepseek_frontend.edge.tracking import RequestTracker
 from deepseek_frontend.errors import RequestError
@@ -182,12 +180,11 @@ def build_completion(
 
 
 @api_route("/v1/completions", prefix="cmpl", selects_model=True)
-async def completions(request: Request, tracker: RequestTracker) -> Response:
+async def completions(ctx: RequestContext) -> Response:
     """``POST /v1/completions`` (stream and non-stream)."""
-    state = get_state(request)
-    model = served_model(request)
-    body = await read_json(request, state.config.max_body_bytes)
-    req = to_completion_request(body, model.config, tracker.request_id)
+    model = ctx.model
+    body = await ctx.json()
+    req = to_completion_request(body, model.config, ctx.id)
     if "prompt" not in body:
         raise RequestError("prompt: required", param="prompt")
     started = time.perf_counter()
@@ -200,8 +197,7 @@ async def completions(request: Request, tracker: RequestTracker) -> Response:
     model.metrics.tokenization.observe(time.perf_counter() - started)
     prepared = model.pipeline.prepare_raw(req, input_ids)
     return await respond_with_choices(
-        request,
-        tracker,
+        ctx,
         req,
         prepared,
         stream=bool(body.get("stream")),

@@ -24,18 +24,17 @@ from typing import Any
 
 import orjson
 
-from deepseek_frontend.api.adapters import ConvertedChat, to_chat_request
+from deepseek_frontend.api.adapters import ConvertedChat, resolve_images, to_chat_request
 from deepseek_frontend.edge.context import FrontendState
 from deepseek_frontend.edge.errors import as_frontend_error
 from deepseek_frontend.edge.tracking import KeyCharge
 from deepseek_frontend.fleet.served_model import ServedModel
-from deepseek_frontend.images import resolve_request_images
 from deepseek_frontend.state import StateStore, StoredResponse
 
 from .events import ResponsesStreamEncoder
 from .stateful import StatefulRequest, save_response, stored_items, stored_output_items
 
-__all__ = ["CANCEL_POLL_S", "LEASE_RENEW_S", "LEASE_S", "BackgroundRuns", "expire_if_lost"]
+__all__ = ["CANCEL_POLL_S", "LEASE_RENEW_S", "LEASE_S", "expire_if_lost", "start_background_response"]
 
 log = logging.getLogger("deepseek_frontend.api")
 
@@ -66,133 +65,103 @@ async def expire_if_lost(store: StateStore, stored: StoredResponse) -> StoredRes
     return await store.get_response(stored.owner, stored.id) or stored
 
 
-class BackgroundRuns:
-    """The background responses this process is generating: response id -> its task."""
+async def start_background_response(
+    state: FrontendState,
+    model: ServedModel,
+    stateful: StatefulRequest,
+    converted: ConvertedChat,
+    echo: dict[str, Any],
+    charge: KeyCharge | None = None,
+) -> dict[str, Any]:
+    """Store the response as ``queued``, start its task on ``model`` among the process's background
+    tasks (``state.background``, keyed by the response id); the queued response object.
 
-    def __init__(self) -> None:
-        self.tasks: dict[str, asyncio.Task[None]] = {}
-        #: set by :meth:`aclose`: a task cancelled now ends ``failed``, not ``cancelled``
-        self.closing = False
+    The task holds ``model`` until it ends, so a reload that replaces the model lets it finish,
+    and settles ``charge`` (the request's API key: its concurrency slot and its tokens) then."""
+    name = converted.model or model.name
+    queued = ResponsesStreamEncoder(model=name, input_tokens=0, echo=echo).snapshot("queued")
+    try:
+        await save_response(state.store, stateful, queued)
+    except BaseException:
+        if charge is not None:
+            charge.settle(500, None, model.name)  # nothing runs: the key's slot is free again
+        raise
+    model.enter()
+    task = state.background.start(queued["id"], _run(state, model, stateful, converted, echo, queued, charge))
+    task.add_done_callback(lambda _t: model.leave())
+    return queued
 
-    async def start(
-        self,
-        state: FrontendState,
-        model: ServedModel,
-        stateful: StatefulRequest,
-        converted: ConvertedChat,
-        echo: dict[str, Any],
-        charge: KeyCharge | None = None,
-    ) -> dict[str, Any]:
-        """Store the response as ``queued``, start its task on ``model``; the queued response object.
 
-        The task holds ``model`` until it ends, so a reload that replaces the model lets it finish,
-        and settles ``charge`` (the request's API key: its concurrency slot and its tokens) then."""
-        name = converted.model or model.name
-        queued = ResponsesStreamEncoder(model=name, input_tokens=0, echo=echo).snapshot("queued")
+async def _run(
+    state: FrontendState,
+    model: ServedModel,
+    stateful: StatefulRequest,
+    converted: ConvertedChat,
+    echo: dict[str, Any],
+    queued: dict[str, Any],
+    charge: KeyCharge | None,
+) -> None:
+    store, owner, response_id = state.store, stateful.owner, queued["id"]
+    engine_request_id = "resp-" + response_id.removeprefix("resp_")
+    status = 200
+    encoder: ResponsesStreamEncoder | None = None
+    renewer = asyncio.create_task(_renew_lease(state, owner, response_id))
+    try:
+        req = to_chat_request(converted, model.config, engine_request_id)
+        await resolve_images(state, model, req.messages)
+        prepared = await model.pipeline.prepare_async(req)
+        encoder = ResponsesStreamEncoder(
+            model=req.response_model,
+            input_tokens=prepared.prompt_tokens,
+            echo=echo,
+            response_id=response_id,
+            tool_namespaces=converted.tool_namespaces,
+            created_at=queued["created_at"],
+        )
+        running = encoder.snapshot("in_progress")
+        if not await _update_unless_cancelled(state, owner, response_id, running, None):
+            return
+        (stream,) = await model.pipeline.start(prepared)
+        watcher = asyncio.create_task(_watch_for_cancel(state, owner, response_id, asyncio.current_task()))
         try:
-            await save_response(state.store, stateful, queued)
-        except BaseException:
-            if charge is not None:
-                charge.settle(500, None, model.name)  # nothing runs: the key's slot is free again
-            raise
-        model.enter()
-        task = asyncio.create_task(self._run(state, model, stateful, converted, echo, queued, charge))
-        task.add_done_callback(lambda _t: model.leave())
-        self.tasks[queued["id"]] = task
-        task.add_done_callback(lambda _t, rid=queued["id"]: self.tasks.pop(rid, None))
-        return queued
-
-    async def cancel(self, response_id: str) -> bool:
-        """Cancel this process's task for ``response_id`` and wait for it; False when none runs here."""
-        task = self.tasks.get(response_id)
-        if task is None:
-            return False
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
-        return True
-
-    async def aclose(self) -> None:
-        """Stop every running task; their responses are marked ``failed`` (the server shut down)."""
-        self.closing = True
-        for response_id in list(self.tasks):
-            await self.cancel(response_id)
-
-    async def _run(
-        self,
-        state: FrontendState,
-        model: ServedModel,
-        stateful: StatefulRequest,
-        converted: ConvertedChat,
-        echo: dict[str, Any],
-        queued: dict[str, Any],
-        charge: KeyCharge | None,
-    ) -> None:
-        store, owner, response_id = state.store, stateful.owner, queued["id"]
-        engine_request_id = "resp-" + response_id.removeprefix("resp_")
-        status = 200
-        encoder: ResponsesStreamEncoder | None = None
-        renewer = asyncio.create_task(_renew_lease(state, owner, response_id))
-        try:
-            req = to_chat_request(converted, model.config, engine_request_id)
-            await resolve_request_images(state, req.messages, model.pipeline)
-            prepared = await model.pipeline.prepare_async(req)
-            encoder = ResponsesStreamEncoder(
-                model=req.response_model,
-                input_tokens=prepared.prompt_tokens,
-                echo=echo,
-                response_id=response_id,
-                tool_namespaces=converted.tool_namespaces,
-                created_at=queued["created_at"],
-            )
-            running = encoder.snapshot("in_progress")
-            if not await _update_unless_cancelled(state, owner, response_id, running, None):
-                return
-            (stream,) = await model.pipeline.start(prepared)
-            watcher = asyncio.create_task(
-                _watch_for_cancel(state, owner, response_id, asyncio.current_task())
-            )
-            try:
-                encoder.start()
-                async for chunk in stream:
-                    encoder.encode(chunk)
-            finally:
-                watcher.cancel()
-                await stream.aclose()
-            final = encoder.response
-            if final is None:
-                raise RuntimeError("the engine stream ended without a finish")
-            written = await _update_unless_cancelled(
-                state, owner, response_id, final, stored_output_items(final)
-            )
-            if written and stateful.conversation_id is not None:
-                await _append_to_conversation(state, stateful, final)
-        except asyncio.CancelledError:
-            base = encoder or _placeholder(queued, echo)
-            status = 499
-            if self.closing:
-                outcome = "failed"
-                snapshot = base.snapshot(outcome, error={"code": "server_error", "message": SHUTDOWN_MESSAGE})
-            else:
-                outcome, snapshot = "cancelled", base.snapshot("cancelled")
-            with contextlib.suppress(Exception):
-                await asyncio.shield(
-                    store.update_response(owner, response_id, outcome, orjson.dumps(snapshot).decode(), None)
-                )
-            raise
-        except Exception as exc:
-            err = as_frontend_error(exc)
-            status = err.status_code
-            log.warning("background response %s failed: %s", response_id, err.message)
-            failed = (encoder or _placeholder(queued, echo)).snapshot(
-                "failed", error={"code": err.code or err.error_type, "message": err.message}
-            )
-            with contextlib.suppress(Exception):
-                await _update_unless_cancelled(state, owner, response_id, failed, None)
+            encoder.start()
+            async for chunk in stream:
+                encoder.encode(chunk)
         finally:
-            renewer.cancel()
-            if charge is not None:
-                charge.settle(status, model.metrics.ledger.take(engine_request_id), model.name)
+            watcher.cancel()
+            await stream.aclose()
+        final = encoder.response
+        if final is None:
+            raise RuntimeError("the engine stream ended without a finish")
+        written = await _update_unless_cancelled(state, owner, response_id, final, stored_output_items(final))
+        if written and stateful.conversation_id is not None:
+            await _append_to_conversation(state, stateful, final)
+    except asyncio.CancelledError:
+        base = encoder or _placeholder(queued, echo)
+        status = 499
+        if state.background.closing:
+            outcome = "failed"
+            snapshot = base.snapshot(outcome, error={"code": "server_error", "message": SHUTDOWN_MESSAGE})
+        else:
+            outcome, snapshot = "cancelled", base.snapshot("cancelled")
+        with contextlib.suppress(Exception):
+            await asyncio.shield(
+                store.update_response(owner, response_id, outcome, orjson.dumps(snapshot).decode(), None)
+            )
+        raise
+    except Exception as exc:
+        err = as_frontend_error(exc)
+        status = err.status_code
+        log.warning("background response %s failed: %s", response_id, err.message)
+        failed = (encoder or _placeholder(queued, echo)).snapshot(
+            "failed", error={"code": err.code or err.error_type, "message": err.message}
+        )
+        with contextlib.suppress(Exception):
+            await _update_unless_cancelled(state, owner, response_id, failed, None)
+    finally:
+        renewer.cancel()
+        if charge is not None:
+            charge.settle(status, model.metrics.ledger.take(engine_request_id), model.name)
 
 
 def _placeholder(queued: dict[str, Any], echo: dict[str, Any]) -> ResponsesStreamEncoder:

@@ -25,24 +25,21 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from deepseek_frontend.api.adapters import respond_with_events
-from deepseek_frontend.api.continuity import continuity_of
 from deepseek_frontend.api.openai.chat_response import logprobs_content
-from deepseek_frontend.api.stored import json_response, owner_of
-from deepseek_frontend.edge.body import read_json
-from deepseek_frontend.edge.context import get_state, served_model
+from deepseek_frontend.api.stored import json_response
 from deepseek_frontend.edge.log_once import FirstSeen
+from deepseek_frontend.edge.request import RequestContext
 from deepseek_frontend.edge.route import api_route
 from deepseek_frontend.edge.streaming import EventStreamResponse
-from deepseek_frontend.edge.tracking import RequestTracker
 from deepseek_frontend.errors import RequestError
 from deepseek_frontend.images import family_reads_images
 from deepseek_frontend.routing.session import session_from_headers
 
+from .background import start_background_response
 from .convert import convert_responses_request
 from .events import ResponsesStreamEncoder
 from .stateful import StatefulRequest, resolve_stateful, save_response
 from .stored_routes import ROUTES as STORED_ROUTES
-from .stored_routes import background_runs
 
 __all__ = ["ROUTES", "create_response", "response_echo"]
 
@@ -116,30 +113,30 @@ def _response_object(encoder: ResponsesStreamEncoder, _events: object) -> dict[s
 
 
 @api_route("/v1/responses", prefix="resp", selects_model=True)
-async def create_response(request: Request, tracker: RequestTracker) -> Response:
+async def create_response(ctx: RequestContext) -> Response:
     """``POST /v1/responses`` (typed SSE events with ``"stream": true``, else the response object)."""
-    state = get_state(request)
-    model = served_model(request)
+    state, model = ctx.state, ctx.model
     config = model.config
-    body = await read_json(request, config.max_body_bytes)
+    body = await ctx.json()
+    owner = ctx.owner
     # stored state first: the translation sees the body a client resending everything would send
-    stateful = await resolve_stateful(body, state.store, owner_of(request), config.state.store_by_default)
+    stateful = await resolve_stateful(body, state.store, owner, config.state.store_by_default)
     converted = convert_responses_request(
         stateful.body, hosted_tools=config.hosted_tools, read_images=family_reads_images(config.family)
     )
     echo = response_echo(body)
     echo.update(stateful.echo())
-    continuity, owner = continuity_of(request)
+    continuity = state.continuity
     await continuity.restore(owner, converted.messages, "responses")  # reasoning items the client dropped
     if converted.warnings:
         echo["warnings"] = list(converted.warnings)
-        _log_warnings(request, converted.warnings, tracker.request_id)
+        _log_warnings(ctx.request, converted.warnings, ctx.id)
     if stateful.background:
         if converted.stream:
             raise RequestError("background: streaming a background response is not supported", param="stream")
         return json_response(
-            await background_runs(request).start(
-                state, model, stateful, converted, echo, tracker.hand_over_key_charge()
+            await start_background_response(
+                state, model, stateful, converted, echo, ctx.tracker.hand_over_key_charge()
             )
         )
     encoders: list[ResponsesStreamEncoder] = []
@@ -160,7 +157,7 @@ async def create_response(request: Request, tracker: RequestTracker) -> Response
         return encoder
 
     response = await respond_with_events(
-        request, tracker, converted, make_encoder, _response_object, wrap=continuity.wrap(owner)
+        ctx, converted, make_encoder, _response_object, wrap=continuity.wrap(owner)
     )
     if stateful.store:
         if isinstance(response, EventStreamResponse):

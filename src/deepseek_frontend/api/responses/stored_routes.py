@@ -12,89 +12,68 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from deepseek_frontend.api.stored import (
-    json_response,
-    list_body,
-    list_query,
-    not_stored,
-    owner_of,
-    read_page,
-    store_of,
-)
-from deepseek_frontend.edge.context import get_state
+from deepseek_frontend.api.stored import json_response, list_body, list_query, not_stored, read_page
+from deepseek_frontend.edge.request import RequestContext
 from deepseek_frontend.edge.route import api_route
-from deepseek_frontend.edge.tracking import RequestTracker
 from deepseek_frontend.errors import RequestError
 
-from .background import TERMINAL, BackgroundRuns, expire_if_lost
+from .background import TERMINAL, expire_if_lost
 
-__all__ = ["ROUTES", "background_runs"]
-
-
-def background_runs(request: Request) -> BackgroundRuns:
-    """This process's background responses (made on first use)."""
-    extra = get_state(request).extra
-    runs = extra.get("background_runs")
-    if runs is None:
-        runs = extra["background_runs"] = BackgroundRuns()
-    return runs
+__all__ = ["ROUTES"]
 
 
-def _response_id(request: Request) -> str:
-    return str(request.path_params["response_id"])
+def _response_id(ctx: RequestContext) -> str:
+    return str(ctx.request.path_params["response_id"])
 
 
 @api_route("/v1/responses/{id}", prefix="resp")
-async def retrieve_response(request: Request, tracker: RequestTracker) -> Response:
+async def retrieve_response(ctx: RequestContext) -> Response:
     """``GET /v1/responses/{id}``: the stored response object."""
-    if request.query_params.get("stream") in ("true", "1"):
+    if ctx.request.query_params.get("stream") in ("true", "1"):
         raise RequestError("stream: streaming a stored response again is not supported", param="stream")
-    response_id = _response_id(request)
-    store = store_of(request)
-    stored = await store.get_response(owner_of(request), response_id)
+    response_id = _response_id(ctx)
+    store = ctx.store
+    stored = await store.get_response(ctx.owner, response_id)
     if stored is None:
         raise not_stored("Response", response_id)
     return json_response((await expire_if_lost(store, stored)).body)
 
 
 @api_route("/v1/responses/{id}", prefix="resp")
-async def delete_response(request: Request, tracker: RequestTracker) -> Response:
+async def delete_response(ctx: RequestContext) -> Response:
     """``DELETE /v1/responses/{id}`` (a background response still running is cancelled first)."""
-    response_id = _response_id(request)
-    store, owner = store_of(request), owner_of(request)
+    response_id = _response_id(ctx)
+    store, owner = ctx.store, ctx.owner
     if await store.get_response(owner, response_id) is None:
         raise not_stored("Response", response_id)
-    await background_runs(request).cancel(response_id)
+    await ctx.state.background.cancel(response_id)
     if not await store.delete_response(owner, response_id):
         raise not_stored("Response", response_id)
     return json_response({"id": response_id, "object": "response", "deleted": True})
 
 
 @api_route("/v1/responses/{id}/input_items", prefix="resp")
-async def list_input_items(request: Request, tracker: RequestTracker) -> Response:
+async def list_input_items(ctx: RequestContext) -> Response:
     """``GET /v1/responses/{id}/input_items``: the request's own input items, paged."""
-    response_id = _response_id(request)
-    query = list_query(request)
-    page = await read_page(
-        store_of(request).list_response_items(owner_of(request), response_id, "input", **query.kwargs())
-    )
+    response_id = _response_id(ctx)
+    query = list_query(ctx.request)
+    page = await read_page(ctx.store.list_response_items(ctx.owner, response_id, "input", **query.kwargs()))
     if page is None:
         raise not_stored("Response", response_id)
     return json_response(list_body(page))
 
 
 @api_route("/v1/responses/{id}/cancel", prefix="resp")
-async def cancel_response(request: Request, tracker: RequestTracker) -> Response:
+async def cancel_response(ctx: RequestContext) -> Response:
     """``POST /v1/responses/{id}/cancel``: stop a background response; the response object after.
 
     A response already cancelled is returned as it is; one that ended otherwise, or that was not
     created with ``background: true``, is a 400."""
-    response_id = _response_id(request)
-    store, owner = store_of(request), owner_of(request)
+    response_id = _response_id(ctx)
+    store, owner = ctx.store, ctx.owner
     stored = await store.get_response(owner, response_id)
     if stored is None:
         raise not_stored("Response", response_id)
@@ -108,7 +87,7 @@ async def cancel_response(request: Request, tracker: RequestTracker) -> Response
         body["status"] = "cancelled"
         # the store first: a task on another process or replica stops when it reads this
         await store.update_response(owner, response_id, "cancelled", orjson.dumps(body).decode(), None)
-        await background_runs(request).cancel(response_id)
+        await ctx.state.background.cancel(response_id)
         stored = await store.get_response(owner, response_id) or stored
     return json_response(stored.body)
 

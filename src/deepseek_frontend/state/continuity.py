@@ -19,7 +19,8 @@ a turn that carries reasoning of its own is left as sent. Bounded by the store's
 
 Used by ``/v1/chat/completions``, ``/v1/responses`` and ``/v1/messages`` (keyed there by the
 ``toolu_`` ids the Anthropic encoder hands out; its per-process store of withheld reasoning,
-:mod:`.anthropic.hidden_thinking`, is consulted first).
+``api/anthropic/hidden_thinking.py``, is consulted first). The server makes one
+:class:`ReasoningContinuity` over its store (``FrontendState.continuity``).
 """
 
 from __future__ import annotations
@@ -27,18 +28,16 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prometheus_client import Counter
-from starlette.requests import Request
-
-from deepseek_frontend.edge.context import FrontendState, get_state
 from deepseek_frontend.pipeline.chat import ChoiceAccumulator, PipelineChunk
-from deepseek_frontend.state import StateStore
 
-from .stored import owner_of
+from .store import StateStore
 
-__all__ = ["IdsOf", "ReasoningContinuity", "continuity_of", "turn_key"]
+if TYPE_CHECKING:
+    from prometheus_client import Counter
+
+__all__ = ["IdsOf", "ReasoningContinuity", "turn_key"]
 
 #: the tool-call ids a client was shown for an answer's calls, or None when not all are known
 IdsOf = Callable[[ChoiceAccumulator], "list[str] | None"]
@@ -152,19 +151,3 @@ class _Remembering:
 
     async def aclose(self) -> None:
         await self._stream.aclose()
-
-
-def continuity_of(request: Request) -> tuple[ReasoningContinuity, str]:
-    """The server's :class:`ReasoningContinuity` (made on first use) and the request's owner."""
-    state: FrontendState = get_state(request)
-    continuity = state.extra.get("reasoning_continuity")
-    if continuity is None:
-        counter = Counter(
-            "deepseek_frontend_reasoning_restored",
-            "Assistant turns sent back without the reasoning this server produced for them, "
-            "whose reasoning was restored from the state store (by API).",
-            ["api"],
-            registry=state.metrics.registry,
-        )
-        continuity = state.extra["reasoning_continuity"] = ReasoningContinuity(state.store, counter)
-    return continuity, owner_of(request)
