@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from deepseek_frontend.errors import AuthenticationError
 
 from .context import FrontendState, new_request_id
-from .errors import ErrorBodyRenderer, error_response, openai_error_body
+from .errors import error_response, shape_for
 from .tracking import log_request_done
 
 #: Paths that never require the API key.
@@ -43,16 +43,9 @@ def presented_key(headers: Any) -> bytes | None:
 class AuthMiddleware:
     """Pure-ASGI API key check (no per-request task or body wrapping, unlike BaseHTTPMiddleware)."""
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        state: FrontendState,
-        renderers: list[tuple[str, ErrorBodyRenderer]],
-        endpoints: frozenset[str] = frozenset(),
-    ) -> None:
+    def __init__(self, app: ASGIApp, state: FrontendState, endpoints: frozenset[str] = frozenset()) -> None:
         self.app = app
         self._state = state
-        self._renderers = renderers
         #: paths counted under their own name; any other path is counted as "other" (bounded labels)
         self._endpoints = endpoints
 
@@ -78,17 +71,9 @@ class AuthMiddleware:
             f"{message}: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
         )
         path = scope["path"]
-        response = error_response(err, renderer_for(path, self._renderers))
+        response = error_response(err, shape_for(path, state.api_shapes).error_body)
         # A refused request is counted and logged like any other (the key itself never is).
         endpoint = path if path in self._endpoints else "other"
         state.metrics.requests.labels(endpoint, str(err.status_code), err.error_type).inc()
         log_request_done(new_request_id("auth"), endpoint, err.status_code, err.error_type, err.message, 0.0)
         await response(scope, receive, send)
-
-
-def renderer_for(path: str, renderers: list[tuple[str, ErrorBodyRenderer]]) -> ErrorBodyRenderer:
-    """The error body shape of the API ``path`` belongs to (OpenAI's unless a protocol claims it)."""
-    for prefix, render in renderers:
-        if path.startswith(prefix):
-            return render
-    return openai_error_body

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from .arrivals import ArrivalPacer
     from .background import BackgroundTasks
     from .body_readers import BodyReaders
+    from .errors import ApiShape
     from .memory import MemoryReleaser
     from .turns import RecentHeads
 
@@ -86,6 +87,9 @@ class FrontendState:
     key_usage: KeyUsageMetrics | None = None
     #: what the server was configured with (fleet/config_file.py); a reload replaces it
     fleet: Fleet | None = None
+    #: which paths belong to an API other than OpenAI's (path prefix, its shape): errors answered
+    #: before a handler runs take that API's shape (``edge/errors.shape_for``)
+    api_shapes: tuple[tuple[str, ApiShape], ...] = ()
     #: this process among ``serve --workers N`` (None: a single process)
     process_group: ProcessGroup | None = None
     #: the HTTP protocol's counters (``server/http_protocol.py``; None: not served by ``serve``)

@@ -68,6 +68,15 @@ class ApiShape:
 OPENAI = ApiShape("openai", openai_error_body)
 
 
+def shape_for(path: str, shapes: tuple[tuple[str, ApiShape], ...]) -> ApiShape:
+    """The API ``path`` belongs to: the first of ``shapes`` (path prefix, shape) whose prefix it
+    starts with, else OpenAI's. Used for errors answered before a handler runs (no key, no route)."""
+    for prefix, shape in shapes:
+        if path.startswith(prefix):
+            return shape
+    return OPENAI
+
+
 def error_response(
     exc: BaseException,
     render: ErrorBodyRenderer = openai_error_body,

@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
-import importlib
 import logging
 import signal
 import threading
@@ -40,11 +39,11 @@ from starlette.routing import BaseRoute, Route
 
 from deepseek_frontend._tracing import tracer_from_env
 from deepseek_frontend.edge.arrivals import ArrivalPacer
-from deepseek_frontend.edge.auth import AuthMiddleware, renderer_for
+from deepseek_frontend.edge.auth import AuthMiddleware
 from deepseek_frontend.edge.background import BackgroundTasks
 from deepseek_frontend.edge.body_readers import BodyReaders
-from deepseek_frontend.edge.context import FrontendApp, FrontendState
-from deepseek_frontend.edge.errors import ErrorBodyRenderer, error_response
+from deepseek_frontend.edge.context import FrontendApp, FrontendState, get_state
+from deepseek_frontend.edge.errors import error_response, shape_for
 from deepseek_frontend.edge.memory import MemoryReleaser
 from deepseek_frontend.edge.turns import RecentHeads, TurnGate
 from deepseek_frontend.errors import FrontendError, RequestError
@@ -65,15 +64,6 @@ from .reload import FleetReloader
 
 log = logging.getLogger("deepseek_frontend.api")
 
-#: Packages whose ``ROUTES`` the app mounts beside the OpenAI chat and completions routes; each may
-#: expose ``ERROR_RENDERERS: dict[path_prefix, ErrorBodyRenderer]`` for errors raised before its
-#: handlers run.
-PROTOCOL_ROUTE_MODULES = (
-    "deepseek_frontend.api.anthropic.routes",
-    "deepseek_frontend.api.responses.routes",
-    "deepseek_frontend.api.conversations.routes",
-)
-
 
 async def _http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
@@ -88,15 +78,12 @@ async def _http_exception(request: Request, exc: Exception) -> Response:
     else:
         err = RequestError(str(exc.detail))
         err.status_code = exc.status_code
-    renderers = request.app.state.error_renderers
-    return error_response(
-        err, renderer_for(request.url.path, renderers), headers=getattr(exc, "headers", None)
-    )
+    shape = shape_for(request.url.path, get_state(request).api_shapes)
+    return error_response(err, shape.error_body, headers=exc.headers)
 
 
 async def _frontend_error(request: Request, exc: Exception) -> Response:
-    renderers = request.app.state.error_renderers
-    return error_response(exc, renderer_for(request.url.path, renderers))
+    return error_response(exc, shape_for(request.url.path, get_state(request).api_shapes).error_body)
 
 
 def _listen_for_sighup(reloader: FleetReloader | None) -> bool:
@@ -137,8 +124,11 @@ def create_app(
     processes of ``serve --workers N``, this one being ``process_index``. ``load_fleet`` reads the
     configuration again: given, the server reloads it on SIGHUP (api/reload.py).
     """
+    from deepseek_frontend.api.anthropic import routes as anthropic_routes
+    from deepseek_frontend.api.conversations import routes as conversation_routes
     from deepseek_frontend.api.openai.chat import chat_completions
     from deepseek_frontend.api.openai.completions import completions
+    from deepseek_frontend.api.responses import routes as response_routes
 
     if fleet is None:
         keys = config.accepted_api_keys
@@ -191,11 +181,11 @@ def create_app(
         Route("/health", health, methods=["GET"]),
         Route("/live", live, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
+        *anthropic_routes.ROUTES,
+        *response_routes.ROUTES,
+        *conversation_routes.ROUTES,
     ]
-    renderers: list[tuple[str, ErrorBodyRenderer]] = []
-    for module in map(importlib.import_module, PROTOCOL_ROUTE_MODULES):
-        routes.extend(module.ROUTES)
-        renderers.extend(getattr(module, "ERROR_RENDERERS", {}).items())
+    state.api_shapes = tuple(anthropic_routes.API_SHAPES.items())
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
@@ -235,7 +225,6 @@ def create_app(
     )
     app.state.frontend = state
     app.frontend = state
-    app.state.error_renderers = renderers
     affinity = any(m.router is not None and m.router.mode in ("session", "kv", "kv-approx") for m in models)
     if affinity or reloader is not None:  # a reload may bring a model that routes by session
         from deepseek_frontend.routing.session import SessionMiddleware
@@ -243,7 +232,7 @@ def create_app(
         app.add_middleware(SessionMiddleware)  # the agent session header, for affinity
     endpoints = frozenset(getattr(r, "path", "") for r in routes) - {""}
     # always in place (a reload may bring the first keys); without keys it only passes requests on
-    app.add_middleware(AuthMiddleware, state=state, renderers=renderers, endpoints=endpoints)
+    app.add_middleware(AuthMiddleware, state=state, endpoints=endpoints)
     # added last, so outermost: a burst queues here before any routing, auth or validation work
     app.add_middleware(TurnGate, turns=state.turns)
     return app

@@ -58,15 +58,12 @@ def _error_body_for(app: Any) -> Callable[[str, Any], bytes]:
     """Errors the HTTP layer answers before the app runs, in the shape of the API the path belongs to."""
     import orjson
 
-    from deepseek_frontend.edge.errors import openai_error_body
+    from deepseek_frontend.edge.errors import shape_for
 
-    renderers = list(getattr(app.state, "error_renderers", []))
+    shapes = app.frontend.api_shapes
 
     def body(path: str, err: Any) -> bytes:
-        for prefix, render in renderers:
-            if path.startswith(prefix):
-                return orjson.dumps(render(err))
-        return orjson.dumps(openai_error_body(err))
+        return orjson.dumps(shape_for(path, shapes).error_body(err))
 
     return body
 

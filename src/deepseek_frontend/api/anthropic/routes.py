@@ -8,7 +8,7 @@ event shape (:mod:`.events`).
 
 Errors, including the ones raised before a handler runs (auth, unknown route),
 are Anthropic's shape -- ``{"type": "error", "error": {"type": ..., "message": ...}}``
--- via :data:`ERROR_RENDERERS`; a failure after the stream started is an
+-- via :data:`API_SHAPES`; a failure after the stream started is an
 ``event: error`` with the same body. ``anthropic-version`` and ``anthropic-beta``
 headers are accepted and not interpreted.
 
@@ -28,7 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from deepseek_frontend.api.adapters import resolve_images, respond_with_events, to_chat_request
-from deepseek_frontend.edge.errors import ApiShape, ErrorBodyRenderer
+from deepseek_frontend.edge.errors import ApiShape
 from deepseek_frontend.edge.request import RequestContext
 from deepseek_frontend.edge.route import api_route
 from deepseek_frontend.images import family_reads_images
@@ -37,7 +37,7 @@ from .convert import convert_messages_request
 from .events import MessagesStreamEncoder, accumulate_message, anthropic_error_body
 from .hidden_thinking import HIDDEN_REASONING
 
-__all__ = ["ANTHROPIC", "ERROR_RENDERERS", "ROUTES", "count_tokens", "create_message"]
+__all__ = ["ANTHROPIC", "API_SHAPES", "ROUTES", "count_tokens", "create_message"]
 
 #: the Anthropic Messages API at the edge: its error shape and its ``anthropic-ratelimit-*`` headers
 ANTHROPIC = ApiShape("anthropic", anthropic_error_body)
@@ -110,4 +110,4 @@ ROUTES = [
 ]
 
 #: Errors raised before a handler runs (auth, unknown sub-route) on these paths use Anthropic's shape.
-ERROR_RENDERERS: dict[str, ErrorBodyRenderer] = {"/v1/messages": anthropic_error_body}
+API_SHAPES: dict[str, ApiShape] = {"/v1/messages": ANTHROPIC}
