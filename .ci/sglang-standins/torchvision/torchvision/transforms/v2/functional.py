@@ -1,0 +1,5 @@
+"""Stand-in for ``torchvision.transforms.v2.functional`` (see .ci/sglang-standins)."""
+
+from torchvision._standin import module_getattr
+
+__getattr__ = module_getattr(__name__)
