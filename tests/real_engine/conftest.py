@@ -31,6 +31,9 @@ import httpx
 import pytest
 
 from tests.real_engine.make_tiny_model import write_tiny_model
+
+# the SGLang servers' fixtures (.ci/stage-real-sglang.sh); they skip under an interpreter without SGLang
+from tests.real_engine.sglang_servers import sglang_aggregated, sglang_fleet, sglang_model, sglang_pd  # noqa: F401
 from tests.support.servers import Server, free_port, start_frontend, stop_process
 
 #: the name the workers serve the tiny model under (the frontend's --worker-model)
