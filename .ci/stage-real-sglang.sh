@@ -32,7 +32,8 @@ if ! ldconfig -p | grep -q 'libibverbs\.so\.1 '; then
 fi
 
 pinned() {  # pinned PACKAGE VERSION: the virtualenv holds exactly that version
-    "$VENV/bin/python" -m pip show "$1" 2>/dev/null | grep -qxF "Version: $2"
+    # grep reads all of pip's output: with -q it could exit first and fail the pipe (pipefail)
+    "$VENV/bin/python" -m pip show "$1" 2>/dev/null | grep -xF "Version: $2" >/dev/null
 }
 if [ ! -x "$VENV/bin/python" ] || ! pinned sglang "$SGLANG_VERSION" || ! pinned torch "$TORCH_VERSION"; then
     rm -rf "$VENV"
