@@ -355,7 +355,7 @@ class SGLangFleet:
 def sglang_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny Llama with seeded weights (written once per session)."""
     if not sglang_available():
-        pytest.skip("SGLang is not installed in this interpreter; .ci/stage-real-sglang.sh runs these tests")
+        pytest.skip("no SGLang with torch in this interpreter; .ci/stage-real-sglang.sh runs these tests")
     model = write_tiny_model(tmp_path_factory.mktemp("tiny-llama-sglang"))
     write_random_llama_weights(model)
     return model
