@@ -52,7 +52,8 @@ TIMEOUT = httpx.Timeout(120.0)
 
 def sglang_frontend(*worker_flags: str) -> Server:
     """``deepseek-frontend serve --engine sglang`` over ``worker_flags`` (``--worker URL``, or
-    ``--prefill-worker P --decode-worker D``)."""
+    ``--prefill-worker P --decode-worker D``). Stateless: the default store is the user's SQLite file,
+    which another checkout of the frontend on the same machine may have migrated to a newer schema."""
     return start_frontend(
         "--engine",
         "sglang",
@@ -61,6 +62,8 @@ def sglang_frontend(*worker_flags: str) -> Server:
         SERVED_MODEL,
         "--context-length",
         str(SGLANG_CONTEXT_LENGTH),
+        "--state-store",
+        "none",
     )
 
 
