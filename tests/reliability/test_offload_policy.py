@@ -35,7 +35,7 @@ def _pipeline() -> ChatPipeline:
     tokenizer = PromptTokenizer.load()
     config = ServerConfig(served_model_name="deepseek-v4-flash", engine="sim")
     app = create_app(config, tokenizer=tokenizer, backend=SimulatedEngine(tokenizer))
-    return app.state.frontend.pipeline
+    return app.state.frontend.models.default.pipeline
 
 
 def _text(n_words: int, salt: str) -> str:

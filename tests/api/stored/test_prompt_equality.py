@@ -42,7 +42,7 @@ def _prompt(client: TestClient, body: dict[str, Any]) -> str:
     state = client.app.frontend  # type: ignore[attr-defined]
     converted = convert_responses_request(body)
     return join_segments(
-        state.pipeline.renderer.render(to_chat_request(converted, state.config, "resp-test"))
+        state.models.default.pipeline.renderer.render(to_chat_request(converted, state.config, "resp-test"))
     )
 
 
