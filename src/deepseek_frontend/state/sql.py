@@ -13,6 +13,7 @@ from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, Protocol, TypeVar
 
+from .batch_sql import BatchSql
 from .migrations import MIGRATIONS, SCHEMA_VERSION
 from .records import ItemKind, Page, StoredConversation, StoredItem, StoredResponse
 from .store import MAX_PAGE, BrokenChainError, CursorError, Order, StateStore
@@ -55,8 +56,8 @@ def _items_size(items: Sequence[StoredItem]) -> int:
     return sum(len(item.data) for item in items)
 
 
-class SqlStore(StateStore):
-    """:class:`StateStore` over SQL; see the module docstring."""
+class SqlStore(BatchSql, StateStore):
+    """:class:`StateStore` over SQL; see the module docstring. Files and batches: :class:`BatchSql`."""
 
     @abstractmethod
     def transaction(self) -> contextlib.AbstractAsyncContextManager[Tx]: ...
@@ -492,6 +493,7 @@ class SqlStore(StateStore):
             deleted += await tx.execute(
                 "DELETE FROM reasoning WHERE expires_at IS NOT NULL AND expires_at <= ?", (at,)
             )
+            deleted += await self.purge_batches(tx, at)
             return deleted
 
         deleted = await self.in_transaction(expired)

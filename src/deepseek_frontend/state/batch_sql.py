@@ -1,0 +1,702 @@
+"""Files, batches and batch lines in SQL: :class:`BatchSql`, the part of :class:`~.sql.SqlStore`
+that implements :class:`~.batch_store.BatchStore` (the same SQL on SQLite and PostgreSQL).
+
+Claiming under concurrency: a claim is one ``UPDATE ... WHERE <lease free>`` per batch. SQLite
+runs writers one at a time (``BEGIN IMMEDIATE``); on PostgreSQL two replicas claiming at once both
+pick the same candidate rows, the second waits on their row locks and then re-checks the lease
+condition on the new row versions (READ COMMITTED), which no longer holds -- so a line is never
+claimed twice, the second replica just gets fewer lines that round.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .batch_records import (
+    ACTIVE_BATCH_STATUSES,
+    BATCH_TIME_COLUMNS,
+    BatchCounts,
+    BatchLineRecord,
+    ClaimedLine,
+    LineResult,
+    StoredBatch,
+    StoredFile,
+)
+from .batch_store import BatchStore
+from .records import Order
+from .store import CursorError
+
+if TYPE_CHECKING:
+    from .sql import Tx
+    from .store import Retention
+
+__all__ = ["UPLOAD_TTL_S", "BatchSql"]
+
+T = TypeVar("T")
+
+#: seconds an upload that never finished (its process died) is kept before the purge removes it
+UPLOAD_TTL_S = 24 * 3600.0
+#: candidate batches looked at per claim
+_CLAIM_BATCHES = 16
+_ALIVE = "(expires_at IS NULL OR expires_at > ?)"
+_LEASE_FREE = "(lease_until IS NULL OR lease_until < ?)"
+_FILE_COLUMNS = (
+    "id, owner, created_at, purpose, filename, bytes, lines, status, status_details, expires_at,"
+    " batch_id, outcomes"
+)
+_BATCH_COLUMNS = (
+    "id, owner, api, tenant, endpoint, completion_window, status, created_at, deadline, input_file_id,"
+    " metadata, errors, output_file_id, error_file_id, total, expires_at"
+)
+_TIME_STATUSES = tuple(BATCH_TIME_COLUMNS)
+_TIME_COLUMNS = ", ".join(BATCH_TIME_COLUMNS.values())
+_ACTIVE = "(" + ", ".join(f"'{status}'" for status in ACTIVE_BATCH_STATUSES) + ")"
+_OUTCOMES = ("pending", "succeeded", "errored", "canceled", "expired")
+
+
+def _file(row: Sequence[Any]) -> StoredFile:
+    return StoredFile(
+        id=row[0],
+        owner=row[1],
+        created_at=float(row[2]),
+        purpose=row[3],
+        filename=row[4],
+        bytes=int(row[5]),
+        lines=int(row[6]),
+        status=row[7],
+        status_details=row[8],
+        expires_at=row[9],
+        batch_id=row[10],
+        outcomes=row[11],
+    )
+
+
+def _batch(row: Sequence[Any]) -> StoredBatch:
+    head, times = row[:16], row[16:]
+    return StoredBatch(
+        id=head[0],
+        owner=head[1],
+        api=head[2],
+        tenant=head[3],
+        endpoint=head[4],
+        completion_window=head[5],
+        status=head[6],
+        created_at=float(head[7]),
+        deadline=float(head[8]),
+        input_file_id=head[9],
+        metadata=head[10],
+        errors=head[11],
+        output_file_id=head[12],
+        error_file_id=head[13],
+        total=int(head[14]),
+        expires_at=head[15],
+        times={status: float(t) for status, t in zip(_TIME_STATUSES, times, strict=True) if t is not None},
+    )
+
+
+def _line_rows(batch_id: str, lines: Sequence[BatchLineRecord]) -> list[tuple[Any, ...]]:
+    return [
+        (
+            batch_id,
+            r.line,
+            r.custom_id,
+            r.url,
+            r.body,
+            r.outcome,
+            r.result,
+            _size(r.result),
+        )
+        for r in lines
+    ]
+
+
+def _size(result: str | None) -> int:
+    """Bytes the result takes in its JSONL file, newline included."""
+    return 0 if result is None else len(result.encode()) + 1
+
+
+_INSERT_LINE = (
+    "INSERT INTO batch_lines (batch_id, line, custom_id, url, body, outcome, result, size, attempts,"
+    " input_tokens, cached_tokens, output_tokens, reasoning_tokens)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, 0, 0, 0, 0)"
+)
+
+
+class BatchSql(BatchStore):
+    """:class:`BatchStore` over the SQL store's transactions (mixed into ``SqlStore``)."""
+
+    if TYPE_CHECKING:
+        retention: Retention
+
+        @staticmethod
+        def now() -> float: ...
+
+    @abstractmethod
+    async def in_transaction(self, op: Callable[[Tx], Awaitable[T]], readonly: bool = False) -> T: ...
+
+    # ---------------------------------------------------------------- files
+    async def begin_file(self, file: StoredFile) -> None:
+        f = file
+
+        async def op(tx: Tx) -> None:
+            await tx.execute(
+                f"INSERT INTO files ({_FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, 'uploading', ?, ?, ?, ?)",
+                (
+                    f.id,
+                    f.owner,
+                    float(f.created_at),
+                    f.purpose,
+                    f.filename,
+                    f.bytes,
+                    f.lines,
+                    f.status_details,
+                    f.created_at + UPLOAD_TTL_S,
+                    f.batch_id,
+                    f.outcomes,
+                ),
+            )
+
+        await self.in_transaction(op)
+
+    async def put_file_chunk(self, file_id: str, seq: int, data: bytes) -> None:
+        async def op(tx: Tx) -> None:
+            await tx.execute(
+                "INSERT INTO file_chunks (file_id, seq, data) VALUES (?, ?, ?)", (file_id, seq, data)
+            )
+
+        await self.in_transaction(op)
+
+    async def finish_file(
+        self,
+        owner: str,
+        file_id: str,
+        *,
+        size: int,
+        lines: int,
+        status_details: str | None,
+        expires_at: float | None,
+    ) -> bool:
+        async def op(tx: Tx) -> bool:
+            changed = await tx.execute(
+                "UPDATE files SET status = 'processed', bytes = ?, lines = ?, status_details = ?,"
+                " expires_at = ? WHERE id = ? AND owner = ? AND status = 'uploading'",
+                (size, lines, status_details, expires_at, file_id, owner),
+            )
+            return bool(changed)
+
+        return await self.in_transaction(op)
+
+    async def get_file(self, owner: str, file_id: str) -> StoredFile | None:
+        async def op(tx: Tx) -> StoredFile | None:
+            rows = await tx.fetch(
+                f"SELECT {_FILE_COLUMNS} FROM files WHERE id = ? AND owner = ? AND status = 'processed'"
+                f" AND {_ALIVE}",
+                (file_id, owner, self.now()),
+            )
+            return _file(rows[0]) if rows else None
+
+        return await self.in_transaction(op, readonly=True)
+
+    async def list_files(
+        self, owner: str, *, purpose: str | None, after: str | None, limit: int, order: Order
+    ) -> tuple[list[StoredFile], bool]:
+        now = self.now()
+
+        async def op(tx: Tx) -> tuple[list[StoredFile], bool]:
+            where = f"owner = ? AND status = 'processed' AND {_ALIVE}"
+            args: list[Any] = [owner, now]
+            if purpose is not None:
+                where += " AND purpose = ?"
+                args.append(purpose)
+            if after is not None:
+                rows = await tx.fetch(
+                    "SELECT created_at FROM files WHERE id = ? AND owner = ?", (after, owner)
+                )
+                if not rows:
+                    raise CursorError("after", after)
+                sign = ">" if order == "asc" else "<"
+                where += f" AND (created_at {sign} ? OR (created_at = ? AND id {sign} ?))"
+                args += [rows[0][0], rows[0][0], after]
+            direction = "ASC" if order == "asc" else "DESC"
+            rows = await tx.fetch(
+                f"SELECT {_FILE_COLUMNS} FROM files WHERE {where}"
+                f" ORDER BY created_at {direction}, id {direction} LIMIT ?",
+                (*args, limit + 1),
+            )
+            return [_file(r) for r in rows[:limit]], len(rows) > limit
+
+        return await self.in_transaction(op, readonly=True)
+
+    async def delete_file(self, owner: str, file_id: str) -> bool:
+        async def op(tx: Tx) -> bool:
+            changed = await tx.execute(
+                "DELETE FROM files WHERE id = ? AND owner = ? AND status = 'processed'", (file_id, owner)
+            )
+            if changed:
+                await tx.execute("DELETE FROM file_chunks WHERE file_id = ?", (file_id,))
+            return bool(changed)
+
+        return await self.in_transaction(op)
+
+    async def file_chunks(self, file_id: str, first_seq: int, limit: int) -> list[tuple[int, bytes]]:
+        async def op(tx: Tx) -> list[tuple[int, bytes]]:
+            rows = await tx.fetch(
+                "SELECT seq, data FROM file_chunks WHERE file_id = ? AND seq >= ? ORDER BY seq LIMIT ?",
+                (file_id, first_seq, limit),
+            )
+            return [(int(seq), bytes(data)) for seq, data in rows]
+
+        return await self.in_transaction(op, readonly=True)
+
+    async def line_results(
+        self, batch_id: str, outcomes: Sequence[str], after_line: int, limit: int
+    ) -> list[tuple[int, str]]:
+        marks = ", ".join("?" for _ in outcomes)
+
+        async def op(tx: Tx) -> list[tuple[int, str]]:
+            rows = await tx.fetch(
+                f"SELECT line, result FROM batch_lines WHERE batch_id = ? AND outcome IN ({marks})"
+                " AND line > ? ORDER BY line LIMIT ?",
+                (batch_id, *outcomes, after_line, limit),
+            )
+            return [(int(line), result) for line, result in rows]
+
+        return await self.in_transaction(op, readonly=True)
+
+    # ---------------------------------------------------------------- batches
+    async def create_batch(
+        self, batch: StoredBatch, lines: Sequence[BatchLineRecord], max_active: int | None
+    ) -> bool:
+        b = batch
+
+        async def op(tx: Tx) -> bool:
+            if max_active is not None:
+                rows = await tx.fetch(
+                    f"SELECT COUNT(*) FROM batches WHERE owner = ? AND status IN {_ACTIVE}", (b.owner,)
+                )
+                if int(rows[0][0]) >= max_active:
+                    return False
+            await tx.execute(
+                f"INSERT INTO batches ({_BATCH_COLUMNS}, in_progress_at) VALUES"
+                " (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    b.id,
+                    b.owner,
+                    b.api,
+                    b.tenant,
+                    b.endpoint,
+                    b.completion_window,
+                    b.status,
+                    float(b.created_at),
+                    float(b.deadline),
+                    b.input_file_id,
+                    b.metadata,
+                    b.errors,
+                    b.output_file_id,
+                    b.error_file_id,
+                    b.total,
+                    b.expires_at,
+                    b.times.get("in_progress"),
+                ),
+            )
+            if lines:
+                await tx.executemany(_INSERT_LINE, _line_rows(b.id, lines))
+            return True
+
+        return await self.in_transaction(op)
+
+    async def get_batch(self, owner: str, api: str, batch_id: str) -> StoredBatch | None:
+        async def op(tx: Tx) -> StoredBatch | None:
+            rows = await tx.fetch(
+                f"SELECT {_BATCH_COLUMNS}, {_TIME_COLUMNS} FROM batches"
+                f" WHERE id = ? AND owner = ? AND api = ? AND {_ALIVE}",
+                (batch_id, owner, api, self.now()),
+            )
+            return _batch(rows[0]) if rows else None
+
+        return await self.in_transaction(op, readonly=True)
+
+    async def list_batches(
+        self, owner: str, api: str, *, after: str | None, before: str | None, limit: int
+    ) -> tuple[list[StoredBatch], bool]:
+        now = self.now()
+
+        async def op(tx: Tx) -> tuple[list[StoredBatch], bool]:
+            where = f"owner = ? AND api = ? AND {_ALIVE}"
+            args: list[Any] = [owner, api, now]
+            # newest first: "after" is older, "before" is newer
+            for param, cursor, sign in (("after", after, "<"), ("before", before, ">")):
+                if cursor is None:
+                    continue
+                rows = await tx.fetch(
+                    "SELECT created_at FROM batches WHERE id = ? AND owner = ? AND api = ?",
+                    (cursor, owner, api),
+                )
+                if not rows:
+                    raise CursorError(param, cursor)
+                where += f" AND (created_at {sign} ? OR (created_at = ? AND id {sign} ?))"
+                args += [rows[0][0], rows[0][0], cursor]
+            # a "before" page is the one just newer than the cursor: read upwards, then reverse
+            direction = "ASC" if before is not None and after is None else "DESC"
+            rows = await tx.fetch(
+                f"SELECT {_BATCH_COLUMNS}, {_TIME_COLUMNS} FROM batches WHERE {where}"
+                f" ORDER BY created_at {direction}, id {direction} LIMIT ?",
+                (*args, limit + 1),
+            )
+            page = [_batch(r) for r in rows[:limit]]
+            if direction == "ASC":
+                page.reverse()
+            return page, len(rows) > limit
+
+        return await self.in_transaction(op, readonly=True)
+
+    async def batch_counts(self, batch_ids: Sequence[str]) -> dict[str, BatchCounts]:
+        if not batch_ids:
+            return {}
+        marks = ", ".join("?" for _ in batch_ids)
+
+        async def op(tx: Tx) -> dict[str, BatchCounts]:
+            rows = await tx.fetch(
+                "SELECT batch_id, outcome, COUNT(*), SUM(input_tokens), SUM(cached_tokens),"
+                " SUM(output_tokens), SUM(reasoning_tokens) FROM batch_lines"
+                f" WHERE batch_id IN ({marks}) GROUP BY batch_id, outcome",
+                tuple(batch_ids),
+            )
+            tallies: dict[str, dict[str, int]] = {bid: {} for bid in batch_ids}
+            for bid, outcome, count, inputs, cached, outputs, reasoning in rows:
+                tally = tallies[bid]
+                if outcome in _OUTCOMES:
+                    tally[outcome] = int(count)
+                for name, value in (
+                    ("input_tokens", inputs),
+                    ("cached_tokens", cached),
+                    ("output_tokens", outputs),
+                    ("reasoning_tokens", reasoning),
+                ):
+                    tally[name] = tally.get(name, 0) + int(value or 0)
+            return {bid: BatchCounts(**tally) for bid, tally in tallies.items()}
+
+        return await self.in_transaction(op, readonly=True)
+
+    async def cancel_batch(self, owner: str, api: str, batch_id: str, now: float) -> StoredBatch | None:
+        async def op(tx: Tx) -> StoredBatch | None:
+            await tx.execute(
+                "UPDATE batches SET status = 'cancelling', cancelling_at = ?"
+                " WHERE id = ? AND owner = ? AND api = ? AND status IN ('validating', 'in_progress')",
+                (now, batch_id, owner, api),
+            )
+            rows = await tx.fetch(
+                f"SELECT {_BATCH_COLUMNS}, {_TIME_COLUMNS} FROM batches"
+                f" WHERE id = ? AND owner = ? AND api = ? AND {_ALIVE}",
+                (batch_id, owner, api, now),
+            )
+            return _batch(rows[0]) if rows else None
+
+        return await self.in_transaction(op)
+
+    async def delete_batch(self, owner: str, api: str, batch_id: str) -> bool:
+        async def op(tx: Tx) -> bool:
+            changed = await tx.execute(
+                "DELETE FROM batches WHERE id = ? AND owner = ? AND api = ?", (batch_id, owner, api)
+            )
+            if changed:
+                await tx.execute("DELETE FROM batch_lines WHERE batch_id = ?", (batch_id,))
+                await tx.execute("DELETE FROM files WHERE batch_id = ?", (batch_id,))
+            return bool(changed)
+
+        return await self.in_transaction(op)
+
+    # ---------------------------------------------------------------- batch-level work
+    async def claim_batch_work(self, holder: str, now: float, lease_until: float) -> StoredBatch | None:
+        async def op(tx: Tx) -> StoredBatch | None:
+            candidates = await tx.fetch(
+                f"SELECT id FROM batches b WHERE {_LEASE_FREE} AND ("
+                " status IN ('validating', 'cancelling', 'finalizing')"
+                " OR (status = 'in_progress' AND (deadline <= ? OR NOT EXISTS ("
+                "  SELECT 1 FROM batch_lines l WHERE l.batch_id = b.id AND l.outcome = 'pending'))))"
+                " ORDER BY created_at LIMIT 4",
+                (now, now),
+            )
+            for (batch_id,) in candidates:
+                taken = await tx.execute(
+                    f"UPDATE batches SET holder = ?, lease_until = ? WHERE id = ? AND {_LEASE_FREE}",
+                    (holder, lease_until, batch_id, now),
+                )
+                if taken:
+                    rows = await tx.fetch(
+                        f"SELECT {_BATCH_COLUMNS}, {_TIME_COLUMNS} FROM batches WHERE id = ?", (batch_id,)
+                    )
+                    return _batch(rows[0])
+            return None
+
+        return await self.in_transaction(op)
+
+    async def _fence(self, tx: Tx, batch_id: str, holder: str, lease_until: float | None = None) -> bool:
+        """Whether ``holder`` holds ``batch_id``'s lease (extended to ``lease_until`` when given). On
+        PostgreSQL the UPDATE also locks the batch's row until the transaction ends, so the holder's
+        writes in it cannot interleave with a successor's."""
+        if lease_until is None:
+            changed = await tx.execute(
+                "UPDATE batches SET holder = holder WHERE id = ? AND holder = ?", (batch_id, holder)
+            )
+        else:
+            changed = await tx.execute(
+                "UPDATE batches SET lease_until = ? WHERE id = ? AND holder = ?",
+                (lease_until, batch_id, holder),
+            )
+        return bool(changed)
+
+    async def renew_batch_lease(self, batch_id: str, holder: str, lease_until: float) -> bool:
+        return await self.in_transaction(lambda tx: self._fence(tx, batch_id, holder, lease_until))
+
+    async def reset_batch_lines(self, batch_id: str, holder: str) -> bool:
+        async def op(tx: Tx) -> bool:
+            if not await self._fence(tx, batch_id, holder):
+                return False
+            await tx.execute("DELETE FROM batch_lines WHERE batch_id = ?", (batch_id,))
+            return True
+
+        return await self.in_transaction(op)
+
+    async def add_batch_lines(
+        self, batch_id: str, holder: str, lease_until: float, lines: Sequence[BatchLineRecord]
+    ) -> bool:
+        async def op(tx: Tx) -> bool:
+            if not await self._fence(tx, batch_id, holder, lease_until):
+                return False
+            if lines:
+                await tx.executemany(_INSERT_LINE, _line_rows(batch_id, lines))
+            return True
+
+        return await self.in_transaction(op)
+
+    async def set_batch_status(self, batch_id: str, holder: str, status: str, now: float) -> bool:
+        column = BATCH_TIME_COLUMNS[status]
+
+        async def op(tx: Tx) -> bool:
+            changed = await tx.execute(
+                f"UPDATE batches SET status = ?, {column} = ? WHERE id = ? AND holder = ?",
+                (status, now, batch_id, holder),
+            )
+            return bool(changed)
+
+        return await self.in_transaction(op)
+
+    async def start_batch(self, batch_id: str, holder: str, total: int, now: float) -> bool:
+        async def op(tx: Tx) -> bool:
+            changed = await tx.execute(
+                "UPDATE batches SET status = 'in_progress', in_progress_at = ?, total = ?, holder = NULL,"
+                " lease_until = NULL WHERE id = ? AND holder = ? AND status = 'validating'",
+                (now, total, batch_id, holder),
+            )
+            return bool(changed)
+
+        return await self.in_transaction(op)
+
+    async def end_batch(
+        self,
+        batch_id: str,
+        holder: str,
+        status: str,
+        now: float,
+        *,
+        errors: str | None = None,
+        pending_outcome: str | None = None,
+        render: Callable[[int, str | None, str], str] | None = None,
+        output_file: StoredFile | None = None,
+        error_file: StoredFile | None = None,
+    ) -> bool:
+        column = BATCH_TIME_COLUMNS[status]
+
+        async def op(tx: Tx) -> bool:
+            if not await self._fence(tx, batch_id, holder):
+                return False
+            if pending_outcome is not None and render is not None:
+                pending = await tx.fetch(
+                    "SELECT line, custom_id FROM batch_lines WHERE batch_id = ? AND outcome = 'pending'",
+                    (batch_id,),
+                )
+                if pending:
+                    updates = []
+                    for line, custom_id in pending:
+                        result = render(int(line), custom_id, pending_outcome)
+                        updates.append((pending_outcome, result, _size(result), batch_id, line))
+                    await tx.executemany(
+                        "UPDATE batch_lines SET outcome = ?, result = ?, size = ?, holder = NULL,"
+                        " claim = NULL, lease_until = NULL"
+                        " WHERE batch_id = ? AND line = ? AND outcome = 'pending'",
+                        updates,
+                    )
+            file_ids: list[str | None] = []
+            for file in (output_file, error_file):
+                file_ids.append(await self._store_results_file(tx, batch_id, file) if file else None)
+            await tx.execute(
+                f"UPDATE batches SET status = ?, {column} = ?, errors = ?, output_file_id = ?,"
+                " error_file_id = ?, holder = NULL, lease_until = NULL WHERE id = ?",
+                (status, now, errors, file_ids[0], file_ids[1], batch_id),
+            )
+            return True
+
+        return await self.in_transaction(op)
+
+    async def _store_results_file(self, tx: Tx, batch_id: str, file: StoredFile) -> str | None:
+        """Store ``file`` (a view of ``batch_id``'s results whose outcome is in ``file.outcomes``)
+        with its size and line count; its id, or None (nothing stored) when it would list no line."""
+        outcomes = (file.outcomes or "").split(",")
+        marks = ", ".join("?" for _ in outcomes)
+        rows = await tx.fetch(
+            "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM batch_lines"
+            f" WHERE batch_id = ? AND outcome IN ({marks})",
+            (batch_id, *outcomes),
+        )
+        count, size = int(rows[0][0]), int(rows[0][1])
+        if not count:
+            return None
+        await tx.execute(
+            f"INSERT INTO files ({_FILE_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, 'processed', ?, ?, ?, ?)",
+            (
+                file.id,
+                file.owner,
+                float(file.created_at),
+                file.purpose,
+                file.filename,
+                size,
+                count,
+                file.status_details,
+                file.expires_at,
+                batch_id,
+                file.outcomes,
+            ),
+        )
+        return file.id
+
+    # ---------------------------------------------------------------- lines
+    async def claim_lines(
+        self, holder: str, claim: str, now: float, lease_until: float, limit: int
+    ) -> list[ClaimedLine]:
+        async def op(tx: Tx) -> list[ClaimedLine]:
+            batches = await tx.fetch(
+                "SELECT id, owner, tenant, api FROM batches WHERE status = 'in_progress' AND deadline > ?"
+                " ORDER BY created_at LIMIT ?",
+                (now, _CLAIM_BATCHES),
+            )
+            claimed: list[ClaimedLine] = []
+            for batch_id, owner, tenant, api in batches:
+                wanted = limit - len(claimed)
+                if wanted <= 0:
+                    break
+                taken = await tx.execute(
+                    "UPDATE batch_lines SET holder = ?, claim = ?, lease_until = ?, attempts = attempts + 1"
+                    f" WHERE batch_id = ? AND outcome = 'pending' AND {_LEASE_FREE} AND line IN ("
+                    "  SELECT line FROM batch_lines WHERE batch_id = ? AND outcome = 'pending'"
+                    f"  AND {_LEASE_FREE} ORDER BY line LIMIT ?)",
+                    (holder, claim, lease_until, batch_id, now, batch_id, now, wanted),
+                )
+                if not taken:
+                    continue
+                rows = await tx.fetch(
+                    "SELECT line, custom_id, url, body, attempts FROM batch_lines"
+                    " WHERE batch_id = ? AND claim = ? ORDER BY line",
+                    (batch_id, claim),
+                )
+                claimed += [
+                    ClaimedLine(batch_id, int(line), custom_id, url, body, int(attempts), owner, tenant, api)
+                    for line, custom_id, url, body, attempts in rows
+                ]
+            return claimed
+
+        return await self.in_transaction(op)
+
+    async def renew_line_leases(self, holder: str, lease_until: float) -> set[tuple[str, int, str]]:
+        async def op(tx: Tx) -> set[tuple[str, int, str]]:
+            await tx.execute(
+                "UPDATE batch_lines SET lease_until = ? WHERE holder = ? AND outcome = 'pending'",
+                (lease_until, holder),
+            )
+            rows = await tx.fetch(
+                "SELECT batch_id, line, claim FROM batch_lines WHERE holder = ? AND outcome = 'pending'",
+                (holder,),
+            )
+            return {(batch_id, int(line), claim) for batch_id, line, claim in rows}
+
+        return await self.in_transaction(op)
+
+    async def finish_line(self, batch_id: str, line: int, claim: str, result: LineResult) -> bool:
+        r = result
+
+        async def op(tx: Tx) -> bool:
+            changed = await tx.execute(
+                "UPDATE batch_lines SET outcome = ?, result = ?, size = ?, input_tokens = ?,"
+                " cached_tokens = ?, output_tokens = ?, reasoning_tokens = ?, holder = NULL, claim = NULL,"
+                " lease_until = NULL"
+                " WHERE batch_id = ? AND line = ? AND claim = ? AND outcome = 'pending'",
+                (
+                    r.outcome,
+                    r.result,
+                    _size(r.result),
+                    r.input_tokens,
+                    r.cached_tokens,
+                    r.output_tokens,
+                    r.reasoning_tokens,
+                    batch_id,
+                    line,
+                    claim,
+                ),
+            )
+            return bool(changed)
+
+        return await self.in_transaction(op)
+
+    async def release_line(self, batch_id: str, line: int, claim: str, retry_at: float | None) -> bool:
+        async def op(tx: Tx) -> bool:
+            changed = await tx.execute(
+                "UPDATE batch_lines SET holder = NULL, claim = NULL, lease_until = ?"
+                " WHERE batch_id = ? AND line = ? AND claim = ? AND outcome = 'pending'",
+                (retry_at, batch_id, line, claim),
+            )
+            return bool(changed)
+
+        return await self.in_transaction(op)
+
+    async def release_lines(self, holder: str) -> int:
+        async def op(tx: Tx) -> int:
+            return await tx.execute(
+                "UPDATE batch_lines SET holder = NULL, claim = NULL, lease_until = NULL"
+                " WHERE holder = ? AND outcome = 'pending'",
+                (holder,),
+            )
+
+        return await self.in_transaction(op)
+
+    async def running_batches(self, batch_ids: Sequence[str], now: float) -> set[str]:
+        if not batch_ids:
+            return set()
+        marks = ", ".join("?" for _ in batch_ids)
+
+        async def op(tx: Tx) -> set[str]:
+            rows = await tx.fetch(
+                f"SELECT id FROM batches WHERE id IN ({marks}) AND status = 'in_progress' AND deadline > ?",
+                (*batch_ids, now),
+            )
+            return {row[0] for row in rows}
+
+        return await self.in_transaction(op, readonly=True)
+
+    # ---------------------------------------------------------------- retention
+    async def purge_batches(self, tx: Tx, at: float) -> int:
+        """Delete (in ``tx``) the files and batches whose retention ended by ``at``, with their chunks,
+        lines and output files; how many files and batches."""
+        await tx.execute(
+            "DELETE FROM file_chunks WHERE file_id IN"
+            " (SELECT id FROM files WHERE expires_at IS NOT NULL AND expires_at <= ?)",
+            (at,),
+        )
+        ended = "expires_at IS NOT NULL AND expires_at <= ?"
+        deleted = await tx.execute(f"DELETE FROM files WHERE {ended}", (at,))
+        expired = f"SELECT id FROM batches WHERE {ended}"
+        await tx.execute(f"DELETE FROM batch_lines WHERE batch_id IN ({expired})", (at,))
+        await tx.execute(f"DELETE FROM files WHERE batch_id IN ({expired})", (at,))
+        deleted += await tx.execute(f"DELETE FROM batches WHERE {ended}", (at,))
+        return deleted
