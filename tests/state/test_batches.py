@@ -56,7 +56,7 @@ def _batch(owner: str, now: float, *, status: str = "in_progress", window: float
 
 
 def _lines(n: int) -> list[BatchLineRecord]:
-    return [BatchLineRecord(i + 1, f"c{i + 1}", "/v1/chat/completions", '{"n": %d}' % i) for i in range(n)]
+    return [BatchLineRecord(i + 1, f"c{i + 1}", "/v1/chat/completions", f'{{"n": {i}}}') for i in range(n)]
 
 
 def test_files_are_chunked_paged_and_owned(store_url: str) -> None:
@@ -77,7 +77,8 @@ def test_files_are_chunked_paged_and_owned(store_url: str) -> None:
         assert [f.id for f in page] == [others[0].id, file.id] and not more
         page, _ = await store.list_files(ALICE, purpose=None, after=None, limit=10, order="asc")
         assert page[0].id == file.id
-        assert (await store.list_files(ALICE, purpose="batch_output", after=None, limit=5, order="asc"))[0] == []
+        outputs, _ = await store.list_files(ALICE, purpose="batch_output", after=None, limit=5, order="asc")
+        assert outputs == []
         assert (await store.list_files(BOB, purpose=None, after=None, limit=5, order="asc"))[0] == []
         with pytest.raises(CursorError):
             await store.list_files(ALICE, purpose=None, after="file-nope", limit=5, order="asc")
@@ -144,7 +145,8 @@ def test_a_line_is_claimed_once_and_has_one_result(store_url: str) -> None:
         retry = taken[0]
         assert await store.release_line(batch.id, retry.line, "k3", later + 10)
         assert await store.claim_lines("r4", "k4", later + 1, later + 30, 10) == []
-        assert [c.line for c in await store.claim_lines("r4", "k5", later + 11, later + 40, 10)] == [retry.line]
+        again = await store.claim_lines("r4", "k5", later + 11, later + 40, 10)
+        assert [c.line for c in again] == [retry.line]
 
         counts = (await store.batch_counts([batch.id]))[batch.id]
         assert (counts.pending, counts.succeeded, counts.total) == (4, 1, 5)
