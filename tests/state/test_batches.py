@@ -34,7 +34,9 @@ async def _upload(store: StateStore, owner: str, parts: list[bytes], at: float |
     for seq, part in enumerate(parts):
         await store.put_file_chunk(file.id, seq, part)
     size = sum(map(len, parts))
-    assert await store.finish_file(owner, file.id, size=size, lines=2, status_details=None, expires_at=None)
+    assert await store.finish_file(
+        owner, file.id, filename="in.jsonl", size=size, lines=2, status_details=None, expires_at=None
+    )
     stored = await store.get_file(owner, file.id)
     assert stored is not None
     return stored
@@ -224,7 +226,9 @@ def test_expired_files_and_batches_are_purged(store_url: str) -> None:
         file = StoredFile(new_id("file"), ALICE, now, "batch", "in.jsonl")
         await store.begin_file(file)
         await store.put_file_chunk(file.id, 0, b"{}\n")
-        await store.finish_file(ALICE, file.id, size=3, lines=1, status_details=None, expires_at=now + 10)
+        await store.finish_file(
+            ALICE, file.id, filename="in.jsonl", size=3, lines=1, status_details=None, expires_at=now + 10
+        )
         batch = dataclasses.replace(_batch(ALICE, now), expires_at=now + 10)
         await store.create_batch(batch, _lines(2), None)
         assert await store.purge(now + 5) == 0

@@ -27,9 +27,9 @@ from .batch_records import (
 from .batch_store import BatchStore
 from .records import Order
 from .store import CursorError
+from .tx import Tx
 
 if TYPE_CHECKING:
-    from .sql import Tx
     from .store import Retention
 
 __all__ = ["UPLOAD_TTL_S", "BatchSql"]
@@ -173,6 +173,7 @@ class BatchSql(BatchStore):
         owner: str,
         file_id: str,
         *,
+        filename: str,
         size: int,
         lines: int,
         status_details: str | None,
@@ -180,9 +181,9 @@ class BatchSql(BatchStore):
     ) -> bool:
         async def op(tx: Tx) -> bool:
             changed = await tx.execute(
-                "UPDATE files SET status = 'processed', bytes = ?, lines = ?, status_details = ?,"
-                " expires_at = ? WHERE id = ? AND owner = ? AND status = 'uploading'",
-                (size, lines, status_details, expires_at, file_id, owner),
+                "UPDATE files SET status = 'processed', filename = ?, bytes = ?, lines = ?,"
+                " status_details = ?, expires_at = ? WHERE id = ? AND owner = ? AND status = 'uploading'",
+                (filename, size, lines, status_details, expires_at, file_id, owner),
             )
             return bool(changed)
 
@@ -231,9 +232,8 @@ class BatchSql(BatchStore):
 
     async def delete_file(self, owner: str, file_id: str) -> bool:
         async def op(tx: Tx) -> bool:
-            changed = await tx.execute(
-                "DELETE FROM files WHERE id = ? AND owner = ? AND status = 'processed'", (file_id, owner)
-            )
+            # an upload that failed half-way is deleted too (its id was never handed out)
+            changed = await tx.execute("DELETE FROM files WHERE id = ? AND owner = ?", (file_id, owner))
             if changed:
                 await tx.execute("DELETE FROM file_chunks WHERE file_id = ?", (file_id,))
             return bool(changed)
@@ -649,12 +649,14 @@ class BatchSql(BatchStore):
 
         return await self.in_transaction(op)
 
-    async def release_line(self, batch_id: str, line: int, claim: str, retry_at: float | None) -> bool:
+    async def release_line(
+        self, batch_id: str, line: int, claim: str, retry_at: float | None, *, counted: bool = True
+    ) -> bool:
         async def op(tx: Tx) -> bool:
             changed = await tx.execute(
-                "UPDATE batch_lines SET holder = NULL, claim = NULL, lease_until = ?"
+                "UPDATE batch_lines SET holder = NULL, claim = NULL, lease_until = ?, attempts = attempts - ?"
                 " WHERE batch_id = ? AND line = ? AND claim = ? AND outcome = 'pending'",
-                (retry_at, batch_id, line, claim),
+                (retry_at, 0 if counted else 1, batch_id, line, claim),
             )
             return bool(changed)
 

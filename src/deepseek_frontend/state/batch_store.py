@@ -54,12 +54,13 @@ class BatchStore:
         owner: str,
         file_id: str,
         *,
+        filename: str,
         size: int,
         lines: int,
         status_details: str | None,
         expires_at: float | None,
     ) -> bool:
-        """Make an uploaded file visible with its size and line count; False when it is not there."""
+        """Make an uploaded file visible with its name, size and line count; False when it is not there."""
         raise _disabled()
 
     async def get_file(self, owner: str, file_id: str) -> StoredFile | None:
@@ -73,7 +74,8 @@ class BatchStore:
         raise _disabled()
 
     async def delete_file(self, owner: str, file_id: str) -> bool:
-        """Delete a file (an uploaded one with its bytes); False when it is not there."""
+        """Delete a file (an uploaded one with its bytes, also one still uploading); False when it is not
+        there."""
         raise _disabled()
 
     async def file_chunks(self, file_id: str, first_seq: int, limit: int) -> list[tuple[int, bytes]]:
@@ -187,8 +189,11 @@ class BatchStore:
         it was written."""
         raise _disabled()
 
-    async def release_line(self, batch_id: str, line: int, claim: str, retry_at: float | None) -> bool:
-        """Give a line back without a result, to be claimed again from ``retry_at`` on (None: at once)."""
+    async def release_line(
+        self, batch_id: str, line: int, claim: str, retry_at: float | None, *, counted: bool = True
+    ) -> bool:
+        """Give a line back without a result, to be claimed again from ``retry_at`` on (None: at once);
+        not ``counted``: this run does not count among its attempts (the server was busy)."""
         raise _disabled()
 
     async def release_lines(self, holder: str) -> int:

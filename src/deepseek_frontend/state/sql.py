@@ -11,12 +11,13 @@ from __future__ import annotations
 import contextlib
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, TypeVar
 
 from .batch_sql import BatchSql
 from .migrations import MIGRATIONS, SCHEMA_VERSION
 from .records import ItemKind, Page, StoredConversation, StoredItem, StoredResponse
 from .store import MAX_PAGE, BrokenChainError, CursorError, Order, StateStore
+from .tx import Tx
 
 __all__ = ["SchemaTooNewError", "SqlStore", "Tx"]
 
@@ -39,17 +40,6 @@ T = TypeVar("T")
 
 class SchemaTooNewError(RuntimeError):
     """The database was migrated by a newer version of this program."""
-
-
-class Tx(Protocol):
-    """One open transaction."""
-
-    async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
-        """Run one statement; the rows it changed."""
-
-    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
-
-    async def fetch(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
 
 
 def _items_size(items: Sequence[StoredItem]) -> int:
