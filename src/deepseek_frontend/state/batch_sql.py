@@ -433,18 +433,20 @@ class BatchSql(BatchStore):
 
         return await self.in_transaction(op)
 
-    async def _fence(self, tx: Tx, batch_id: str, holder: str, lease_until: float | None = None) -> bool:
-        """Whether ``holder`` holds ``batch_id``'s lease (extended to ``lease_until`` when given). On
-        PostgreSQL the UPDATE also locks the batch's row until the transaction ends, so the holder's
-        writes in it cannot interleave with a successor's."""
+    async def _fence(
+        self, tx: Tx, batch_id: str, holder: str, lease_until: float | None = None, status: str | None = None
+    ) -> bool:
+        """Whether ``holder`` holds ``batch_id``'s lease (and the batch is in ``status``, when given),
+        the lease extended to ``lease_until`` when given. On PostgreSQL the UPDATE also locks the
+        batch's row until the transaction ends, so the holder's writes in it cannot interleave with
+        a successor's."""
+        where = "id = ? AND holder = ?" + (" AND status = ?" if status is not None else "")
+        args: tuple[Any, ...] = (batch_id, holder) + ((status,) if status is not None else ())
         if lease_until is None:
-            changed = await tx.execute(
-                "UPDATE batches SET holder = holder WHERE id = ? AND holder = ?", (batch_id, holder)
-            )
+            changed = await tx.execute(f"UPDATE batches SET holder = holder WHERE {where}", args)
         else:
             changed = await tx.execute(
-                "UPDATE batches SET lease_until = ? WHERE id = ? AND holder = ?",
-                (lease_until, batch_id, holder),
+                f"UPDATE batches SET lease_until = ? WHERE {where}", (lease_until, *args)
             )
         return bool(changed)
 
@@ -464,7 +466,8 @@ class BatchSql(BatchStore):
         self, batch_id: str, holder: str, lease_until: float, lines: Sequence[BatchLineRecord]
     ) -> bool:
         async def op(tx: Tx) -> bool:
-            if not await self._fence(tx, batch_id, holder, lease_until):
+            # a validation the batch was cancelled during stops at its next write
+            if not await self._fence(tx, batch_id, holder, lease_until, "validating"):
                 return False
             if lines:
                 await tx.executemany(_INSERT_LINE, _line_rows(batch_id, lines))

@@ -129,7 +129,8 @@ class BatchStore:
         raise _disabled()
 
     async def renew_batch_lease(self, batch_id: str, holder: str, lease_until: float) -> bool:
-        """Extend ``holder``'s lease on a batch; False when it is no longer ``holder``'s."""
+        """Extend ``holder``'s lease on a batch (to now: give it up); False when it is no longer
+        ``holder``'s."""
         raise _disabled()
 
     async def reset_batch_lines(self, batch_id: str, holder: str) -> bool:
@@ -140,7 +141,7 @@ class BatchStore:
         self, batch_id: str, holder: str, lease_until: float, lines: Sequence[BatchLineRecord]
     ) -> bool:
         """Add lines to a validating batch and renew the lease, in one transaction; False (nothing
-        added) when the lease is no longer ``holder``'s."""
+        added) when the lease is no longer ``holder``'s or the batch no longer validating."""
         raise _disabled()
 
     async def set_batch_status(self, batch_id: str, holder: str, status: str, now: float) -> bool:

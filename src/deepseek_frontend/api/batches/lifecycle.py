@@ -74,15 +74,25 @@ async def _validate(store: StateStore, batch: StoredBatch, holder: str, lease_s:
         group.append(openai_line(number, raw, batch.endpoint, seen))
         if len(group) >= LINES_PER_WRITE:
             if not await store.add_batch_lines(batch.id, holder, store.now() + lease_s, group):
+                await _give_up(store, batch, holder)
                 return
             total += len(group)
             group = []
             await asyncio.sleep(0)  # the loop serves requests between groups
     if group and not await store.add_batch_lines(batch.id, holder, store.now() + lease_s, group):
+        await _give_up(store, batch, holder)
         return
     total += len(group)
     if await store.start_batch(batch.id, holder, total, store.now()):
         log.info("batch %s: %d lines to run", batch.id, total)
+    else:
+        await _give_up(store, batch, holder)
+
+
+async def _give_up(store: StateStore, batch: StoredBatch, holder: str) -> None:
+    """A validation that stopped (the batch was cancelled meanwhile, or the lease moved on): the
+    lease, if still ours, is given up at once, so the batch's next step need not wait for it."""
+    await store.renew_batch_lease(batch.id, holder, store.now() - 1)
 
 
 async def _end(
