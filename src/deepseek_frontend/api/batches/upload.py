@@ -192,7 +192,19 @@ class _FormReader:
 
     def _part_end(self) -> None:
         if not self._is_file and self._name:
-            self.fields[self._name] = self._value.decode("utf-8", "replace")
+            value = self.fields[self._name] = self._value.decode("utf-8", "replace")
+            if self._name == "purpose":
+                check_purpose(value)  # before the file when the form sends it first, as the SDKs do
+
+
+def check_purpose(purpose: str | None) -> None:
+    """``purpose`` must be ``batch``: the only files this server keeps."""
+    if purpose != "batch":
+        shown = "missing" if purpose is None else repr(purpose)
+        raise RequestError(
+            f"purpose: this server keeps files for the Batch API only: expected 'batch', got {shown}",
+            param="purpose",
+        )
 
 
 def _boundary(ctx: RequestContext) -> bytes:
@@ -258,13 +270,7 @@ async def receive_upload(ctx: RequestContext) -> StoredFile:
                 seq += 1
             chunker.ready.clear()
         form.parser.finalize()
-        purpose = form.fields.get("purpose")
-        if purpose != "batch":
-            shown = "missing" if purpose is None else repr(purpose)
-            raise RequestError(
-                f"purpose: this server keeps files for the Batch API only: expected 'batch', got {shown}",
-                param="purpose",
-            )
+        check_purpose(form.fields.get("purpose"))
         if not form.saw_file:
             raise RequestError("file: the form has no 'file' part", param="file")
         chunker.close()
