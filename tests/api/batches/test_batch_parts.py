@@ -257,3 +257,32 @@ def test_a_line_runs_through_the_route_as_its_owner_at_the_lowest_priority(app_c
     assert json.loads(answer.body)["choices"][0]["message"]["content"] == "same"
     refused = app_client.portal.call(run, CHAT, b'{"messages": "no"}')  # type: ignore[union-attr]
     assert refused.status == 400 and json.loads(refused.body)["error"]["param"] == "messages"
+
+
+def test_a_line_whose_process_keeps_dying_is_given_up(tmp_path: Any) -> None:
+    """A line claimed more than MAX_CLAIMS times without a result (each process running it died)
+    is not run again: its result is a server error, so it cannot take down process after process."""
+    from types import SimpleNamespace
+
+    from deepseek_frontend.api.batches.execute import MAX_CLAIMS
+    from deepseek_frontend.api.batches.runner import BatchRunner
+    from deepseek_frontend.fleet.batch_config import BatchOptions
+    from deepseek_frontend.state import BatchLineRecord, StoredBatch
+
+    async def body() -> dict[str, Any]:
+        store = await open_store_url(f"sqlite:///{tmp_path}/s.db")
+        now = store.now()
+        batch = StoredBatch("batch_x", "o", "openai", "", CHAT, "24h", "in_progress", now, now + 3600)
+        await store.create_batch(batch, [BatchLineRecord(1, "c", CHAT, "{}")], None)
+        for run in range(MAX_CLAIMS + 1):  # each claim's lease runs out: its process died
+            at = now + run * 100
+            (claimed,) = await store.claim_lines("dead", f"k{run}", at, at + 30, 1)
+        runner = BatchRunner(SimpleNamespace(store=store, tenants=None), None, None, BatchOptions())  # type: ignore[arg-type]
+        await runner._run_line(claimed, f"k{MAX_CLAIMS}")
+        ((_, result),) = await store.line_results("batch_x", ["errored"], 0, 10)
+        await store.close()
+        return json.loads(result)
+
+    result = asyncio.run(body())
+    assert result["response"]["status_code"] == 500
+    assert f"started {MAX_CLAIMS} times and never finished" in result["error"]["message"]

@@ -32,12 +32,15 @@ from deepseek_frontend.edge.turns import WARM_KEY
 if TYPE_CHECKING:
     from deepseek_frontend.keys.tenants import Tenant
 
-__all__ = ["BATCH_PRIORITY", "MAX_ATTEMPTS", "RouteAnswer", "call_route", "classify"]
+__all__ = ["BATCH_PRIORITY", "MAX_ATTEMPTS", "MAX_CLAIMS", "RouteAnswer", "call_route", "classify"]
 
 #: the priority every batch line runs at (higher is more important): below every interactive request
 BATCH_PRIORITY: Final = LOWEST_PRIORITY
 #: times a line is run before a server-side failure (5xx other than load) is its result
 MAX_ATTEMPTS: Final = 3
+#: times a line may be claimed without a result (its process died each time) before it is given up
+#: as a server error, so that a line that brings its process down cannot do so for ever
+MAX_CLAIMS: Final = 5
 #: statuses that say the server is busy, not that the line failed: it runs again later, uncounted
 _LOAD_STATUSES = frozenset({429, 503})
 

@@ -31,7 +31,7 @@ __all__ = ["ROUTES", "stream_results"]
 MAX_FILES_PAGE = 10_000
 #: chunks, and results, read per store call while a content is streamed
 _CHUNKS_PER_READ = 4
-_RESULTS_PER_READ = 256
+_RESULTS_PER_READ = 64
 JSONL = "application/jsonl"
 
 

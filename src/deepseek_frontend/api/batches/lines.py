@@ -43,7 +43,7 @@ _CHUNKS_PER_READ = 4
 async def file_lines(store: StateStore, file_id: str) -> AsyncIterator[tuple[int, bytes]]:
     """The non-blank lines of a stored file as ``(line number, bytes)`` (numbers count every line,
     from 1; a trailing ``\\r`` is dropped), read a few chunks at a time."""
-    partial = b""
+    partial = bytearray()  # a line running across chunks: appended to, never copied whole per chunk
     number = 0
     seq = 0
     while True:
@@ -52,15 +52,21 @@ async def file_lines(store: StateStore, file_id: str) -> AsyncIterator[tuple[int
             break
         seq = chunks[-1][0] + 1
         for _, data in chunks:
-            lines = (partial + data).split(b"\n")
-            partial = lines.pop()
-            for line in lines:
+            start = 0
+            while (end := data.find(b"\n", start)) >= 0:
+                if partial:
+                    partial += data[start:end]
+                    line, partial = bytes(partial), bytearray()
+                else:
+                    line = data[start:end]
                 number += 1
                 line = line.removesuffix(b"\r")
                 if line.strip():
                     yield number, line
+                start = end + 1
+            partial += data[start:]
     if partial.strip():
-        yield number + 1, partial.removesuffix(b"\r")
+        yield number + 1, bytes(partial).removesuffix(b"\r")
 
 
 def _fault(

@@ -30,7 +30,7 @@ from deepseek_frontend.edge.context import FrontendState
 from deepseek_frontend.fleet.batch_config import BatchOptions
 from deepseek_frontend.state import ClaimedLine, LineResult, new_id
 
-from .execute import call_route, classify
+from .execute import MAX_CLAIMS, call_route, classify
 from .lifecycle import do_batch_work
 from .results import endpoint_result
 
@@ -161,6 +161,8 @@ class BatchRunner:
             tenant, known = self._tenant(line)
             if not known:
                 result = _key_gone(line)
+            elif line.attempts > MAX_CLAIMS:
+                result = _given_up(line)
             else:
                 answer = await call_route(
                     self.app, self.router, line.url, line.body.encode(), tenant=tenant, owner=line.owner
@@ -215,6 +217,19 @@ class BatchRunner:
                 raise
             except Exception:
                 log.exception("batch runner watch failed; retrying in %g s", WATCH_S)
+
+
+def _given_up(line: ClaimedLine) -> LineResult:
+    """The result of a line claimed :data:`MAX_CLAIMS` times without a result: every process that
+    ran it stopped before it finished."""
+    message = (
+        f"line {line.line} was started {line.attempts - 1} times and never finished; it is not run again"
+    )
+    error = {"message": message, "type": "api_error"}
+    body: Any = (
+        {"type": "error", "error": error} if line.api == "anthropic" else {"error": {**error, "code": None}}
+    )
+    return endpoint_result(line.api, line.line, line.custom_id, 500, "", orjson.dumps(body))
 
 
 def _key_gone(line: ClaimedLine) -> LineResult:
