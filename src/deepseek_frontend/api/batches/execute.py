@@ -10,7 +10,7 @@ the batch's owner (whose stored responses a ``/v1/responses`` line reads and wri
 :data:`BATCH_PRIORITY`.
 
 :data:`BATCH_PRIORITY` is the one place a batch line's priority is set. It is the lowest there is:
-a line takes the loop's prompt turns behind interactive requests (never judged warm), and
+a line is never judged a warm follow-up (no urgent loop turn ahead of other requests), and
 admission -- once it orders waiters by priority -- lets every interactive request go first.
 
 The route answers as it would over HTTP; :func:`classify` says what the runner does with it:
@@ -82,7 +82,7 @@ async def call_route(
         "app": app,
         "state": {"tenant": tenant, "api_key_name": tenant.name if tenant is not None else ""},
         ON_BEHALF_KEY: OnBehalf(owner, BATCH_PRIORITY),
-        # a batch line is never a warm follow-up: its prompt work waits behind interactive requests'
+        # a batch line is never a warm follow-up: its prompt work never goes ahead of others'
         WARM_KEY: False,
     }
     sent = False
