@@ -286,3 +286,35 @@ def test_a_line_whose_process_keeps_dying_is_given_up(tmp_path: Any) -> None:
     result = asyncio.run(body())
     assert result["response"]["status_code"] == 500
     assert f"started {MAX_CLAIMS} times and never finished" in result["error"]["message"]
+
+
+def test_a_batch_whose_file_is_gone_fails_and_a_cancelled_one_ends_cancelled(tmp_path: Any) -> None:
+    from deepseek_frontend.api.batches.lifecycle import do_batch_work
+    from deepseek_frontend.state import StoredBatch
+
+    async def body() -> tuple[Any, Any]:
+        store = await open_store_url(f"sqlite:///{tmp_path}/s.db")
+        now = store.now()
+        gone = StoredBatch(
+            "batch_gone", "o", "openai", "", CHAT, "24h", "validating", now, now + 60, "file-gone"
+        )
+        stopped = StoredBatch(
+            "batch_stop", "o", "openai", "", CHAT, "24h", "validating", now + 1, now + 60, "file-x"
+        )
+        for batch in (gone, stopped):
+            await store.create_batch(batch, [], None)
+        await store.cancel_batch("o", "openai", stopped.id, now + 2)
+        while (work := await store.claim_batch_work("r", store.now(), store.now() + 30)) is not None:
+            await do_batch_work(store, work, "r", 30)
+        found = (
+            await store.get_batch("o", "openai", gone.id),
+            await store.get_batch("o", "openai", stopped.id),
+        )
+        await store.close()
+        return found
+
+    failed, cancelled = asyncio.run(body())
+    assert failed.status == "failed" and "failed" in failed.times
+    (error,) = json.loads(failed.errors)
+    assert error["code"] == "invalid_input_file" and error["param"] == "input_file_id"
+    assert cancelled.status == "cancelled" and cancelled.times.keys() >= {"cancelling", "cancelled"}
