@@ -3,10 +3,11 @@ implements :class:`~.batch_store.BatchStore` (the same SQL on SQLite and Postgre
 are :class:`~.file_sql.FileSql`'s).
 
 Claiming under concurrency: a claim is one ``UPDATE ... WHERE <lease free>`` per batch. SQLite
-runs writers one at a time (``BEGIN IMMEDIATE``); on PostgreSQL two replicas claiming at once both
-pick the same candidate rows, the second waits on their row locks and then re-checks the lease
-condition on the new row versions (READ COMMITTED), which no longer holds -- so a line is never
-claimed twice, the second replica just gets fewer lines that round.
+runs writers one at a time (``BEGIN IMMEDIATE``). On PostgreSQL the candidate lines are picked
+``FOR UPDATE SKIP LOCKED`` (:attr:`BatchSql.claim_lock`), so two replicas claiming at once take
+different lines; and were two to pick the same line, the second would wait on its row lock and
+then re-check the lease condition on the new row version (READ COMMITTED), which no longer
+holds -- a line is never claimed twice.
 """
 
 from __future__ import annotations
@@ -98,6 +99,10 @@ _INSERT_LINE = (
 class BatchSql(FileSql):
     """:class:`BatchStore` over the SQL store's transactions (mixed into ``SqlStore``); files are
     :class:`FileSql`'s."""
+
+    #: how a claim locks the lines it picks: PostgreSQL's ``FOR UPDATE SKIP LOCKED`` (lines another
+    #: claim is taking are passed over); SQLite has no row locks (its writers take turns)
+    claim_lock = ""
 
     # ---------------------------------------------------------------- batches
     async def create_batch(
@@ -424,12 +429,15 @@ class BatchSql(FileSql):
                 wanted = limit - len(claimed)
                 if wanted <= 0:
                     break
+                # the candidates in a CTE: evaluated once (a locking subquery in the WHERE could be
+                # run again per row, each run skipping what the last one locked: more than wanted)
                 taken = await tx.execute(
-                    "UPDATE batch_lines SET holder = ?, claim = ?, lease_until = ?, attempts = attempts + 1"
-                    f" WHERE batch_id = ? AND outcome = 'pending' AND {_LEASE_FREE} AND line IN ("
-                    "  SELECT line FROM batch_lines WHERE batch_id = ? AND outcome = 'pending'"
-                    f"  AND {_LEASE_FREE} ORDER BY line LIMIT ?)",
-                    (holder, claim, lease_until, batch_id, now, batch_id, now, wanted),
+                    "WITH picked AS (SELECT line FROM batch_lines WHERE batch_id = ? AND outcome = 'pending'"
+                    f" AND {_LEASE_FREE} ORDER BY line LIMIT ?{self.claim_lock})"
+                    " UPDATE batch_lines SET holder = ?, claim = ?, lease_until = ?, attempts = attempts + 1"
+                    f" WHERE batch_id = ? AND outcome = 'pending' AND {_LEASE_FREE}"
+                    " AND line IN (SELECT line FROM picked)",
+                    (batch_id, now, wanted, holder, claim, lease_until, batch_id, now),
                 )
                 if not taken:
                     continue
