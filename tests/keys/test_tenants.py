@@ -193,3 +193,18 @@ def test_syntax_errors_do_not_quote_the_file(tmp_path) -> None:
     with pytest.raises(ValueError) as raised:
         load_keys_file(path)
     assert "not valid JSON" in str(raised.value) and SECRET not in str(raised.value)
+
+
+def test_batch_limits_are_read_per_key_and_default_to_the_flags() -> None:
+    from deepseek_frontend.fleet.batch_config import BatchLimits, BatchOptions
+
+    table = TenantTable.from_entries(entries(batch_max_lines=10, max_active_batches=2))
+    ci = table.by_name("ci")
+    assert ci is not None and table.by_name("nobody") is None
+    assert ci.limits == TenantLimits(batch_max_lines=10, max_active_batches=2)
+    assert ci.limits.unlimited  # batch limits are not rate limits
+    options = BatchOptions(limits=BatchLimits(max_lines=100, max_bytes=1000, max_active=5))
+    assert options.limits_for(ci) == BatchLimits(max_lines=10, max_bytes=1000, max_active=2)
+    assert options.limits_for(None) == options.limits
+    with pytest.raises(ValueError, match=r"keys\[1\]\.batch_max_bytes: must be a positive integer"):
+        TenantTable.from_entries(entries(batch_max_bytes=0))

@@ -49,6 +49,18 @@ class ProcessGroup(Protocol):
         ...
 
 
+class BatchWork(Protocol):
+    """This process's batch runner, as the batch endpoints reach it (``api/batches/runner.py``)."""
+
+    def wake(self) -> None:
+        """Look for batch work now (a batch was created here)."""
+        ...
+
+    async def cancel_local(self, batch_id: str) -> None:
+        """Stop this process's lines of a batch that was just cancelled."""
+        ...
+
+
 @dataclass(slots=True, eq=False)
 class FrontendState:
     """Shared state of one server (``app.frontend``)."""
@@ -94,6 +106,8 @@ class FrontendState:
     process_group: ProcessGroup | None = None
     #: the HTTP protocol's counters (``server/http_protocol.py``; None: not served by ``serve``)
     connection_stats: dict[str, int] | None = None
+    #: this process's batch runner (None: batches are run by other processes only, or not at all)
+    batch_runner: BatchWork | None = None
 
     @property
     def config(self) -> ServerConfig:

@@ -87,8 +87,10 @@ def error_response(
     retry_after = getattr(err, "retry_after_s", None)
     if retry_after is not None:
         headers = {**(headers or {}), "retry-after": str(retry_after)}
-    if err.status_code == 408:
-        # the client is too slow to send its request: do not wait for the rest on this connection
+    if err.status_code in (408, 413):
+        # the client is too slow to send its request, or sends more than is taken: the rest of its
+        # body is not read, so the connection cannot carry another request (a client still sending
+        # sees its write fail and reads this answer)
         headers = {**(headers or {}), "connection": "close"}
     return Response(
         orjson.dumps(render(err)),

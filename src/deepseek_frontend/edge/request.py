@@ -4,12 +4,17 @@
 server's state, the model the request was routed to, the tenant of its API key, its tracker, the
 API it speaks and its body -- and the handler reads everything it needs from it rather than from
 the server's state or the ASGI scope.
+
+A request may also come from the server itself, on a client's behalf: a batch line run through
+its endpoint's own route (api/batches/). Its scope then carries an :class:`OnBehalf` at
+:data:`ON_BEHALF_KEY` -- whose stored objects it reads and writes, and its priority -- and the
+route takes it from there (no API key is presented: the key's tenant is in the scope already).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from starlette.requests import Request
 
@@ -25,6 +30,28 @@ if TYPE_CHECKING:
     from deepseek_frontend.keys.tenants import Tenant
 
     from .tracking import RequestTracker
+
+#: the priority of a request nobody said otherwise about; higher is more important
+DEFAULT_PRIORITY: Final = 0
+#: lower than any priority a request can be given: work that must yield to everything else
+LOWEST_PRIORITY: Final = -(1 << 31)
+#: where the scope of a request made on a client's behalf carries its :class:`OnBehalf`
+ON_BEHALF_KEY: Final = "deepseek_frontend.on_behalf"
+
+
+@dataclass(frozen=True, slots=True)
+class OnBehalf:
+    """A request the server makes to its own route for a client (a batch line): the owner of
+    what it stores and reads (``RequestContext.owner``), and the priority it runs at."""
+
+    owner: str
+    priority: int
+
+
+def on_behalf(request: Request) -> OnBehalf | None:
+    """The :class:`OnBehalf` of a request the server made itself, else None (a client's request)."""
+    found = request.scope.get(ON_BEHALF_KEY)
+    return found if isinstance(found, OnBehalf) else None
 
 
 @dataclass(slots=True, eq=False)
@@ -49,6 +76,9 @@ class RequestContext:
     body: bytes = b""
     #: the body parsed as a JSON object, once parsed (to route the request, or by :meth:`json`)
     parsed: dict[str, Any] | None = field(default=None, repr=False)
+    #: how important the request is (higher first): :data:`DEFAULT_PRIORITY` for a client's request,
+    #: the :class:`OnBehalf`'s for one the server makes (a batch line runs at the lowest)
+    priority: int = DEFAULT_PRIORITY
 
     async def json(self) -> dict[str, Any]:
         """The body as a JSON object (``RequestError`` 400 for invalid JSON or a non-object body).
@@ -71,7 +101,11 @@ class RequestContext:
     @property
     def owner(self) -> str:
         """The owner of what the request stores or reads: a hash of the API key it presented (the
-        auth middleware has checked it already), or the anonymous owner when the server checks no key."""
+        auth middleware has checked it already), or the anonymous owner when the server checks no key;
+        for a request the server makes on a client's behalf, that client's owner."""
+        behalf = on_behalf(self.request)
+        if behalf is not None:
+            return behalf.owner
         if self.state.tenants is None:
             return owner_key(None)
         key = presented_key(self.request.scope["headers"])

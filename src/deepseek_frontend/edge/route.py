@@ -9,6 +9,11 @@ limits admit it (:func:`_admit_key`); the model's admission control admits it
 the request is counted and logged (``edge/tracking.py``), any error is answered in the API's shape
 (:func:`_answer_error`), and the response gets ``x-request-id`` and the key's rate-limit headers
 (:func:`_stamp`).
+
+Two kinds of request skip steps. A route that ``streams_body`` (a file upload) reads its body
+itself, in pieces, and does no model work: no whole-body read, no model admission. A request the
+server makes on a client's behalf (``request.OnBehalf``: a batch line) is not charged to its key's
+rate limits -- batches have limits of their own -- and carries its priority to admission.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ from .body import parse_json_object, receive_body
 from .context import FrontendState, get_state, new_request_id
 from .errors import OPENAI, ApiShape, as_frontend_error, error_response
 from .memory import LARGE_BODY_BYTES
-from .request import RequestContext
+from .request import DEFAULT_PRIORITY, RequestContext, on_behalf
 from .tracking import RequestTracker
 
 if TYPE_CHECKING:
@@ -118,9 +123,11 @@ def _admit_key(
     return verdict.headers
 
 
-async def _admit_to_model(model: ServedModel, api: ApiShape, tracker: RequestTracker) -> None:
+async def _admit_to_model(model: ServedModel, api: ApiShape, tracker: RequestTracker, priority: int) -> None:
     """The model's admission control: a slot, given back when the tracker finishes, or
-    :class:`_Refused` (429 / 503 as the admission answers)."""
+    :class:`_Refused` (429 / 503 as the admission answers). ``priority`` (higher first) is the
+    request's: a batch line's is the lowest, so that it yields to interactive requests once
+    admission orders its waiters by priority."""
     admission = model.admission
     # After the body, before the handler's parsing: a refused request costs no validation. A
     # request that queues here must not hold its loop turn (the context's json() takes a new one).
@@ -162,13 +169,15 @@ def api_route(
     prefix: str = "chatcmpl",
     *,
     selects_model: bool = False,
+    streams_body: bool = False,
 ) -> Callable[[Handler], Callable[[Request], Awaitable[Response]]]:
     """Decorate ``async def handler(ctx: RequestContext) -> Response`` into a Starlette endpoint.
 
     The request id is ``<prefix>-<hex>`` (echoed as ``x-request-id`` unless the client sent its
     own); a ``FrontendError`` (or any exception) becomes an error response in ``api``'s shape.
     ``selects_model``: the request goes to the model its body's ``model`` names, else to the
-    server's first. See the module docstring for the steps.
+    server's first. ``streams_body``: the handler reads the body itself (``edge/body_stream.py``),
+    and the request takes no model admission slot. See the module docstring for the steps.
     """
 
     def decorate(fn: Handler) -> Callable[[Request], Awaitable[Response]]:
@@ -182,15 +191,20 @@ def api_route(
                 state.tracer, request.method, endpoint, request.url.path, request.headers, tracker.request_id
             )
             try:
-                body = await _read_body(request, state, tracker)
-                # the auth middleware's (edge/auth.py); None without API keys
+                body = b"" if streams_body else await _read_body(request, state, tracker)
+                # the auth middleware's (edge/auth.py), or the client's a server-made request is for;
+                # None without API keys
                 tenant: Tenant | None = request.scope.get("state", {}).get("tenant")
                 model, parsed = _route(state, tenant, body, selects_model)
                 tracker.route(model)
-                rate_headers = _admit_key(state, tenant, api, tracker)
-                await _admit_to_model(model, api, tracker)
+                behalf = on_behalf(request)
+                priority = DEFAULT_PRIORITY if behalf is None else behalf.priority
+                if behalf is None:
+                    rate_headers = _admit_key(state, tenant, api, tracker)
+                if not streams_body:
+                    await _admit_to_model(model, api, tracker, priority)
                 ctx = RequestContext(
-                    request, tracker.request_id, state, api, tracker, model, tenant, body, parsed
+                    request, tracker.request_id, state, api, tracker, model, tenant, body, parsed, priority
                 )
                 try:
                     response = await fn(ctx)

@@ -22,6 +22,7 @@ from deepseek_frontend.pipeline.chat import OFFLOAD_MIN_CHARS, OFFLOAD_PREPARE_C
 from deepseek_frontend.routing.router import RouterConfig
 from deepseek_frontend.tokenization import CACHE_IDLE_SECONDS, PREFIX_CACHE_BYTES, RUN_CACHE_BYTES
 
+from .batch_config import BatchOptions, batch_options_from_args
 from .routing_flags import router_config_from_args
 from .store_config import StateOptions, state_options_from_args
 
@@ -174,6 +175,8 @@ class ServerConfig:
     images: ImageOptions = field(default_factory=ImageOptions)
     #: the conversation-state store (api/state_config.py); built directly: none
     state: StateOptions = field(default_factory=StateOptions)
+    #: the Files and Batch APIs: upload and batch limits, the batch runner (fleet/batch_config.py)
+    batches: BatchOptions = field(default_factory=BatchOptions)
     extra: dict[str, object] = field(default_factory=dict, compare=False)
 
     @property
@@ -337,6 +340,7 @@ class ServerConfig:
             limits=ServingLimits.from_args(args),
             images=_image_options(args),
             state=state_options_from_args(args),
+            batches=batch_options_from_args(args),
         )
 
 

@@ -19,8 +19,8 @@ The file's shape::
 Every per-model ``serve`` flag may be set in a model entry under its long name with ``_`` for
 ``-`` (``max_concurrent_requests: 64``, ``health_check_interval: 2``); a flag given on the command
 line is every model's default. Server-wide flags (address, processes, body and connection
-limits, the state store, logging) stay on the command line. Every value is checked as the flag
-would be, and an error names its place: ``models[1].router_mode: ...``.
+limits, the state store, files and batches, logging) stay on the command line. Every value is
+checked as the flag would be, and an error names its place: ``models[1].router_mode: ...``.
 """
 
 from __future__ import annotations
@@ -76,6 +76,12 @@ SERVER_DESTS = frozenset(
         "state_ttl",
         "state_max_bytes",
         "responses_store_default",
+        "max_file_bytes",
+        "batch_max_lines",
+        "batch_max_bytes",
+        "batch_max_active",
+        "batch_concurrency",
+        "batch_lease_timeout",
     }
 )
 #: flags a configuration file replaces: given on the command line with --config, they are an error

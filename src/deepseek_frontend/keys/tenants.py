@@ -23,7 +23,10 @@ import yaml
 
 __all__ = ["Tenant", "TenantLimits", "TenantTable", "load_keys_file"]
 
-_LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "concurrent_requests")
+_RATE_FIELDS = ("requests_per_minute", "tokens_per_minute", "concurrent_requests")
+#: the Batch APIs' limits of a key (api/batches/): lines and bytes of one batch, batches not finished
+_BATCH_FIELDS = ("batch_max_lines", "batch_max_bytes", "max_active_batches")
+_LIMIT_FIELDS = (*_RATE_FIELDS, *_BATCH_FIELDS)
 _FIELDS = ("name", "key", "key_sha256", "models", *_LIMIT_FIELDS)
 
 
@@ -37,14 +40,21 @@ def key_name(key: bytes) -> str:
 
 @dataclass(frozen=True)
 class TenantLimits:
-    """A tenant's limits; ``None`` is unlimited."""
+    """A tenant's limits; ``None`` is unlimited (for the batch limits: the server's ``--batch-*``
+    flags apply)."""
 
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
     concurrent_requests: int | None = None
+    #: requests (lines) one batch may hold; bytes of one batch's input; batches not finished at once
+    batch_max_lines: int | None = None
+    batch_max_bytes: int | None = None
+    max_active_batches: int | None = None
 
     @property
     def unlimited(self) -> bool:
+        """Whether no rate limit applies (requests, tokens, concurrency; the batch limits are not
+        rate limits: the batch endpoints check them)."""
         return (
             self.requests_per_minute is None
             and self.tokens_per_minute is None
@@ -137,6 +147,14 @@ class TenantTable:
             if hmac.compare_digest(digest, tenant.key_sha256):
                 found = tenant
         return found
+
+    def by_name(self, name: str) -> Tenant | None:
+        """The tenant named ``name`` (the work a key left running, such as a batch, finds its key's
+        permissions again by name; the key itself is never kept)."""
+        for tenant in self._tenants:
+            if tenant.name == name:
+                return tenant
+        return None
 
     @property
     def names(self) -> tuple[str, ...]:

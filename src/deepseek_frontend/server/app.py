@@ -13,7 +13,10 @@ Routes::
     GET  /health                JSON with every model's worker states; 503 when no model has a healthy one
     GET  /live                  process liveness (never touches workers)
     GET  /metrics               Prometheus text, per model (a ``model`` label)
-    + the ROUTES of deepseek_frontend.api.anthropic / .responses / .conversations
+    + the ROUTES of deepseek_frontend.api.anthropic / .responses / .conversations / .batches
+
+The batch runner (api/batches/runner.py) starts once the state store is open and stops before it
+closes.
 
 Auth (with API keys): edge/auth.py.
 """
@@ -124,7 +127,9 @@ def create_app(
     processes of ``serve --workers N``, this one being ``process_index``. ``load_fleet`` reads the
     configuration again: given, the server reloads it on SIGHUP (api/reload.py).
     """
+    from deepseek_frontend.api import batches as batch_routes
     from deepseek_frontend.api.anthropic import routes as anthropic_routes
+    from deepseek_frontend.api.batches.runner import BatchRunner
     from deepseek_frontend.api.conversations import routes as conversation_routes
     from deepseek_frontend.api.openai.chat import chat_completions
     from deepseek_frontend.api.openai.completions import completions
@@ -184,6 +189,7 @@ def create_app(
         *anthropic_routes.ROUTES,
         *response_routes.ROUTES,
         *conversation_routes.ROUTES,
+        *batch_routes.ROUTES,
     ]
     state.api_shapes = tuple(anthropic_routes.API_SHAPES.items())
 
@@ -200,10 +206,12 @@ def create_app(
         gc.freeze()
         state.store = state.continuity.store = await open_state_store(config.state, state.store)
         purger = asyncio.create_task(purge_forever(state.store))
+        runner.start()
         hangup = _listen_for_sighup(reloader)
         try:
             yield
         finally:
+            await runner.aclose()  # its lines in flight go back to the store for others to run
             if hangup:
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
             purger.cancel()
@@ -225,6 +233,9 @@ def create_app(
     )
     app.state.frontend = state
     app.frontend = state
+    # batch lines run through the app's own routes, below the middlewares (api/batches/execute.py)
+    runner = BatchRunner(state, app, app.router, config.batches)
+    state.batch_runner = runner
     affinity = any(m.router is not None and m.router.mode in ("session", "kv", "kv-approx") for m in models)
     if affinity or reloader is not None:  # a reload may bring a model that routes by session
         from deepseek_frontend.routing.session import SessionMiddleware

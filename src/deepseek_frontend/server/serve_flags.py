@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from deepseek_frontend.fleet.batch_config import add_batch_arguments
 from deepseek_frontend.fleet.config import ServingLimits
 from deepseek_frontend.fleet.store_config import add_state_arguments
 from deepseek_frontend.tokenization import CACHE_IDLE_SECONDS, PREFIX_CACHE_BYTES, RUN_CACHE_BYTES
@@ -358,6 +359,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
     add_state_arguments(parser)
+    add_batch_arguments(parser)
 
     http = parser.add_argument_group("http")
     http.add_argument(

@@ -58,6 +58,7 @@ class PostgresStore(SqlStore):
     """:class:`~.store.StateStore` in the PostgreSQL database at ``dsn`` (``postgresql://...``)."""
 
     kind = "postgresql"
+    claim_lock = " FOR UPDATE SKIP LOCKED"
 
     def __init__(
         self, dsn: str, retention: Retention | None = None, *, min_size: int = 1, max_size: int = 16

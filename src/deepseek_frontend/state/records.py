@@ -16,6 +16,7 @@ __all__ = [
     "ANONYMOUS_OWNER",
     "ID_RANDOM_HEX",
     "ItemKind",
+    "Order",
     "Page",
     "StoredConversation",
     "StoredItem",
@@ -31,6 +32,8 @@ ANONYMOUS_OWNER = "anonymous"
 
 #: which list of a stored response an item belongs to
 ItemKind = Literal["input", "output"]
+#: the order of a list page
+Order = Literal["asc", "desc"]
 
 
 def new_id(prefix: str) -> str:

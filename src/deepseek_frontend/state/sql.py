@@ -11,11 +11,13 @@ from __future__ import annotations
 import contextlib
 from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Literal, TypeVar
 
+from .batch_sql import BatchSql
 from .migrations import MIGRATIONS, SCHEMA_VERSION
 from .records import ItemKind, Page, StoredConversation, StoredItem, StoredResponse
 from .store import MAX_PAGE, BrokenChainError, CursorError, Order, StateStore
+from .tx import Tx
 
 __all__ = ["SchemaTooNewError", "SqlStore", "Tx"]
 
@@ -40,23 +42,12 @@ class SchemaTooNewError(RuntimeError):
     """The database was migrated by a newer version of this program."""
 
 
-class Tx(Protocol):
-    """One open transaction."""
-
-    async def execute(self, sql: str, args: Sequence[Any] = ()) -> int:
-        """Run one statement; the rows it changed."""
-
-    async def executemany(self, sql: str, rows: Sequence[Sequence[Any]]) -> None: ...
-
-    async def fetch(self, sql: str, args: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
-
-
 def _items_size(items: Sequence[StoredItem]) -> int:
     return sum(len(item.data) for item in items)
 
 
-class SqlStore(StateStore):
-    """:class:`StateStore` over SQL; see the module docstring."""
+class SqlStore(BatchSql, StateStore):
+    """:class:`StateStore` over SQL; see the module docstring. Files and batches: :class:`BatchSql`."""
 
     @abstractmethod
     def transaction(self) -> contextlib.AbstractAsyncContextManager[Tx]: ...
@@ -492,6 +483,7 @@ class SqlStore(StateStore):
             deleted += await tx.execute(
                 "DELETE FROM reasoning WHERE expires_at IS NOT NULL AND expires_at <= ?", (at,)
             )
+            deleted += await self.purge_batches(tx, at)
             return deleted
 
         deleted = await self.in_transaction(expired)

@@ -14,16 +14,14 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Literal
 
-from .records import ItemKind, Page, StoredConversation, StoredItem, StoredResponse
+from .batch_store import BatchStore
+from .records import ItemKind, Order, Page, StoredConversation, StoredItem, StoredResponse
 
 __all__ = ["MAX_PAGE", "BrokenChainError", "CursorError", "NullStore", "Order", "Retention", "StateStore"]
 
 #: the largest ``limit`` of one page (OpenAI's lists take 1-100)
 MAX_PAGE = 100
-
-Order = Literal["asc", "desc"]
 
 
 class CursorError(ValueError):
@@ -60,8 +58,10 @@ class Retention:
         return None if self.ttl_s is None else now + self.ttl_s
 
 
-class StateStore(ABC):
+class StateStore(BatchStore, ABC):
     """Conversation state, owned per API key. All methods are coroutines and never block the loop.
+
+    Files and batches (:class:`~.batch_store.BatchStore`) are part of the same interface.
 
     Reads of an expired object find nothing, whether or not the purge has removed it yet."""
 
@@ -77,10 +77,10 @@ class StateStore(ABC):
     def now() -> float:
         return time.time()
 
-    async def open(self) -> None:  # noqa: B027 -- a store without set-up is fine
+    async def open(self) -> None:  # a store without set-up is fine
         """Connect and bring the schema to the current version."""
 
-    async def close(self) -> None:  # noqa: B027
+    async def close(self) -> None:
         """Release connections and threads."""
 
     # ---------------------------------------------------------------- responses
