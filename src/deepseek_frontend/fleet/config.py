@@ -3,20 +3,21 @@
 Everything the server needs to know at startup lives here, resolved once:
 the model family (detected from the checkpoint path or served name), the
 context length (``config.json`` ``max_position_embeddings`` when present), the
-engine wiring and the model names requests may use.
+engine wiring and the model names requests may use. What the checkpoint says is read once, by
+``formats.read_checkpoint``; what each family defaults to is ``formats/detect.py``'s.
 """
 
 from __future__ import annotations
 
 import argparse
 import fnmatch
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from deepseek_frontend.errors import ModelNotFoundError, UnsupportedModelError
+from deepseek_frontend.formats.detect import DEFAULT_CONTEXT_LENGTH, FAMILY_DISPLAY_NAME
 from deepseek_frontend.images import ImageOptions
 from deepseek_frontend.pipeline.chat import OFFLOAD_MIN_CHARS, OFFLOAD_PREPARE_CHARS, OFFLOAD_THREADS
 from deepseek_frontend.routing.router import RouterConfig
@@ -28,16 +29,6 @@ from .store_config import StateOptions, state_options_from_args
 
 EngineKind = Literal["sglang", "vllm", "sim"]
 
-#: Context window used when the checkpoint does not say (DeepSeek-V4: 1M tokens).
-DEFAULT_CONTEXT_LENGTH = 1_048_576
-#: Per-family fallbacks when no config.json is available.
-FAMILY_CONTEXT_LENGTH = {"deepseek_v4": 1_048_576, "deepseek_v41": 1_048_576, "deepseek_v32": 163_840}
-#: Name served when neither --served-model-name nor --model-path gives one.
-FAMILY_DISPLAY_NAME = {
-    "deepseek_v4": "deepseek-v4-flash",
-    "deepseek_v41": "deepseek-v4.1-flash",
-    "deepseek_v32": "deepseek-v3.2",
-}
 #: Environment variable read when --api-key is not given.
 API_KEY_ENV = "DEEPSEEK_FRONTEND_API_KEY"
 
@@ -220,7 +211,8 @@ class ServerConfig:
         Raises ``UnsupportedModelError`` for a family without an encoder (V4.1) and
         ``ValueError`` for contradictory flags.
         """
-        from deepseek_frontend.formats import default_effort_profile, detect_family
+        from deepseek_frontend.formats import default_effort_profile, detect_family, read_checkpoint
+        from deepseek_frontend.formats.detect import context_length as family_context_length
 
         model_path: str | None = args.model_path
         served: str | None = args.served_model_name
@@ -231,9 +223,10 @@ class ServerConfig:
             raise ValueError(
                 f"--tokenizer {tokenizer_path}: expected a tokenizer.json or a directory holding one"
             )
-        family = getattr(args, "family", None) or detect_family(model_path, served)
+        checkpoint = read_checkpoint(model_path)
+        family = getattr(args, "family", None) or detect_family(checkpoint, served)
         if family is None:
-            if model_path and (Path(model_path) / "config.json").is_file():
+            if checkpoint.has_config:
                 # The checkpoint says what it is, and it is not a family this frontend renders.
                 raise UnsupportedModelError(
                     f"{model_path}/config.json does not describe a DeepSeek-V4 or V3.2 model; "
@@ -248,9 +241,7 @@ class ServerConfig:
             else:
                 served = FAMILY_DISPLAY_NAME.get(family, family)
 
-        context_length = args.context_length or _context_length_from_checkpoint(model_path)
-        if context_length is None:
-            context_length = FAMILY_CONTEXT_LENGTH.get(family, DEFAULT_CONTEXT_LENGTH)
+        context_length = args.context_length or family_context_length(checkpoint, family)
 
         workers = tuple(w.rstrip("/") for w in args.worker)
         prefill_workers = tuple(w.rstrip("/") for w in getattr(args, "prefill_worker", None) or ())
@@ -291,7 +282,7 @@ class ServerConfig:
                 "--model-path DIR (a directory with the checkpoint's tokenizer.json) or --tokenizer PATH; "
                 "the bundled tokenizer is DeepSeek-V4's and lacks <｜System｜> and <｜deepseek_image｜>"
             )
-        profile = args.reasoning_effort_profile or default_effort_profile(model_path, served)
+        profile = args.reasoning_effort_profile or default_effort_profile(checkpoint, served)
         from deepseek_frontend.formats.effort import V41_PROFILES
 
         if (family == "deepseek_v41") != (profile in V41_PROFILES):
@@ -383,15 +374,3 @@ def parse_model_alias(spec: str, served_model_name: str) -> ModelAlias:
             f"cannot alias to {target!r}"
         )
     return ModelAlias(name, target)
-
-
-def _context_length_from_checkpoint(model_path: str | None) -> int | None:
-    if not model_path:
-        return None
-    path = Path(model_path) / "config.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    value = data.get("max_position_embeddings") if isinstance(data, dict) else None
-    return value if isinstance(value, int) and value > 0 else None

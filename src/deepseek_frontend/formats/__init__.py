@@ -2,7 +2,8 @@
 
 Public entry points::
 
-    family = detect_family(model_path, served_model_name)    # "deepseek_v4" | ... | None
+    checkpoint = read_checkpoint(model_path)                  # config.json etc., read once
+    family = detect_family(checkpoint, served_model_name)    # "deepseek_v4" | ... | None
     fmt = get_chat_format(family)                             # dsv4 / dsv41 / dsv32 module
     messages = place_instructions(messages)                    # developer / mid-conversation system
     messages = attach_request_tools(messages, tools, response_format)
@@ -22,6 +23,7 @@ from types import ModuleType
 
 from deepseek_frontend.errors import UnsupportedModelError
 from deepseek_frontend.formats import dsv4, dsv32, dsv41
+from deepseek_frontend.formats.checkpoint import Checkpoint, read_checkpoint
 from deepseek_frontend.formats.detect import default_effort_profile, detect_family
 from deepseek_frontend.formats.effort import (
     EFFORT_WORDS,
@@ -64,6 +66,7 @@ __all__ = [
     "EFFORT_WORDS",
     "FAMILIES",
     "REASONING_EFFORT_PROFILES",
+    "Checkpoint",
     "PromptSegment",
     "attach_request_tools",
     "continues_assistant",
@@ -73,4 +76,5 @@ __all__ = [
     "join_segments",
     "normalize_reasoning_effort",
     "place_instructions",
+    "read_checkpoint",
 ]

@@ -1,18 +1,40 @@
-"""Which DeepSeek family and effort profile a deployment serves.
+"""Which DeepSeek family and effort profile a deployment serves, and what each family defaults to.
 
-The only module of ``formats/`` that reads files: ``config.json`` and the
-checkpoint's bundled reference encoder, once at startup. Renderers stay pure.
+Everything a checkpoint says comes from its :class:`~.checkpoint.Checkpoint`, read once by
+``formats/checkpoint.py``; this module reads no file itself (a function given a directory instead
+of a record has ``read_checkpoint`` read it).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
-from pathlib import Path
-from typing import Any
 
+from deepseek_frontend.formats.checkpoint import Checkpoint, read_checkpoint
 from deepseek_frontend.formats.effort import REASONING_EFFORT_PROFILES
+
+__all__ = [
+    "DEFAULT_CONTEXT_LENGTH",
+    "FAMILY_CONTEXT_LENGTH",
+    "FAMILY_DISPLAY_NAME",
+    "context_length",
+    "default_effort_profile",
+    "detect_family",
+]
+
+#: Context window used when neither the checkpoint nor the family says (DeepSeek-V4: 1M tokens).
+DEFAULT_CONTEXT_LENGTH = 1_048_576
+#: Per-family context windows, for a checkpoint whose config.json does not say.
+FAMILY_CONTEXT_LENGTH = {"deepseek_v4": 1_048_576, "deepseek_v41": 1_048_576, "deepseek_v32": 163_840}
+#: The name a model of each family is served as when nothing else names it.
+FAMILY_DISPLAY_NAME = {
+    "deepseek_v4": "deepseek-v4-flash",
+    "deepseek_v41": "deepseek-v4.1-flash",
+    "deepseek_v32": "deepseek-v3.2",
+}
+
+CheckpointSource = Checkpoint | str | os.PathLike[str] | None
+"""A checkpoint already read, or the directory to read it from (None: no checkpoint)."""
 
 # Served-name fallbacks, anchored at the start of the name's last path component
 # (``deepseek-ai/DeepSeek-V4-Flash`` is a Hugging Face repo id for DeepSeek-V4-Flash;
@@ -37,25 +59,17 @@ _MODEL_TYPES = {
 _OFFICIAL_NAME = re.compile(r"(^|[-_./])0731([-_.]|$)")
 
 
-def _read_config(model_path: str | os.PathLike[str] | None) -> dict[str, Any] | None:
-    if not model_path:
-        return None
-    try:
-        with open(Path(model_path) / "config.json", encoding="utf-8") as f:
-            config = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return config if isinstance(config, dict) else None
+def _checkpoint(source: CheckpointSource) -> Checkpoint:
+    return source if isinstance(source, Checkpoint) else read_checkpoint(source)
 
 
-def _family_from_config(config: dict[str, Any]) -> tuple[bool, str | None]:
+def _family_from_config(checkpoint: Checkpoint) -> tuple[bool, str | None]:
     """(decided, family): ``decided`` is False when the config says nothing usable."""
-    model_type = config.get("model_type")
-    architectures = config.get("architectures")
-    archs = [a for a in architectures if isinstance(a, str)] if isinstance(architectures, list) else []
+    model_type = checkpoint.model_type
+    archs = checkpoint.architectures
     if any("DeepseekV41" in a for a in archs) or model_type == "deepseek_v41":
         return True, "deepseek_v41"
-    if isinstance(model_type, str) and model_type:
+    if model_type:
         return True, _MODEL_TYPES.get(model_type)
     # No model_type: architectures are the next best authority.
     if any("DeepseekV4" in a for a in archs):
@@ -65,9 +79,7 @@ def _family_from_config(config: dict[str, Any]) -> tuple[bool, str | None]:
     return False, None
 
 
-def detect_family(
-    model_path: str | os.PathLike[str] | None = None, served_model_name: str | None = None
-) -> str | None:
+def detect_family(model_path: CheckpointSource = None, served_model_name: str | None = None) -> str | None:
     """``"deepseek_v4"``, ``"deepseek_v41"``, ``"deepseek_v32"`` or ``None``.
 
     ``config.json`` in ``model_path`` decides when it names a ``model_type`` (or,
@@ -79,11 +91,9 @@ def detect_family(
     ``deepseek-ai/DeepSeek-V4-Flash`` yes; ``my-deepseek-v4``, ``foo/my-deepseek-v4``
     and ``deepseek-v40`` no).
     """
-    config = _read_config(model_path)
-    if config is not None:
-        decided, family = _family_from_config(config)
-        if decided:
-            return family
+    decided, family = _family_from_config(_checkpoint(model_path))
+    if decided:
+        return family
     if not served_model_name:
         return None
     basename = served_model_name.rsplit("/", 1)[-1]
@@ -93,9 +103,7 @@ def detect_family(
     return None
 
 
-def default_effort_profile(
-    model_path: str | os.PathLike[str] | None = None, served_model_name: str | None = None
-) -> str:
+def default_effort_profile(model_path: CheckpointSource = None, served_model_name: str | None = None) -> str:
     """The reasoning-effort profile a V4 checkpoint was trained with, best guess.
 
     A V4.1 checkpoint: ``release``, or ``prerelease`` when its ``config.json`` sets
@@ -107,25 +115,26 @@ def default_effort_profile(
     model directory name; else ``"preview"``. The server flag
     ``--reasoning-effort-profile`` overrides all of this.
     """
-    config = _read_config(model_path)
-    if detect_family(model_path, served_model_name) == "deepseek_v41":
+    checkpoint = _checkpoint(model_path)
+    if detect_family(checkpoint, served_model_name) == "deepseek_v41":
         # V4.1: the release table unless the checkpoint declares the pre-release one.
-        declared = (config or {}).get("dsv41_reasoning_effort_profile")
-        return "prerelease" if declared == "prerelease" else "release"
-    if config is not None:
-        declared = config.get("dsv4_reasoning_effort_profile")
-        if declared in REASONING_EFFORT_PROFILES:
-            return str(declared)
-    if model_path:
-        try:
-            source = (Path(model_path) / "encoding" / "encoding_dsv4.py").read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError):
-            source = ""
-        if "REASONING_EFFORT_PROMPTS" in source:
-            return "official"
-        if "REASONING_EFFORT_MAX" in source:
-            return "preview"
-    names = [served_model_name or "", Path(model_path).name if model_path else ""]
+        return "prerelease" if checkpoint.dsv41_reasoning_effort_profile == "prerelease" else "release"
+    declared = checkpoint.dsv4_reasoning_effort_profile
+    if declared in REASONING_EFFORT_PROFILES:
+        return str(declared)
+    if "REASONING_EFFORT_PROMPTS" in checkpoint.encoder_source:
+        return "official"
+    if "REASONING_EFFORT_MAX" in checkpoint.encoder_source:
+        return "preview"
+    names = [served_model_name or "", checkpoint.directory_name]
     if any(_OFFICIAL_NAME.search(name) for name in names):
         return "official"
     return "preview"
+
+
+def context_length(checkpoint: Checkpoint, family: str) -> int:
+    """The context window of ``family``'s model in ``checkpoint``: its ``max_position_embeddings``,
+    else the family's, else :data:`DEFAULT_CONTEXT_LENGTH`."""
+    if checkpoint.max_position_embeddings is not None:
+        return checkpoint.max_position_embeddings
+    return FAMILY_CONTEXT_LENGTH.get(family, DEFAULT_CONTEXT_LENGTH)
