@@ -273,7 +273,7 @@ def msgspec_to_chat_request(req: ChatCompletionRequest, config: ServerConfig, re
         key = "thinking" if "thinking" in kwargs else "enable_thinking"
         thinking = check_boolean(kwargs[key], f"chat_template_kwargs.{key}")
     else:
-        thinking = config.default_thinking and req.reasoning_effort != "none"
+        thinking = config.model.default_thinking and req.reasoning_effort != "none"
     if req.top_logprobs and not req.logprobs:
         raise RequestError("top_logprobs: requires logprobs to be true", param="top_logprobs")
     if req.stream_options is not None and not req.stream:
@@ -290,12 +290,12 @@ def msgspec_to_chat_request(req: ChatCompletionRequest, config: ServerConfig, re
     return ChatRequest(
         messages=_messages(req.messages),
         request_id=request_id,
-        model=config.resolve_model(req.model),
+        model=config.model.resolve_model(req.model),
         tools=tools,
         tool_choice=choice,
         thinking=thinking,
         reasoning_effort=(
-            resolve_reasoning_effort(req.reasoning_effort, config.reasoning_effort_profile)
+            resolve_reasoning_effort(req.reasoning_effort, config.model.reasoning_effort_profile)
             if thinking
             else None
         ),

@@ -101,8 +101,10 @@ def serve(port_file: str, tokens_per_chunk: int, ttft_ms: float = 0.0, itl_ms: f
     from starlette.responses import Response
     from starlette.routing import Route
 
+    from deepseek_frontend.engines.base import Engine
+    from deepseek_frontend.engines.config import EngineConfig
     from deepseek_frontend.engines.sim.engine import SimulatedEngine
-    from deepseek_frontend.fleet.config import ServerConfig
+    from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
     from deepseek_frontend.server.app import create_app
     from deepseek_frontend.tokenization import PromptTokenizer
 
@@ -120,16 +122,31 @@ def serve(port_file: str, tokens_per_chunk: int, ttft_ms: float = 0.0, itl_ms: f
             stamps.append(clock())
             yield chunk
 
-    class StampedEngine:
-        """The sim engine, stamping the moment each chunk is handed to the frontend."""
+    class StampedEngine(Engine):
+        """The sim engine, stamping the moment each chunk is handed to the frontend (it reports no
+        capabilities, so requests are checked against the frontend's own settings)."""
 
         name = "sim"
-        stats = engine.stats
 
         def generate(self, request: Any) -> Any:
             return stamped_chunks(request) if stamping["on"] else engine.generate(request)
 
-    config = ServerConfig(served_model_name="deepseek-v4-flash", engine="sim")
+        def supports_constraint(self, kind: Any) -> bool:
+            return engine.supports_constraint(kind)
+
+        def capabilities(self) -> Any:
+            return None
+
+        def statuses(self) -> Any:
+            return engine.statuses()
+
+        async def start(self) -> None:
+            await engine.start()
+
+        async def aclose(self) -> None:
+            await engine.aclose()
+
+    config = ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash"), EngineConfig(kind="sim"))
     app = create_app(config, tokenizer=tokenizer, backend=StampedEngine())
 
     async def latency(_: Any) -> Response:
@@ -588,15 +605,16 @@ def ttft_overhead(target_tokens: int = 100_000, repeats: int = 20) -> tuple[int,
     import orjson
 
     from deepseek_frontend.api.openai.chat_request import to_chat_request
+    from deepseek_frontend.engines.config import EngineConfig
     from deepseek_frontend.engines.sim.engine import SimulatedEngine
-    from deepseek_frontend.fleet.config import ServerConfig
+    from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
     from deepseek_frontend.server.app import create_app
     from deepseek_frontend.tokenization import PromptTokenizer
 
     tokenizer = PromptTokenizer.load()
-    config = ServerConfig(served_model_name="deepseek-v4-flash", engine="sim")
+    config = ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash"), EngineConfig(kind="sim"))
     app = create_app(config, tokenizer=tokenizer, backend=SimulatedEngine(tokenizer))
-    pipeline = app.state.frontend.pipeline
+    pipeline = app.state.frontend.models.default.pipeline
     paragraph = (
         "The frontend renders the conversation, tokenizes it with cached runs, and streams token ids "
         "to the engine workers, which answer with ids that are detokenized and parsed. "

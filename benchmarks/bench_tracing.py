@@ -96,8 +96,9 @@ def main() -> None:
     args = parser.parse_args()
 
     from deepseek_frontend._tracing import tracer_from_env
+    from deepseek_frontend.engines.config import EngineConfig
     from deepseek_frontend.engines.sim.engine import SimulatedEngine
-    from deepseek_frontend.fleet.config import ServerConfig
+    from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
     from deepseek_frontend.server.app import create_app
     from deepseek_frontend.tokenization import PromptTokenizer
 
@@ -114,7 +115,7 @@ def main() -> None:
     os.environ.update(env)  # the exporter reads its endpoint from the environment
 
     tokenizer = PromptTokenizer.load()
-    config = ServerConfig(served_model_name="deepseek-v4-flash", engine="sim")
+    config = ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash"), EngineConfig(kind="sim"))
     app = create_app(config, tokenizer=tokenizer, backend=SimulatedEngine(tokenizer))
     state = app.state.frontend
     tracer = tracer_from_env(env)

@@ -56,9 +56,9 @@ from _validation_models import msgspec_decode, msgspec_to_chat_request, pydantic
 from deepseek_frontend.api.openai.chat_request import to_chat_request  # noqa: E402
 from deepseek_frontend.edge.body import parse_json_object  # noqa: E402
 from deepseek_frontend.errors import RequestError  # noqa: E402
-from deepseek_frontend.fleet.config import ServerConfig  # noqa: E402
+from deepseek_frontend.fleet.config import ModelConfig, ServerConfig  # noqa: E402
 
-CONFIG = ServerConfig(served_model_name="deepseek-v4-flash")
+CONFIG = ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash"))
 SIZES = (100, 1_000, 3_000)
 N_TOOLS = 50
 

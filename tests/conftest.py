@@ -1,4 +1,5 @@
-"""Fixtures shared by every test package."""
+"""Fixtures shared by every test package: the one tokenizer fixture (tests/support/tokenizers.py), and
+a state folder of the run's own for every server a test starts."""
 
 from __future__ import annotations
 
@@ -8,14 +9,9 @@ import tempfile
 
 import pytest
 
-from deepseek_frontend.tokenization import PromptTokenizer
+from tests.support.tokenizers import prompt_tokenizer
 
-
-@pytest.fixture(scope="session")
-def prompt_tokenizer() -> PromptTokenizer:
-    """The bundled DeepSeek-V4 tokenizer, loaded once per test session."""
-    return PromptTokenizer.load()
-
+__all__ = ["prompt_tokenizer"]
 
 _STATE_HOME: str | None = None
 

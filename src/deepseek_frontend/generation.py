@@ -57,7 +57,7 @@ class GenerateRequest:
     images: tuple[str, ...] = ()
     #: top-level body fields the engine client adds as they are: the prefill/decode orchestrator's
     #: (SGLang ``bootstrap_host`` / ``bootstrap_port`` / ``bootstrap_room`` and DP rank hints, vLLM
-    #: ``kv_transfer_params``; routing/pd.py). None for an ordinary request.
+    #: ``kv_transfer_params``; disagg/pool.py). None for an ordinary request.
     extra_fields: Mapping[str, Any] | None = None
     #: W3C trace context headers (``traceparent``, ``tracestate``) the engine client sends with the
     #: request, naming the frontend's engine span (or the client's own, passed through) as the

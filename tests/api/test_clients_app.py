@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 from starlette.testclient import TestClient
 
-from deepseek_frontend.fleet.config import ModelAlias, ServerConfig
+from deepseek_frontend.fleet.config import ModelAlias, ModelConfig, ServerConfig, ServerOptions
 from deepseek_frontend.server.app import create_app
 from deepseek_frontend.tokenization import PromptTokenizer
 
@@ -18,10 +18,12 @@ KEY = "clients-key"
 @pytest.fixture(scope="module")
 def client(prompt_tokenizer: PromptTokenizer) -> Iterator[TestClient]:
     config = ServerConfig(
-        served_model_name="deepseek-v4-flash",
-        api_key=KEY,
-        context_length=8192,
-        model_aliases=(ModelAlias("claude-*", "deepseek-v4-flash"),),
+        ModelConfig(
+            served_model_name="deepseek-v4-flash",
+            context_length=8192,
+            model_aliases=(ModelAlias("claude-*", "deepseek-v4-flash"),),
+        ),
+        ServerOptions(api_key=KEY),
     )
     with TestClient(create_app(config, tokenizer=prompt_tokenizer)) as c:
         yield c

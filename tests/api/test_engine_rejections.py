@@ -88,11 +88,15 @@ def test_serve_sim_behave_makes_the_built_in_engine_refuse_like_the_recipes_sgla
     """``serve --sim-behave sglang-recipe``: the frontend learns the refusals and answers them up front."""
     from starlette.testclient import TestClient
 
-    from deepseek_frontend.fleet.config import ServerConfig
+    from deepseek_frontend.engines.config import EngineConfig, SimConfig
+    from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
     from deepseek_frontend.server.app import create_app
 
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
-    config = ServerConfig(served_model_name=MODEL, sim_behave="sglang-recipe", context_length=1_048_576)
+    config = ServerConfig(
+        ModelConfig(served_model_name=MODEL, context_length=1_048_576),
+        engine=EngineConfig(sim=SimConfig(behave="sglang-recipe")),
+    )
     with TestClient(create_app(config, tokenizer=prompt_tokenizer)) as client:
         required = client.post(
             "/v1/chat/completions",

@@ -19,12 +19,14 @@ from deepseek_frontend.api.adapters import to_chat_request as converted_to_chat_
 from deepseek_frontend.api.anthropic.convert import convert_messages_request
 from deepseek_frontend.api.openai.chat_request import to_chat_request as openai_to_chat_request
 from deepseek_frontend.api.responses.convert import convert_responses_request
-from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
 from deepseek_frontend.formats import join_segments
 from deepseek_frontend.pipeline.chat import PromptRenderer
 
 MODEL = "DeepSeek-V4.1-Flash"
-CONFIG = ServerConfig(served_model_name=MODEL, family="deepseek_v41", reasoning_effort_profile="release")
+CONFIG = ServerConfig(
+    ModelConfig(served_model_name=MODEL, family="deepseek_v41", reasoning_effort_profile="release")
+)
 RENDERER = PromptRenderer("deepseek_v41", "release")
 
 

@@ -158,7 +158,7 @@ def test_both_routers_are_exported_with_a_role_label_and_an_aggregated_one_witho
         async with sglang_pd() as (pool, (p,), (d,)):
             assert await collect(pool, request()) == TOKENS
             registry = CollectorRegistry()
-            registry.register(RoutingCollector(pool.routers))
+            registry.register(RoutingCollector(pool.role_routers))
             text = generate_latest(registry).decode()
             for role, url in (("prefill", p.url), ("decode", d.url)):
                 decisions = f'{{reason="single-candidate",role="{role}"}} 1.0'

@@ -8,8 +8,9 @@ import pytest
 
 from deepseek_frontend.disagg.pool import DisaggregatedPool
 from deepseek_frontend.fleet.config import ServerConfig
-from deepseek_frontend.fleet.served_model import build_backend
 from deepseek_frontend.server import serve_command
+from deepseek_frontend.server.compose import build_engine
+from deepseek_frontend.tokenization import PromptTokenizer
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -18,7 +19,9 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
-def test_prefill_and_decode_workers_serve_the_model_disaggregated_over_sglang() -> None:
+def test_prefill_and_decode_workers_serve_the_model_disaggregated_over_sglang(
+    prompt_tokenizer: PromptTokenizer,
+) -> None:
     config = ServerConfig.from_args(
         parse(
             "--prefill-worker",
@@ -33,12 +36,11 @@ def test_prefill_and_decode_workers_serve_the_model_disaggregated_over_sglang() 
             "9000",
         )
     )
-    assert config.engine == "sglang" and config.workers == ()
-    assert config.prefill_workers == ("http://p1:30000", "dns+http://prefill:30000")
-    assert config.decode_workers == ("http://d1:30000",)
-    assert config.pd_transfer_timeout == 12.5 and config.disaggregation_bootstrap_port == 9000
-    backend = build_backend(config, tokenizer=None)
-    pool = backend.target
+    assert config.engine.kind == "sglang" and config.engine.workers == ()
+    assert config.pd.prefill_workers == ("http://p1:30000", "dns+http://prefill:30000")
+    assert config.pd.decode_workers == ("http://d1:30000",)
+    assert config.pd.orchestrator.transfer_timeout_s == 12.5 and config.pd.orchestrator.bootstrap_port == 9000
+    pool = build_engine(config, prompt_tokenizer)
     assert isinstance(pool, DisaggregatedPool)
     assert pool.config.transfer_timeout_s == 12.5 and pool.config.bootstrap_port == 9000
     assert {s.url for s in pool.prefill.statuses()} == {"http://p1:30000"}  # the dns+ one resolves at start
@@ -49,9 +51,9 @@ def test_a_transfer_timeout_of_zero_means_none_and_the_defaults_are_sglangs() ->
     config = ServerConfig.from_args(
         parse("--prefill-worker", "http://p", "--decode-worker", "http://d", "--pd-transfer-timeout", "0")
     )
-    assert config.pd_transfer_timeout is None and config.disaggregation_bootstrap_port is None
+    assert config.pd.orchestrator.transfer_timeout_s is None and config.pd.orchestrator.bootstrap_port is None
     default = ServerConfig.from_args(parse("--prefill-worker", "http://p", "--decode-worker", "http://d"))
-    assert default.pd_transfer_timeout == 60.0
+    assert default.pd.orchestrator.transfer_timeout_s == 60.0
 
 
 @pytest.mark.parametrize(

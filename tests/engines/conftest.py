@@ -1,4 +1,5 @@
-"""Shared helpers for engine tests: the real tokenizer, real DeepSeek prompts, local HTTP servers."""
+"""Shared helpers for engine tests: real DeepSeek prompts, local HTTP servers (the tokenizer is the
+``prompt_tokenizer`` fixture, tests/support/tokenizers.py)."""
 
 from __future__ import annotations
 
@@ -7,27 +8,13 @@ import json
 import socket
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from functools import lru_cache
 from typing import Any
 
-import pytest
 import uvicorn
 
 from deepseek_frontend.engines.base import EngineChunk, EngineClient, GenerateRequest, SamplingParams
-from deepseek_frontend.engines.sim.engine import load_sim_tokenizer
 from deepseek_frontend.formats import attach_request_tools, get_chat_format
-
-
-@lru_cache(maxsize=1)
-def load_tokenizer() -> Any:
-    """The project's PromptTokenizer over the bundled DeepSeek-V4 tokenizer.json."""
-    return load_sim_tokenizer()
-
-
-@pytest.fixture(scope="session")
-def tokenizer() -> Any:
-    return load_tokenizer()
-
+from tests.support.tokenizers import bundled_tokenizer
 
 WEATHER_TOOL = {
     "type": "function",
@@ -99,7 +86,7 @@ def render_prompt(
 
 
 def prompt_ids(user: str, **kwargs: Any) -> list[int]:
-    return load_tokenizer().encode_raw(render_prompt(user, **kwargs))
+    return bundled_tokenizer().encode_raw(render_prompt(user, **kwargs))
 
 
 def request_for(ids: list[int], rid: str = "req-1", **sampling: Any) -> GenerateRequest:

@@ -36,8 +36,8 @@ class PortRecorder:
         await self.app(scope, receive, send)
 
 
-def test_sequential_sglang_streams_share_one_connection(tokenizer: Any) -> None:
-    app = PortRecorder(build_sim_app(SimulatedEngine(tokenizer)), "/generate")
+def test_sequential_sglang_streams_share_one_connection(prompt_tokenizer: Any) -> None:
+    app = PortRecorder(build_sim_app(SimulatedEngine(prompt_tokenizer)), "/generate")
 
     async def scenario() -> None:
         async with serve_app(app) as url:
@@ -101,8 +101,8 @@ def _finalised_generators(run: Any) -> list[str]:
     return finalised
 
 
-def test_finished_streams_close_their_generators_themselves(tokenizer: Any) -> None:
-    sglang_app = build_sim_app(SimulatedEngine(tokenizer))
+def test_finished_streams_close_their_generators_themselves(prompt_tokenizer: Any) -> None:
+    sglang_app = build_sim_app(SimulatedEngine(prompt_tokenizer))
     vllm_app = fake_vllm([sse(choice([5, 6])), sse(choice([1], "stop", 1)), b"data: [DONE]\n\n"])
 
     async def run() -> None:

@@ -47,20 +47,20 @@ def run(engine: SimulatedEngine, ids: list[int], **sampling: Any) -> tuple[list[
     return asyncio.run(collect(engine, request_for(ids, **sampling)))
 
 
-def test_sim_engine_with_ignore_eos_writes_exactly_max_new_tokens_without_eos(tokenizer: Any) -> None:
-    engine = SimulatedEngine(tokenizer)
+def test_sim_engine_with_ignore_eos_writes_exactly_max_new_tokens_without_eos(prompt_tokenizer: Any) -> None:
+    engine = SimulatedEngine(prompt_tokenizer)
     ids = prompt_ids("Reply with exactly: short")
-    natural, _ = run(engine, ids, stop_token_ids=(tokenizer.eos_token_id,))
-    assert natural[-1] == tokenizer.eos_token_id and len(natural) < 60
+    natural, _ = run(engine, ids, stop_token_ids=(prompt_tokenizer.eos_token_id,))
+    assert natural[-1] == prompt_tokenizer.eos_token_id and len(natural) < 60
     out, chunks = run(engine, ids, max_new_tokens=60, ignore_eos=True)
-    assert len(out) == 60 and tokenizer.eos_token_id not in out
+    assert len(out) == 60 and prompt_tokenizer.eos_token_id not in out
     assert chunks[-1].finish_reason == "length"
 
 
-def test_sim_engine_with_min_new_tokens_stops_only_after_the_minimum(tokenizer: Any) -> None:
-    engine = SimulatedEngine(tokenizer)
+def test_sim_engine_with_min_new_tokens_stops_only_after_the_minimum(prompt_tokenizer: Any) -> None:
+    engine = SimulatedEngine(prompt_tokenizer)
     ids = prompt_ids("Reply with exactly: short")
-    eos = tokenizer.eos_token_id
+    eos = prompt_tokenizer.eos_token_id
     out, chunks = run(engine, ids, max_new_tokens=200, min_new_tokens=40, stop_token_ids=(eos,))
     assert 40 <= len(out) < 200
     assert eos not in out[:40] and out[-1] == eos

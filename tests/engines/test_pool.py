@@ -192,15 +192,15 @@ def test_closing_a_pool_stream_early_closes_the_worker_stream() -> None:
     assert worker.closed == ["early"] and pool.in_flight == 0
 
 
-def test_pool_over_sim_servers_retries_a_failing_worker(tokenizer: Any) -> None:
+def test_pool_over_sim_servers_retries_a_failing_worker(prompt_tokenizer: Any) -> None:
     """Real HTTP: one sim worker fails every request before the first token, the other serves."""
     ids = prompt_ids("Reply with exactly: pooled")
 
     async def scenario() -> list[list[int]]:
         broken = build_sim_app(
-            SimulatedEngine(tokenizer), faults=SimFaults(fail_after=0, fail_mode="http-500")
+            SimulatedEngine(prompt_tokenizer), faults=SimFaults(fail_after=0, fail_mode="http-500")
         )
-        good = build_sim_app(SimulatedEngine(tokenizer))
+        good = build_sim_app(SimulatedEngine(prompt_tokenizer))
         async with serve_app(broken) as bad_url, serve_app(good) as good_url:
             # no health probes: the broken worker answers them, and a probe landing after the
             # ejection would re-admit it while the three requests run
@@ -214,7 +214,7 @@ def test_pool_over_sim_servers_retries_a_failing_worker(tokenizer: Any) -> None:
                 await pool.aclose()
 
     outs = run(scenario())
-    assert all(tokenizer.decode(out) == "pooled<｜end▁of▁sentence｜>" for out in outs)
+    assert all(prompt_tokenizer.decode(out) == "pooled<｜end▁of▁sentence｜>" for out in outs)
 
 
 def test_dns_source_adds_one_worker_per_address() -> None:

@@ -104,9 +104,9 @@ def test_only_eagle_algorithms_reserve_output_slots(settings: dict[str, Any], re
     assert reserved_output_tokens(settings) == reserved
 
 
-def test_discover_reads_the_sim_servers_server_info(tokenizer: Any) -> None:
+def test_discover_reads_the_sim_servers_server_info(prompt_tokenizer: Any) -> None:
     async def scenario() -> Any:
-        engine = SimulatedEngine(tokenizer, behavior=PRESETS["sglang-recipe"])
+        engine = SimulatedEngine(prompt_tokenizer, behavior=PRESETS["sglang-recipe"])
         async with serve_app(build_sim_app(engine)) as url:
             client = SGLangClient(url)
             try:
@@ -136,10 +136,12 @@ def test_sim_engine_flags_override_the_preset() -> None:
     assert behavior_from_args(parser.parse_args([])) == PRESETS["ideal"]
 
 
-def test_the_in_process_sim_refuses_like_the_recipes_worker(tokenizer: Any) -> None:
+def test_the_in_process_sim_refuses_like_the_recipes_worker(prompt_tokenizer: Any) -> None:
     from deepseek_frontend.engines.base import DecodingConstraint
 
-    engine = SimulatedEngine(tokenizer, behavior=PRESETS["sglang-recipe"].with_overrides(context_length=256))
+    engine = SimulatedEngine(
+        prompt_tokenizer, behavior=PRESETS["sglang-recipe"].with_overrides(context_length=256)
+    )
     ids = prompt_ids("Hi", thinking=False)
     with pytest.raises(EngineRejectedRequestError, match="--grammar-backend none") as info:
         asyncio.run(

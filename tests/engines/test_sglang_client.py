@@ -29,23 +29,23 @@ from .conftest import TOOLS, collect, prompt_ids, request_for, serve_app, wait_u
 
 
 def sim_app(
-    tokenizer: Any, *, cumulative: bool = False, faults: SimFaults | None = None, **engine: Any
+    prompt_tokenizer: Any, *, cumulative: bool = False, faults: SimFaults | None = None, **engine: Any
 ) -> Starlette:
-    return build_sim_app(SimulatedEngine(tokenizer, **engine), cumulative=cumulative, faults=faults)
+    return build_sim_app(SimulatedEngine(prompt_tokenizer, **engine), cumulative=cumulative, faults=faults)
 
 
 @pytest.mark.parametrize("cumulative", [False, True], ids=["incremental", "cumulative"])
 @pytest.mark.parametrize("client_mode", [None, "fixed"], ids=["autodetect", "configured"])
 def test_streams_the_same_ids_as_the_engine_in_process(
-    tokenizer: Any, cumulative: bool, client_mode: str | None
+    prompt_tokenizer: Any, cumulative: bool, client_mode: str | None
 ) -> None:
     ids = prompt_ids("What's the weather in Paris and Tokyo? Both in parallel.", tools=TOOLS, thinking=True)
     expected, expected_chunks = asyncio.run(
-        collect(SimulatedEngine(tokenizer), request_for(ids, rid="in-proc"))
+        collect(SimulatedEngine(prompt_tokenizer), request_for(ids, rid="in-proc"))
     )
 
     async def scenario() -> tuple[list[int], list[Any]]:
-        async with serve_app(sim_app(tokenizer, cumulative=cumulative, tokens_per_chunk=3)) as url:
+        async with serve_app(sim_app(prompt_tokenizer, cumulative=cumulative, tokens_per_chunk=3)) as url:
             client = SGLangClient(url, cumulative=cumulative if client_mode else None)
             try:
                 return await collect(client, request_for(ids))
@@ -57,14 +57,14 @@ def test_streams_the_same_ids_as_the_engine_in_process(
     # whole engine chunks: the events of one read are merged (zero delay: the sim writes several at once)
     assert all(len(c.token_ids) % 3 == 0 for c in chunks[:-1])
     last = chunks[-1]
-    assert (last.finish_reason, last.matched_stop) == ("stop", tokenizer.eos_token_id)
+    assert (last.finish_reason, last.matched_stop) == ("stop", prompt_tokenizer.eos_token_id)
     assert last.prompt_tokens == len(ids) and last.completion_tokens == len(expected)
     assert expected_chunks[-1].finish_reason == "stop"
 
 
-def test_finish_length_and_logprobs_arrive(tokenizer: Any) -> None:
+def test_finish_length_and_logprobs_arrive(prompt_tokenizer: Any) -> None:
     async def scenario() -> list[Any]:
-        async with serve_app(sim_app(tokenizer)) as url:
+        async with serve_app(sim_app(prompt_tokenizer)) as url:
             client = SGLangClient(url)
             _, chunks = await collect(
                 client, request_for(prompt_ids("write 40 words"), max_new_tokens=7, logprobs=True)
@@ -272,12 +272,14 @@ def test_a_stream_that_ends_without_finishing_is_a_stream_error() -> None:
         asyncio.run(run_against(fake_sglang(truncated)))
 
 
-def test_a_dropped_connection_mid_stream_is_a_stream_error_after_the_tokens_sent(tokenizer: Any) -> None:
+def test_a_dropped_connection_mid_stream_is_a_stream_error_after_the_tokens_sent(
+    prompt_tokenizer: Any,
+) -> None:
     received: list[int] = []
 
     async def scenario() -> None:
         faults = SimFaults(fail_after=4, fail_mode="disconnect")
-        async with serve_app(sim_app(tokenizer, faults=faults)) as url:
+        async with serve_app(sim_app(prompt_tokenizer, faults=faults)) as url:
             client = SGLangClient(url)
             try:
                 async for c in client.generate(request_for(prompt_ids("write 30 words"))):
@@ -329,8 +331,8 @@ def test_abort_finish_carries_the_engine_message() -> None:
     assert chunks[-1].finish_reason == "abort" and chunks[-1].message == "server shutting down"
 
 
-def test_closing_the_stream_early_aborts_on_the_worker(tokenizer: Any) -> None:
-    engine = SimulatedEngine(tokenizer, itl_ms=2)
+def test_closing_the_stream_early_aborts_on_the_worker(prompt_tokenizer: Any) -> None:
+    engine = SimulatedEngine(prompt_tokenizer, itl_ms=2)
 
     async def scenario() -> None:
         async with serve_app(build_sim_app(engine)) as url:
@@ -421,8 +423,10 @@ def test_health_probe_falls_back_to_get_server_info_on_older_sglang() -> None:
     assert healthy and caps is not None and caps.constraint_kinds == frozenset()
 
 
-def test_a_client_that_just_disconnects_is_counted_as_an_abort_by_the_sim_server(tokenizer: Any) -> None:
-    engine = SimulatedEngine(tokenizer, itl_ms=5)
+def test_a_client_that_just_disconnects_is_counted_as_an_abort_by_the_sim_server(
+    prompt_tokenizer: Any,
+) -> None:
+    engine = SimulatedEngine(prompt_tokenizer, itl_ms=5)
 
     async def scenario() -> None:
         async with serve_app(build_sim_app(engine)) as url, httpx.AsyncClient() as http:
@@ -443,9 +447,9 @@ def test_a_client_that_just_disconnects_is_counted_as_an_abort_by_the_sim_server
     asyncio.run(scenario())
 
 
-def test_faults_can_be_switched_while_the_server_runs(tokenizer: Any) -> None:
+def test_faults_can_be_switched_while_the_server_runs(prompt_tokenizer: Any) -> None:
     async def scenario() -> None:
-        async with serve_app(sim_app(tokenizer)) as url, httpx.AsyncClient() as http:
+        async with serve_app(sim_app(prompt_tokenizer)) as url, httpx.AsyncClient() as http:
             client = SGLangClient(url)
             ids = prompt_ids("write 30 words")
             await collect(client, request_for(ids, rid="before"))

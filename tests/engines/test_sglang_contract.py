@@ -140,7 +140,7 @@ def test_every_generate_body_the_client_sends_is_a_valid_sglang_generate_request
 
 
 def test_sglang_rejects_a_body_with_an_unknown_sampling_field_and_so_does_the_sim(
-    api: ModuleType, tokenizer: Any
+    api: ModuleType, prompt_tokenizer: Any
 ) -> None:
     """The sim server knows exactly SGLang's sampling_params fields (SGLang answers 400 to others)."""
     assert frozenset(api.SamplingParams.__struct_fields__) == SGLANG_SAMPLING_FIELDS
@@ -149,7 +149,10 @@ def test_sglang_rejects_a_body_with_an_unknown_sampling_field_and_so_does_the_si
         api.GenerateRequest.from_json_value(body)
 
     async def scenario() -> httpx.Response:
-        async with serve_app(build_sim_app(SimulatedEngine(tokenizer))) as url, httpx.AsyncClient() as http:
+        async with (
+            serve_app(build_sim_app(SimulatedEngine(prompt_tokenizer))) as url,
+            httpx.AsyncClient() as http,
+        ):
             return await http.post(url + "/generate", json=body)
 
     response = asyncio.run(scenario())
@@ -160,7 +163,7 @@ def test_sglang_rejects_a_body_with_an_unknown_sampling_field_and_so_does_the_si
 
 
 def sim_bodies(
-    tokenizer: Any,
+    prompt_tokenizer: Any,
     bodies: list[dict[str, Any]],
     *,
     cumulative: bool = False,
@@ -169,7 +172,7 @@ def sim_bodies(
 ) -> list[httpx.Response]:
     async def scenario() -> list[httpx.Response]:
         app = build_sim_app(
-            SimulatedEngine(tokenizer, tokens_per_chunk=2),
+            SimulatedEngine(prompt_tokenizer, tokens_per_chunk=2),
             cumulative=cumulative,
             behavior=behavior,
             faults=faults,
@@ -189,7 +192,7 @@ def generate_body(ids: list[int], *, stream: bool = True, **params: Any) -> dict
 
 @pytest.mark.parametrize("cumulative", [False, True], ids=["incremental", "cumulative"])
 def test_every_chunk_the_sim_streams_is_a_valid_sglang_generate_response(
-    api: ModuleType, tokenizer: Any, cumulative: bool
+    api: ModuleType, prompt_tokenizer: Any, cumulative: bool
 ) -> None:
     chat = prompt_ids("Tell me about otters.", thinking=True)
     tools = prompt_ids("Weather in Paris?", tools=TOOLS, thinking=False)
@@ -199,7 +202,7 @@ def test_every_chunk_the_sim_streams_is_a_valid_sglang_generate_response(
         generate_body(tools),
         {**generate_body(chat), "return_logprob": True, "top_logprobs_num": 3},
     ]
-    responses = sim_bodies(tokenizer, bodies, cumulative=cumulative)
+    responses = sim_bodies(prompt_tokenizer, bodies, cumulative=cumulative)
     finishes = []
     for response in responses:
         assert response.status_code == 200
@@ -210,19 +213,21 @@ def test_every_chunk_the_sim_streams_is_a_valid_sglang_generate_response(
 
 
 def test_a_non_streamed_sim_answer_is_a_valid_sglang_generate_response(
-    api: ModuleType, tokenizer: Any
+    api: ModuleType, prompt_tokenizer: Any
 ) -> None:
-    (response,) = sim_bodies(tokenizer, [generate_body(prompt_ids("Hi"), stream=False)])
+    (response,) = sim_bodies(prompt_tokenizer, [generate_body(prompt_ids("Hi"), stream=False)])
     decoded = api.GenerateResponse.from_json_value(response.json())
     assert decoded.output_ids and decoded.meta_info.completion_tokens == len(decoded.output_ids)
 
 
-def test_the_sims_refusals_are_sglangs_abort_chunk_and_stream_error(api: ModuleType, tokenizer: Any) -> None:
+def test_the_sims_refusals_are_sglangs_abort_chunk_and_stream_error(
+    api: ModuleType, prompt_tokenizer: Any
+) -> None:
     recipe = PRESETS["sglang-recipe"].with_overrides(context_length=512)
     ids = prompt_ids("Hi", thinking=False)
     grammar_body = generate_body(ids, ebnf='root ::= "x"')
     too_long = generate_body(ids, max_new_tokens=512 - len(ids) - 3)  # 4 slots are reserved
-    grammar_response, long_response = sim_bodies(tokenizer, [grammar_body, too_long], behavior=recipe)
+    grammar_response, long_response = sim_bodies(prompt_tokenizer, [grammar_body, too_long], behavior=recipe)
 
     (abort,) = [decode_event(api, d) for d in sse_payloads(grammar_response.content)]
     reason = abort.meta_info.finish_reason
@@ -236,10 +241,12 @@ def test_the_sims_refusals_are_sglangs_abort_chunk_and_stream_error(api: ModuleT
 
 @pytest.mark.parametrize("fail_after", [0, 3])
 def test_the_sims_fault_events_are_sglang_stream_errors(
-    api: ModuleType, tokenizer: Any, fail_after: int
+    api: ModuleType, prompt_tokenizer: Any, fail_after: int
 ) -> None:
     (response,) = sim_bodies(
-        tokenizer, [generate_body(prompt_ids("write 30 words"))], faults=SimFaults(fail_after, "error-event")
+        prompt_tokenizer,
+        [generate_body(prompt_ids("write 30 words"))],
+        faults=SimFaults(fail_after, "error-event"),
     )
     payloads = [
         orjson.loads(d) for d in response.content.split(b"\n") if d.startswith(b"data:") for d in [d[5:]]
@@ -255,7 +262,7 @@ def test_the_sims_fault_events_are_sglang_stream_errors(
 
 
 def test_sglang_rejects_input_ids_that_are_not_ints_and_so_does_the_sim(
-    api: ModuleType, tokenizer: Any
+    api: ModuleType, prompt_tokenizer: Any
 ) -> None:
     """A token id that is not an int is a 400 from both (the sim checks it as it packs the ids)."""
     body = {"input_ids": [1, "two", 3], "sampling_params": {"max_new_tokens": 2}, "stream": True}
@@ -263,7 +270,7 @@ def test_sglang_rejects_input_ids_that_are_not_ints_and_so_does_the_sim(
         api.GenerateRequest.from_json_value(body)
 
     async def scenario() -> tuple[httpx.Response, int]:
-        engine = SimulatedEngine(tokenizer)
+        engine = SimulatedEngine(prompt_tokenizer)
         async with serve_app(build_sim_app(engine)) as url, httpx.AsyncClient() as http:
             return await http.post(url + "/generate", json=body), engine.stats.started
 

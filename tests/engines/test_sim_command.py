@@ -19,7 +19,7 @@ from .conftest import collect, prompt_ids, request_for
 
 
 @pytest.mark.slow
-def test_sim_engine_process_serves_generate_on_the_port_it_prints(tokenizer: Any) -> None:
+def test_sim_engine_process_serves_generate_on_the_port_it_prints(prompt_tokenizer: Any) -> None:
     ids = prompt_ids("Reply with exactly: from another process")
     with start_sim_engine("--tokens-per-chunk", "2", "--cumulative") as server:
         url = server.url
@@ -35,7 +35,7 @@ def test_sim_engine_process_serves_generate_on_the_port_it_prints(tokenizer: Any
                 await client.aclose()
 
         out = asyncio.run(scenario())
-        assert tokenizer.decode(out) == "from another process<｜end▁of▁sentence｜>"
+        assert prompt_tokenizer.decode(out) == "from another process<｜end▁of▁sentence｜>"
         info = httpx.get(url + "/get_server_info", timeout=10).json()
         assert info["incremental_streaming_output"] is False
         assert httpx.get(url + "/sim/stats", timeout=10).json()["finished"] == 1

@@ -30,74 +30,80 @@ def run(engine: SimulatedEngine, ids: list[int], **sampling: Any) -> tuple[list[
     return asyncio.run(collect(engine, request_for(ids, **sampling)))
 
 
-def text_of(tokenizer: Any, ids: list[int]) -> str:
-    return tokenizer.decode(ids, skip_special_tokens=False)
+def text_of(prompt_tokenizer: Any, ids: list[int]) -> str:
+    return prompt_tokenizer.decode(ids, skip_special_tokens=False)
 
 
 def schema_of(tool: dict) -> dict:
     return tool["function"]["parameters"]
 
 
-def test_same_prompt_and_seed_give_the_same_ids_and_chunking(tokenizer: Any) -> None:
+def test_same_prompt_and_seed_give_the_same_ids_and_chunking(prompt_tokenizer: Any) -> None:
     ids = prompt_ids("Tell me about the sea", thinking=True)
-    first = run(SimulatedEngine(tokenizer, tokens_per_chunk=3), ids)
-    second = run(SimulatedEngine(tokenizer, tokens_per_chunk=3), ids)
+    first = run(SimulatedEngine(prompt_tokenizer, tokens_per_chunk=3), ids)
+    second = run(SimulatedEngine(prompt_tokenizer, tokens_per_chunk=3), ids)
     assert first[0] == second[0]
     assert [c.token_ids for c in first[1]] == [c.token_ids for c in second[1]]
     assert all(len(c.token_ids) == 3 for c in first[1][:-1])
 
 
-def test_different_seeds_vary_the_wording(tokenizer: Any) -> None:
-    engine = SimulatedEngine(tokenizer)
+def test_different_seeds_vary_the_wording(prompt_tokenizer: Any) -> None:
+    engine = SimulatedEngine(prompt_tokenizer)
     ids = prompt_ids("Tell me about the sea")
     outputs = {tuple(run(engine, ids, seed=seed)[0]) for seed in range(4)}
     assert len(outputs) == 4
 
 
-def test_thinking_mode_answer_has_reasoning_then_text_then_eos(tokenizer: Any) -> None:
-    out, chunks = run(SimulatedEngine(tokenizer), prompt_ids("Tell me about the sea", thinking=True))
-    text = text_of(tokenizer, out)
-    assert out[-1] == tokenizer.eos_token_id
-    assert chunks[-1].finish_reason == "stop" and chunks[-1].matched_stop == tokenizer.eos_token_id
+def test_thinking_mode_answer_has_reasoning_then_text_then_eos(prompt_tokenizer: Any) -> None:
+    out, chunks = run(SimulatedEngine(prompt_tokenizer), prompt_ids("Tell me about the sea", thinking=True))
+    text = text_of(prompt_tokenizer, out)
+    assert out[-1] == prompt_tokenizer.eos_token_id
+    assert chunks[-1].finish_reason == "stop" and chunks[-1].matched_stop == prompt_tokenizer.eos_token_id
     parsed = parse_completion(text, family="deepseek_v4", thinking=True)
     assert parsed.reasoning_content.startswith("The user wrote: Tell me about the sea.")
     assert "Tell me about the sea" in parsed.content
     assert parsed.tool_calls == []
 
 
-def test_chat_mode_answer_has_no_reasoning(tokenizer: Any) -> None:
-    out, _ = run(SimulatedEngine(tokenizer), prompt_ids("Tell me about the sea"))
-    parsed = parse_completion(text_of(tokenizer, out), family="deepseek_v4", thinking=False)
+def test_chat_mode_answer_has_no_reasoning(prompt_tokenizer: Any) -> None:
+    out, _ = run(SimulatedEngine(prompt_tokenizer), prompt_ids("Tell me about the sea"))
+    parsed = parse_completion(text_of(prompt_tokenizer, out), family="deepseek_v4", thinking=False)
     assert parsed.reasoning_content == ""
     assert parsed.content == "You said: Tell me about the sea."
 
 
-def test_reply_with_exactly_is_obeyed(tokenizer: Any) -> None:
-    out, _ = run(SimulatedEngine(tokenizer), prompt_ids("Reply with exactly: STOP here please\nthanks"))
-    assert text_of(tokenizer, out) == "STOP here please" + EOS_TEXT
-
-
-def test_write_n_words_produces_n_words(tokenizer: Any) -> None:
+def test_reply_with_exactly_is_obeyed(prompt_tokenizer: Any) -> None:
     out, _ = run(
-        SimulatedEngine(tokenizer), prompt_ids("Please write 300 words about anything"), max_new_tokens=5000
+        SimulatedEngine(prompt_tokenizer), prompt_ids("Reply with exactly: STOP here please\nthanks")
     )
-    assert len(text_of(tokenizer, out).removesuffix(EOS_TEXT).split()) == 300
+    assert text_of(prompt_tokenizer, out) == "STOP here please" + EOS_TEXT
 
 
-def test_special_spellings_are_real_special_ids(tokenizer: Any) -> None:
+def test_write_n_words_produces_n_words(prompt_tokenizer: Any) -> None:
     out, _ = run(
-        SimulatedEngine(tokenizer), prompt_ids("What is the weather in Paris?", tools=TOOLS, thinking=True)
+        SimulatedEngine(prompt_tokenizer),
+        prompt_ids("Please write 300 words about anything"),
+        max_new_tokens=5000,
     )
-    assert tokenizer.encode_raw("</think>")[0] in out
-    dsml = tokenizer.encode_raw("｜DSML｜")
+    assert len(text_of(prompt_tokenizer, out).removesuffix(EOS_TEXT).split()) == 300
+
+
+def test_special_spellings_are_real_special_ids(prompt_tokenizer: Any) -> None:
+    out, _ = run(
+        SimulatedEngine(prompt_tokenizer),
+        prompt_ids("What is the weather in Paris?", tools=TOOLS, thinking=True),
+    )
+    assert prompt_tokenizer.encode_raw("</think>")[0] in out
+    dsml = prompt_tokenizer.encode_raw("｜DSML｜")
     assert len(dsml) == 1 and dsml[0] in out
 
 
-def test_a_tool_request_produces_a_parsable_schema_valid_call(tokenizer: Any) -> None:
+def test_a_tool_request_produces_a_parsable_schema_valid_call(prompt_tokenizer: Any) -> None:
     out, _ = run(
-        SimulatedEngine(tokenizer), prompt_ids("What is the weather in Paris?", tools=TOOLS, thinking=True)
+        SimulatedEngine(prompt_tokenizer),
+        prompt_ids("What is the weather in Paris?", tools=TOOLS, thinking=True),
     )
-    parsed = parse_completion(text_of(tokenizer, out), family="deepseek_v4", thinking=True)
+    parsed = parse_completion(text_of(prompt_tokenizer, out), family="deepseek_v4", thinking=True)
     assert [c.name for c in parsed.tool_calls] == ["get_weather"]
     args = json.loads(parsed.tool_calls[0].arguments)
     jsonschema.validate(args, schema_of(WEATHER_TOOL))
@@ -105,69 +111,69 @@ def test_a_tool_request_produces_a_parsable_schema_valid_call(tokenizer: Any) ->
     assert parsed.reasoning_content.endswith("I should call get_weather.")
 
 
-def test_nested_schema_arguments_are_valid(tokenizer: Any) -> None:
-    out, _ = run(SimulatedEngine(tokenizer), prompt_ids("Search the web for cats", tools=TOOLS))
-    parsed = parse_completion(text_of(tokenizer, out), family="deepseek_v4", thinking=False)
+def test_nested_schema_arguments_are_valid(prompt_tokenizer: Any) -> None:
+    out, _ = run(SimulatedEngine(prompt_tokenizer), prompt_ids("Search the web for cats", tools=TOOLS))
+    parsed = parse_completion(text_of(prompt_tokenizer, out), family="deepseek_v4", thinking=False)
     assert [c.name for c in parsed.tool_calls] == ["web_search"]
     jsonschema.validate(json.loads(parsed.tool_calls[0].arguments), schema_of(SEARCH_TOOL))
 
 
-def test_parallel_request_with_two_cities_calls_the_tool_twice(tokenizer: Any) -> None:
+def test_parallel_request_with_two_cities_calls_the_tool_twice(prompt_tokenizer: Any) -> None:
     ids = prompt_ids("What's the weather in Paris and Tokyo? Check both in parallel.", tools=TOOLS)
-    out, _ = run(SimulatedEngine(tokenizer), ids)
-    parsed = parse_completion(text_of(tokenizer, out), family="deepseek_v4", thinking=False)
+    out, _ = run(SimulatedEngine(prompt_tokenizer), ids)
+    parsed = parse_completion(text_of(prompt_tokenizer, out), family="deepseek_v4", thinking=False)
     assert [json.loads(c.arguments)["location"] for c in parsed.tool_calls] == ["Paris", "Tokyo"]
 
 
-def test_parallel_request_naming_two_tools_calls_each(tokenizer: Any) -> None:
+def test_parallel_request_naming_two_tools_calls_each(prompt_tokenizer: Any) -> None:
     ids = prompt_ids("Use get_weather and web_search for Rome, both at once in parallel", tools=TOOLS)
-    out, _ = run(SimulatedEngine(tokenizer), ids)
-    parsed = parse_completion(text_of(tokenizer, out), family="deepseek_v4", thinking=False)
+    out, _ = run(SimulatedEngine(prompt_tokenizer), ids)
+    parsed = parse_completion(text_of(prompt_tokenizer, out), family="deepseek_v4", thinking=False)
     assert [c.name for c in parsed.tool_calls] == ["get_weather", "web_search"]
 
 
-def test_a_tool_result_is_answered_in_text(tokenizer: Any) -> None:
+def test_a_tool_result_is_answered_in_text(prompt_tokenizer: Any) -> None:
     ids = prompt_ids("What is the weather in Paris?", tools=TOOLS, tool_result="sunny, 21 degrees")
-    out, _ = run(SimulatedEngine(tokenizer), ids)
-    parsed = parse_completion(text_of(tokenizer, out), family="deepseek_v4", thinking=False)
+    out, _ = run(SimulatedEngine(prompt_tokenizer), ids)
+    parsed = parse_completion(text_of(prompt_tokenizer, out), family="deepseek_v4", thinking=False)
     assert parsed.tool_calls == []
     assert parsed.content == "Based on the tool result: sunny, 21 degrees."
 
 
-def test_without_tools_a_weather_question_gets_text(tokenizer: Any) -> None:
-    out, _ = run(SimulatedEngine(tokenizer), prompt_ids("What is the weather in Paris?"))
-    assert "｜DSML｜" not in text_of(tokenizer, out)
+def test_without_tools_a_weather_question_gets_text(prompt_tokenizer: Any) -> None:
+    out, _ = run(SimulatedEngine(prompt_tokenizer), prompt_ids("What is the weather in Paris?"))
+    assert "｜DSML｜" not in text_of(prompt_tokenizer, out)
 
 
-def test_dsv32_prompt_gets_function_calls_block(tokenizer: Any) -> None:
+def test_dsv32_prompt_gets_function_calls_block(prompt_tokenizer: Any) -> None:
     ids = prompt_ids("What is the weather in Paris?", tools=TOOLS, family="deepseek_v32")
-    out, _ = run(SimulatedEngine(tokenizer), ids)
-    parsed = parse_completion(text_of(tokenizer, out), family="deepseek_v32", thinking=False)
+    out, _ = run(SimulatedEngine(prompt_tokenizer), ids)
+    parsed = parse_completion(text_of(prompt_tokenizer, out), family="deepseek_v32", thinking=False)
     assert [c.name for c in parsed.tool_calls] == ["get_weather"]
 
 
-def test_named_tool_constraint_is_satisfied_even_when_the_user_asks_for_text(tokenizer: Any) -> None:
+def test_named_tool_constraint_is_satisfied_even_when_the_user_asks_for_text(prompt_tokenizer: Any) -> None:
     named = {"type": "function", "function": {"name": "web_search"}}
     constraint = build_tool_call_constraint("deepseek_v4", TOOLS, named, thinking=True)
     ids = prompt_ids("Reply with exactly: hello", tools=TOOLS, thinking=True)
-    out, _ = run(SimulatedEngine(tokenizer), ids, constraint=constraint)
-    text = text_of(tokenizer, out)
+    out, _ = run(SimulatedEngine(prompt_tokenizer), ids, constraint=constraint)
+    text = text_of(prompt_tokenizer, out)
     assert ebnf_accepts(constraint.value, text.removesuffix(EOS_TEXT))
     parsed = parse_completion(text, family="deepseek_v4", thinking=True)
     assert [c.name for c in parsed.tool_calls] == ["web_search"]
     jsonschema.validate(json.loads(parsed.tool_calls[0].arguments), schema_of(SEARCH_TOOL))
 
 
-def test_required_constraint_keeps_the_call_the_user_asked_for(tokenizer: Any) -> None:
+def test_required_constraint_keeps_the_call_the_user_asked_for(prompt_tokenizer: Any) -> None:
     constraint = build_tool_call_constraint("deepseek_v4", TOOLS, "required", thinking=False)
     ids = prompt_ids("What is the weather in Oslo?", tools=TOOLS)
-    out, _ = run(SimulatedEngine(tokenizer), ids, constraint=constraint)
-    text = text_of(tokenizer, out).removesuffix(EOS_TEXT)
+    out, _ = run(SimulatedEngine(prompt_tokenizer), ids, constraint=constraint)
+    text = text_of(prompt_tokenizer, out).removesuffix(EOS_TEXT)
     assert ebnf_accepts(constraint.value, text)
     assert 'invoke name="get_weather"' in text and ">Oslo<" in text
 
 
-def test_json_schema_constraint_output_is_valid_json_for_the_schema(tokenizer: Any) -> None:
+def test_json_schema_constraint_output_is_valid_json_for_the_schema(prompt_tokenizer: Any) -> None:
     schema = {
         "type": "object",
         "properties": {
@@ -180,39 +186,39 @@ def test_json_schema_constraint_output_is_valid_json_for_the_schema(tokenizer: A
         "additionalProperties": False,
     }
     ids = prompt_ids("Give me JSON for Berlin", thinking=True)
-    out, _ = run(SimulatedEngine(tokenizer), ids, constraint=build_json_schema_constraint(schema))
-    parsed = parse_completion(text_of(tokenizer, out), family="deepseek_v4", thinking=True)
+    out, _ = run(SimulatedEngine(prompt_tokenizer), ids, constraint=build_json_schema_constraint(schema))
+    parsed = parse_completion(text_of(prompt_tokenizer, out), family="deepseek_v4", thinking=True)
     jsonschema.validate(json.loads(parsed.content), schema)
 
 
-def test_regex_constraints_are_not_claimed(tokenizer: Any) -> None:
-    engine = SimulatedEngine(tokenizer)
+def test_regex_constraints_are_not_claimed(prompt_tokenizer: Any) -> None:
+    engine = SimulatedEngine(prompt_tokenizer)
     assert engine.supports_constraint("ebnf") and engine.supports_constraint("json_schema")
     assert not engine.supports_constraint("regex")
     with pytest.raises(Exception, match="cannot enforce"):
         run(engine, prompt_ids("hi"), constraint=DecodingConstraint("regex", "a+"))
 
 
-def test_max_new_tokens_cuts_with_finish_length(tokenizer: Any) -> None:
+def test_max_new_tokens_cuts_with_finish_length(prompt_tokenizer: Any) -> None:
     out, chunks = run(
-        SimulatedEngine(tokenizer, tokens_per_chunk=4), prompt_ids("write 50 words"), max_new_tokens=10
+        SimulatedEngine(prompt_tokenizer, tokens_per_chunk=4), prompt_ids("write 50 words"), max_new_tokens=10
     )
     assert len(out) == 10
     assert chunks[-1].finish_reason == "length" and chunks[-1].completion_tokens == 10
 
 
-def test_a_stop_token_id_ends_the_output_and_is_reported(tokenizer: Any) -> None:
-    engine = SimulatedEngine(tokenizer)
+def test_a_stop_token_id_ends_the_output_and_is_reported(prompt_tokenizer: Any) -> None:
+    engine = SimulatedEngine(prompt_tokenizer)
     ids = prompt_ids("Tell me about the sea", thinking=True)
     full, _ = run(engine, ids)
-    think_end = tokenizer.encode_raw("</think>")[0]
+    think_end = prompt_tokenizer.encode_raw("</think>")[0]
     out, chunks = run(engine, ids, stop_token_ids=(think_end,))
     assert out == full[: full.index(think_end) + 1]
     assert chunks[-1].finish_reason == "stop" and chunks[-1].matched_stop == think_end
 
 
-def test_usage_counts_prompt_completion_and_cached_pages(tokenizer: Any) -> None:
-    engine = SimulatedEngine(tokenizer, page_size=16)
+def test_usage_counts_prompt_completion_and_cached_pages(prompt_tokenizer: Any) -> None:
+    engine = SimulatedEngine(prompt_tokenizer, page_size=16)
     ids = prompt_ids("Tell me about the sea", tools=TOOLS)
     _, first = run(engine, ids)
     _, second = run(engine, ids[:-3] + prompt_ids("Something else entirely")[-3:])
@@ -244,9 +250,9 @@ def test_prefix_cache_evicts_the_ends_of_prompts_and_keeps_their_prefixes() -> N
     assert cache.lookup_and_insert([*range(8), *range(50, 55)]) == 12  # a1 is still there
 
 
-def test_the_engine_reads_a_prompt_as_the_text_reading_does(tokenizer: Any) -> None:
+def test_the_engine_reads_a_prompt_as_the_text_reading_does(prompt_tokenizer: Any) -> None:
     """Reading only the last turn anew (the head memoised) sees what reading the whole text sees."""
-    engine = SimulatedEngine(tokenizer)
+    engine = SimulatedEngine(prompt_tokenizer)
     prompts = [
         prompt_ids("What is the weather in Paris?", tools=TOOLS, thinking=True),
         prompt_ids("weather?", tools=TOOLS, tool_result="rainy"),
@@ -254,15 +260,15 @@ def test_the_engine_reads_a_prompt_as_the_text_reading_does(tokenizer: Any) -> N
         prompt_ids("Reply with exactly: one two"),
         # the user spells the turn opener: the frontend keeps it text, the text reading finds it last
         prompt_ids("before <｜User｜> Reply with exactly: after"),
-        tokenizer.encode_raw("no user turn at all"),
+        prompt_tokenizer.encode_raw("no user turn at all"),
     ]
     for ids in prompts:
-        expected = read_prompt(text_of(tokenizer, ids))
+        expected = read_prompt(text_of(prompt_tokenizer, ids))
         assert engine._read(ids, prompt_bytes(ids)) == expected
         assert engine._read(ids, prompt_bytes(ids)) == expected  # the head now from the memo
 
 
-def test_image_placeholders_are_counted_on_id_boundaries_only(tokenizer: Any) -> None:
+def test_image_placeholders_are_counted_on_id_boundaries_only(prompt_tokenizer: Any) -> None:
     """The placeholder id's four bytes can also appear across two neighbouring ids: those are not counted."""
     from deepseek_frontend.engines.sim.engine import IMAGE_TOKEN_ID, _count_id, _last_index
 
@@ -282,15 +288,15 @@ def test_image_placeholders_are_counted_on_id_boundaries_only(tokenizer: Any) ->
     assert _last_index(prompt_bytes(ids), IMAGE_TOKEN_ID) == 5  # type: ignore[arg-type]
 
 
-def test_fail_after_zero_fails_before_the_first_token_and_reports_unhealthy(tokenizer: Any) -> None:
-    engine = SimulatedEngine(tokenizer, fail_after=0)
+def test_fail_after_zero_fails_before_the_first_token_and_reports_unhealthy(prompt_tokenizer: Any) -> None:
+    engine = SimulatedEngine(prompt_tokenizer, fail_after=0)
     with pytest.raises(EngineUnavailableError):
         run(engine, prompt_ids("hi"))
     assert asyncio.run(engine.check_health()) is False
 
 
-def test_fail_after_n_streams_n_tokens_then_a_stream_error(tokenizer: Any) -> None:
-    engine = SimulatedEngine(tokenizer, fail_after=5, tokens_per_chunk=2)
+def test_fail_after_n_streams_n_tokens_then_a_stream_error(prompt_tokenizer: Any) -> None:
+    engine = SimulatedEngine(prompt_tokenizer, fail_after=5, tokens_per_chunk=2)
     received: list[int] = []
 
     async def consume() -> None:
@@ -303,8 +309,8 @@ def test_fail_after_n_streams_n_tokens_then_a_stream_error(tokenizer: Any) -> No
     assert engine.stats.failed == 1
 
 
-def test_abort_ends_the_stream_with_finish_abort(tokenizer: Any) -> None:
-    engine = SimulatedEngine(tokenizer)
+def test_abort_ends_the_stream_with_finish_abort(prompt_tokenizer: Any) -> None:
+    engine = SimulatedEngine(prompt_tokenizer)
 
     async def scenario() -> list[Any]:
         chunks = []
@@ -319,8 +325,8 @@ def test_abort_ends_the_stream_with_finish_abort(tokenizer: Any) -> None:
     assert list(engine.stats.aborted_ids) == ["r-abort"]
 
 
-def test_closing_the_stream_early_counts_as_an_abort(tokenizer: Any) -> None:
-    engine = SimulatedEngine(tokenizer)
+def test_closing_the_stream_early_counts_as_an_abort(prompt_tokenizer: Any) -> None:
+    engine = SimulatedEngine(prompt_tokenizer)
 
     async def scenario() -> None:
         stream = engine.generate(request_for(prompt_ids("write 100 words"), rid="r-close"))
@@ -331,8 +337,8 @@ def test_closing_the_stream_early_counts_as_an_abort(tokenizer: Any) -> None:
     assert engine.stats.aborted == 1 and engine.stats.running == 0
 
 
-def test_concurrent_streams_interleave_with_zero_delays(tokenizer: Any) -> None:
-    engine = SimulatedEngine(tokenizer)
+def test_concurrent_streams_interleave_with_zero_delays(prompt_tokenizer: Any) -> None:
+    engine = SimulatedEngine(prompt_tokenizer)
     order: list[str] = []
 
     async def one(rid: str) -> None:
@@ -347,34 +353,36 @@ def test_concurrent_streams_interleave_with_zero_delays(tokenizer: Any) -> None:
     assert order.index("b") < len(order) - order[::-1].index("a") - 1
 
 
-def test_thinking_after_a_tool_result_reasons_about_the_result(tokenizer: Any) -> None:
+def test_thinking_after_a_tool_result_reasons_about_the_result(prompt_tokenizer: Any) -> None:
     ids = prompt_ids("What is the weather in Paris?", tools=TOOLS, tool_result="sunny", thinking=True)
-    out, _ = run(SimulatedEngine(tokenizer), ids)
-    parsed = parse_completion(text_of(tokenizer, out), family="deepseek_v4", thinking=True)
+    out, _ = run(SimulatedEngine(prompt_tokenizer), ids)
+    parsed = parse_completion(text_of(prompt_tokenizer, out), family="deepseek_v4", thinking=True)
     assert parsed.reasoning_content == "The tool returned: sunny. I can answer now."
     assert parsed.content == "Based on the tool result: sunny."
 
 
-def test_a_chunk_size_range_varies_chunks_like_speculative_decoding_and_replays(tokenizer: Any) -> None:
+def test_a_chunk_size_range_varies_chunks_like_speculative_decoding_and_replays(
+    prompt_tokenizer: Any,
+) -> None:
     ids = prompt_ids("write 200 words about the sea")
-    fixed, _ = run(SimulatedEngine(tokenizer), ids)
-    out, chunks = run(SimulatedEngine(tokenizer, tokens_per_chunk=1, max_tokens_per_chunk=4), ids)
-    again, replay = run(SimulatedEngine(tokenizer, tokens_per_chunk=1, max_tokens_per_chunk=4), ids)
+    fixed, _ = run(SimulatedEngine(prompt_tokenizer), ids)
+    out, chunks = run(SimulatedEngine(prompt_tokenizer, tokens_per_chunk=1, max_tokens_per_chunk=4), ids)
+    again, replay = run(SimulatedEngine(prompt_tokenizer, tokens_per_chunk=1, max_tokens_per_chunk=4), ids)
     assert out == fixed  # the chunking changes, the output does not
     sizes = [len(c.token_ids) for c in chunks[:-1]]
     assert set(sizes) == {1, 2, 3, 4}  # every size in the range occurs over ~200 tokens
     assert [c.token_ids for c in replay] == [c.token_ids for c in chunks] and again == out
     with pytest.raises(ValueError, match="max_tokens_per_chunk"):
-        SimulatedEngine(tokenizer, tokens_per_chunk=3, max_tokens_per_chunk=2)
+        SimulatedEngine(prompt_tokenizer, tokens_per_chunk=3, max_tokens_per_chunk=2)
 
 
-def test_a_consumer_that_falls_behind_gets_the_missed_steps_in_one_chunk(tokenizer: Any) -> None:
+def test_a_consumer_that_falls_behind_gets_the_missed_steps_in_one_chunk(prompt_tokenizer: Any) -> None:
     """The engine decodes on its own clock: steps that pass while the consumer is busy are ready at
     once, as one chunk; it never runs ahead of the clock, and the output is the same."""
     ids = prompt_ids("write 40 words about the sea")
-    fixed, _ = run(SimulatedEngine(tokenizer), ids)
+    fixed, _ = run(SimulatedEngine(prompt_tokenizer), ids)
     itl = 0.02
-    engine = SimulatedEngine(tokenizer, itl_ms=itl * 1000, tokens_per_chunk=1)
+    engine = SimulatedEngine(prompt_tokenizer, itl_ms=itl * 1000, tokens_per_chunk=1)
 
     async def slow_consumer() -> tuple[list[int], list[int], list[tuple[float, int]]]:
         loop = asyncio.get_running_loop()

@@ -43,8 +43,10 @@ def events(write: bytes) -> list[dict[str, Any]]:
     return [json.loads(e[6:]) for e in write.decode().split("\n\n") if e.startswith("data: {")]
 
 
-def test_with_no_delay_the_first_token_is_written_alone_and_the_rest_in_batches(tokenizer: Any) -> None:
-    app = build_sim_app(SimulatedEngine(tokenizer))
+def test_with_no_delay_the_first_token_is_written_alone_and_the_rest_in_batches(
+    prompt_tokenizer: Any,
+) -> None:
+    app = build_sim_app(SimulatedEngine(prompt_tokenizer))
     body = {
         "input_ids": prompt_ids("Write a long story"),
         "sampling_params": {"max_new_tokens": 40, "ignore_eos": True},
@@ -55,13 +57,13 @@ def test_with_no_delay_the_first_token_is_written_alone_and_the_rest_in_batches(
     assert sum(len(e["output_ids"]) for w in writes for e in events(w)) == 40
 
 
-def test_follow_ups_read_through_the_prompt_memo_answer_as_read_whole(tokenizer: Any) -> None:
+def test_follow_ups_read_through_the_prompt_memo_answer_as_read_whole(prompt_tokenizer: Any) -> None:
     """Compact bodies (the frontend's) take the memo's path; spaced ones (json.dumps) the full parse:
     the same conversation's follow-ups get the same answers, prompt and cached token counts."""
     history = prompt_ids("Summarise the notes. " + "The frontend streams tokens. " * 300)
     answers: dict[str, list[Any]] = {}
     for style in ("compact", "spaced"):
-        app = build_sim_app(SimulatedEngine(tokenizer))
+        app = build_sim_app(SimulatedEngine(prompt_tokenizer))
         answers[style] = []
         for turn in range(4):
             ids = history + prompt_ids(f"Follow-up {turn}?")[1:]  # the same head, a new last turn

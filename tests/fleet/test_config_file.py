@@ -86,8 +86,8 @@ def test_command_line_flags_are_every_models_defaults_and_entries_override_them(
     )
     fleet = load("--config", str(config), "--max-concurrent-requests", "64", "--default-thinking", "on")
     m1, m2 = fleet.models
-    assert (m1.limits.max_concurrent_requests, m1.default_thinking) == (64, True)
-    assert (m2.limits.max_concurrent_requests, m2.default_thinking) == (7, False)
+    assert (m1.limits.max_concurrent_requests, m1.model.default_thinking) == (64, True)
+    assert (m2.limits.max_concurrent_requests, m2.model.default_thinking) == (7, False)
 
 
 @pytest.mark.parametrize(

@@ -43,7 +43,7 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_v41_is_served_on_the_simulated_engine_without_a_checkpoint() -> None:
     config = ServerConfig.from_args(parse("--served-model-name", "deepseek-v4.1-flash"))
-    assert config.family == "deepseek_v41" and config.reasoning_effort_profile == "release"
+    assert config.model.family == "deepseek_v41" and config.model.reasoning_effort_profile == "release"
 
 
 def test_real_workers_need_the_checkpoint_tokenizer(tmp_path: Path) -> None:
@@ -63,7 +63,7 @@ def test_the_effort_profile_must_fit_the_family(tmp_path: Path) -> None:
     config = ServerConfig.from_args(
         parse("--model-path", str(model), "--reasoning-effort-profile", "prerelease")
     )
-    assert config.reasoning_effort_profile == "prerelease"
+    assert config.model.reasoning_effort_profile == "prerelease"
 
 
 def test_the_stand_in_tokenizer_has_one_id_per_v41_token() -> None:

@@ -18,6 +18,7 @@ import pytest
 
 from deepseek_frontend.errors import FormatError
 from deepseek_frontend.formats import dsv41, get_chat_format
+from tests.support.tokenizers import v41_tokenizer
 
 FIXTURES = Path(__file__).resolve().parent / "dsv41_fixtures"
 WHERE = re.compile(
@@ -203,20 +204,10 @@ def test_the_streaming_parser_survives_what_the_reference_rejects(case: dict[str
     assert by_char.calls() == whole.calls()
 
 
-@pytest.fixture(scope="module")
-def stand_in() -> Any:
-    from deepseek_frontend.tokenization import (
-        PromptTokenizer,
-        bundled_tokenizer_path,
-        v41_stand_in_tokenizer_json,
-    )
-
-    return PromptTokenizer(v41_stand_in_tokenizer_json(bundled_tokenizer_path().read_text(encoding="utf-8")))
-
-
-def test_segments_tokenize_as_the_reference_prompt_does(stand_in: Any) -> None:
+def test_segments_tokenize_as_the_reference_prompt_does() -> None:
     """For every golden prompt whose request text spells no token, the injection-safe ids of our
     segments equal the V4.1 tokenizer's ids of the reference prompt string (one id per special)."""
+    stand_in = v41_tokenizer()
     checked = 0
     for param in _load("dsv41_encode.jsonl"):
         case = param.values[0]

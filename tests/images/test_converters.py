@@ -14,14 +14,16 @@ from deepseek_frontend.api.anthropic.convert import IMAGE_PLACEHOLDER, convert_m
 from deepseek_frontend.api.openai.chat_request import to_chat_request
 from deepseek_frontend.api.responses.convert import convert_responses_request
 from deepseek_frontend.errors import RequestError
-from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
 from deepseek_frontend.formats.dsv41 import ImagePart
 
 URL = "data:image/png;base64,iVBORw0KGgo="
 V41 = ServerConfig(
-    served_model_name="deepseek-v4.1-flash", family="deepseek_v41", reasoning_effort_profile="release"
+    ModelConfig(
+        served_model_name="deepseek-v4.1-flash", family="deepseek_v41", reasoning_effort_profile="release"
+    )
 )
-V4 = ServerConfig(served_model_name="deepseek-v4-flash")
+V4 = ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash"))
 IMAGE_URL_PART = {"type": "image_url", "image_url": {"url": URL}}
 INPUT_IMAGE = {"type": "input_image", "image_url": URL}
 CALL = {"name": "f", "arguments": "{}"}

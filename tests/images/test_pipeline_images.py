@@ -1,65 +1,40 @@
 """The pipeline with images (DeepSeek-V4.1): one placeholder id per image, expanded accounting, hand-off.
 
-In process: a V4.1 ``ChatPipeline`` on the stand-in tokenizer over a recording engine, so the
+In process: a V4.1 ``ChatPipeline`` on the stand-in tokenizer over a scripted engine, so the
 ``GenerateRequest`` the engine receives can be read directly.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
-from deepseek_frontend.engines.base import EngineChunk, GenerateRequest, WorkerCapabilities
+from deepseek_frontend.engines.base import WorkerCapabilities
 from deepseek_frontend.errors import ContextLengthError, UnsupportedFeatureError
-from deepseek_frontend.fleet.config import ServerConfig
 from deepseek_frontend.images import ImageOptions, ImageResolver, image_token_count, make_image_part
-from deepseek_frontend.pipeline.chat import ChatPipeline, ChatRequest
-from deepseek_frontend.tokenization import (
-    PromptTokenizer,
-    bundled_tokenizer_path,
-    v41_stand_in_tokenizer_json,
-)
+from deepseek_frontend.pipeline.chat import ChatPipeline, ChatRequest, PipelineConfig
+from tests.support.engine import ALL_CONSTRAINTS, ScriptedEngine
 from tests.support.images import data_url
+from tests.support.tokenizers import v41_tokenizer
 
 IMAGE_ID = 129264
 CONTEXT = 8192
 
 
-class RecordingEngine:
-    """Answers every request with EOS and keeps the requests it got; reports ``caps`` when given."""
-
-    def __init__(self, eos: int, caps: WorkerCapabilities | None = None) -> None:
-        self.eos = eos
-        self.caps = caps
-        self.requests: list[GenerateRequest] = []
-
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
-        self.requests.append(request)
-        yield EngineChunk([self.eos], "stop")
-
-    def supports_constraint(self, kind: str) -> bool:
-        return True
-
-    def capabilities(self) -> WorkerCapabilities | None:
-        return self.caps
-
-
-@pytest.fixture(scope="module")
-def tokenizer() -> PromptTokenizer:
-    return PromptTokenizer(v41_stand_in_tokenizer_json(bundled_tokenizer_path().read_text(encoding="utf-8")))
-
-
-def pipeline(tokenizer: PromptTokenizer, caps: WorkerCapabilities | None = None) -> ChatPipeline:
-    config = ServerConfig(
+def pipeline(caps: WorkerCapabilities | None = None) -> ChatPipeline:
+    """A V4.1 pipeline on the stand-in tokenizer over a scripted engine that answers EOS and reports
+    ``caps``."""
+    tokenizer = v41_tokenizer()
+    config = PipelineConfig(
         served_model_name="deepseek-v4.1-flash",
         family="deepseek_v41",
-        reasoning_effort_profile="release",
+        engine="sim",
         context_length=CONTEXT,
+        reasoning_effort_profile="release",
     )
-    return ChatPipeline(config, tokenizer, RecordingEngine(tokenizer.eos_token_id, caps))  # type: ignore[arg-type]
+    return ChatPipeline(config, tokenizer, ScriptedEngine(tokenizer, constraints=ALL_CONSTRAINTS, caps=caps))
 
 
 def resolved_request(*sizes: tuple[int, int], text: str = "Compare these.", **fields: Any) -> ChatRequest:
@@ -72,8 +47,8 @@ def resolved_request(*sizes: tuple[int, int], text: str = "Compare these.", **fi
     return ChatRequest(messages=messages, request_id="r", reasoning_effort="high", **fields)
 
 
-def test_one_placeholder_per_image_and_the_expanded_count(tokenizer: PromptTokenizer) -> None:
-    pipe = pipeline(tokenizer)
+def test_one_placeholder_per_image_and_the_expanded_count() -> None:
+    pipe = pipeline()
     req = resolved_request((640, 480), (1024, 1024))
     prepared = pipe.prepare(req)
     assert prepared.input_ids.count(IMAGE_ID) == 2  # never pre-expanded
@@ -86,8 +61,8 @@ def test_one_placeholder_per_image_and_the_expanded_count(tokenizer: PromptToken
     assert prepared.images == (data_url(640, 480), data_url(1024, 1024))
 
 
-def test_the_engine_gets_the_images_in_placeholder_order(tokenizer: PromptTokenizer) -> None:
-    pipe = pipeline(tokenizer)
+def test_the_engine_gets_the_images_in_placeholder_order() -> None:
+    pipe = pipeline()
     prepared = pipe.prepare(resolved_request((10, 20), (30, 40), (50, 60)))
 
     async def go() -> None:
@@ -96,13 +71,13 @@ def test_the_engine_gets_the_images_in_placeholder_order(tokenizer: PromptTokeni
             pass
 
     asyncio.run(go())
-    (sent,) = pipe.backend.requests  # type: ignore[attr-defined]
+    (sent,) = pipe.engine.requests  # type: ignore[attr-defined]
     assert sent.images == (data_url(10, 20), data_url(30, 40), data_url(50, 60))
     assert sent.input_ids == prepared.input_ids
 
 
-def test_the_context_check_counts_images_expanded(tokenizer: PromptTokenizer) -> None:
-    pipe = pipeline(tokenizer)
+def test_the_context_check_counts_images_expanded() -> None:
+    pipe = pipeline()
     prepared = pipe.prepare(resolved_request((1920, 1080)))
     placeholders_only = len(prepared.input_ids)
     # fits if the image were one token; does not with its 968
@@ -111,12 +86,10 @@ def test_the_context_check_counts_images_expanded(tokenizer: PromptTokenizer) ->
     assert image_token_count(1920, 1080) == 968
 
 
-def test_workers_without_an_image_processor_refuse_up_front(tokenizer: PromptTokenizer) -> None:
+def test_workers_without_an_image_processor_refuse_up_front() -> None:
     caps = WorkerCapabilities(extra={"skip_tokenizer_init": True})
     with pytest.raises(UnsupportedFeatureError) as info:
-        pipeline(tokenizer, caps).prepare(resolved_request((64, 64)))
+        pipeline(caps).prepare(resolved_request((64, 64)))
     assert info.value.param == "messages[0].content[1]" and "--skip-tokenizer-init" in info.value.message
     # the same workers serve text
-    assert pipeline(tokenizer, caps).prepare(
-        ChatRequest(messages=[{"role": "user", "content": "hi"}], request_id="t")
-    )
+    assert pipeline(caps).prepare(ChatRequest(messages=[{"role": "user", "content": "hi"}], request_id="t"))

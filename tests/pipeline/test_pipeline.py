@@ -1,6 +1,6 @@
 """ChatPipeline: prepare (render, tokenize, limits, constraints) and stream (detokenize, parse, stop, usage).
 
-The engine is scripted (``fakes.ScriptedEngine``), so each test controls the exact chunking.
+The engine is scripted (``tests/support/engine.py``), so each test controls the exact chunking.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from deepseek_frontend.errors import (
     RequestError,
     UnsupportedFeatureError,
 )
-from deepseek_frontend.fleet.config import ServerConfig
 from deepseek_frontend.parsing import ContentDelta, ReasoningDelta, ToolCallArgumentsDelta, ToolCallStart
 from deepseek_frontend.pipeline.chat import (
     UNKNOWN_RESERVATION_MARGIN,
@@ -25,12 +24,19 @@ from deepseek_frontend.pipeline.chat import (
     ChatRequest,
     ChoiceAccumulator,
     PipelineChunk,
+    PipelineConfig,
     collect,
 )
 from deepseek_frontend.tokenization import PromptTokenizer
-from tests.api.fakes import ScriptedEngine
+from tests.support.engine import ScriptedEngine
 
-CONFIG = ServerConfig(served_model_name="deepseek-v4-flash", context_length=4096)
+CONFIG = PipelineConfig(
+    served_model_name="deepseek-v4-flash",
+    family="deepseek_v4",
+    engine="sim",
+    context_length=4096,
+    reasoning_effort_profile="preview",
+)
 WEATHER = {
     "type": "function",
     "function": {
@@ -54,7 +60,7 @@ def request(**fields: Any) -> ChatRequest:
     return ChatRequest(**{**base, **fields})
 
 
-def make(tokenizer: PromptTokenizer, pieces: list[str], config: ServerConfig = CONFIG, **engine: Any):
+def make(tokenizer: PromptTokenizer, pieces: list[str], config: PipelineConfig = CONFIG, **engine: Any):
     backend = ScriptedEngine(tokenizer, pieces, **engine)
     return ChatPipeline(config, tokenizer, backend), backend
 

@@ -19,7 +19,7 @@ from deepseek_frontend.errors import RequestError, UnsupportedFeatureError
 from deepseek_frontend.parsing.constraints import ebnf_accepts
 from deepseek_frontend.pipeline.chat import ChatPipeline, ChatRequest, ChoiceAccumulator, collect
 from deepseek_frontend.tokenization import PromptTokenizer
-from tests.api.fakes import ScriptedEngine
+from tests.support.engine import ScriptedEngine
 
 from .test_pipeline import CONFIG, WEATHER, request
 

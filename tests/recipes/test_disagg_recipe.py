@@ -319,10 +319,10 @@ def test_the_bootstrap_port_the_frontend_sends_is_the_one_the_prefill_leader_ser
 
 
 def test_frontend_probes_hit_real_frontend_paths_on_its_port() -> None:
-    from deepseek_frontend.fleet.config import ServerConfig
+    from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
     from deepseek_frontend.server.app import create_app
 
-    app = create_app(ServerConfig(served_model_name="deepseek-ai/DeepSeek-V4-Pro"))
+    app = create_app(ServerConfig(ModelConfig(served_model_name="deepseek-ai/DeepSeek-V4-Pro")))
     routes = {route.path for route in app.routes}
     frontend = _frontend()
     port = _frontend_args(frontend).port

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from deepseek_frontend.cli import build_parser
-from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
 from deepseek_frontend.fleet.config_file import Fleet, fleet_from_args
 from deepseek_frontend.server.serve_flags import flag_actions
 
@@ -241,7 +241,7 @@ def test_frontend_probes_hit_live_and_health_on_its_port() -> None:
     from deepseek_frontend.fleet.config import ServerConfig
     from deepseek_frontend.server.app import create_app
 
-    routes = {r.path for r in create_app(ServerConfig(served_model_name=V4)).routes}
+    routes = {r.path for r in create_app(ServerConfig(ModelConfig(served_model_name=V4))).routes}
     container = _frontend().container
     port = _frontend_args(_frontend().argv).port
     probes = http_probes(container)
@@ -300,17 +300,17 @@ def test_each_checkpoint_is_the_one_its_workers_load_on_the_claim_its_recipe_fil
 
 def test_config_loads_into_the_two_models(tmp_path: Path) -> None:
     fleet = _staged_fleet(tmp_path)
-    assert [m.served_model_name for m in fleet.models] == [V4, V41]  # V4 first: the default model
-    by_name = {m.served_model_name: m for m in fleet.models}
-    assert {name: m.family for name, m in by_name.items()} == FAMILY
-    assert {m.engine for m in fleet.models} == {"sglang"}
-    assert by_name[V4].workers == ("dns+http://dsv4-flash-sglang-workers:30000",)
-    assert by_name[V41].workers == ("dns+http://dsv41-flash-sglang-workers:30000",)
-    assert by_name[V4].model_aliases == ()  # V4 keeps only its own name
-    assert [a.pattern for a in by_name[V41].model_aliases] == ["deepseek-flash", "claude-*"]
+    assert [m.model.served_model_name for m in fleet.models] == [V4, V41]  # V4 first: the default model
+    by_name = {m.model.served_model_name: m for m in fleet.models}
+    assert {name: m.model.family for name, m in by_name.items()} == FAMILY
+    assert {m.engine.kind for m in fleet.models} == {"sglang"}
+    assert by_name[V4].engine.workers == ("dns+http://dsv4-flash-sglang-workers:30000",)
+    assert by_name[V41].engine.workers == ("dns+http://dsv41-flash-sglang-workers:30000",)
+    assert by_name[V4].model.model_aliases == ()  # V4 keeps only its own name
+    assert [a.pattern for a in by_name[V41].model.model_aliases] == ["deepseek-flash", "claude-*"]
     assert {m.router.mode for m in fleet.models} == {"kv"}
-    assert all(m.default_thinking for m in fleet.models)
-    assert all(not m.prefill_workers and not m.decode_workers for m in fleet.models)  # aggregated
+    assert all(m.model.default_thinking for m in fleet.models)
+    assert all(not m.pd.prefill_workers and not m.pd.decode_workers for m in fleet.models)  # aggregated
 
 
 @dataclass(frozen=True)
@@ -326,7 +326,7 @@ def test_request_names_reach_the_model_the_readme_says(tmp_path: Path) -> None:
     from deepseek_frontend.fleet.registry import ModelRegistry
 
     fleet = _staged_fleet(tmp_path)
-    registry = ModelRegistry([_RoutedModel(m.served_model_name, m) for m in fleet.models])
+    registry = ModelRegistry([_RoutedModel(m.model.served_model_name, m) for m in fleet.models])
     assert fleet.tenants is not None
     tenants = {t.name: t for t in fleet.tenants}
 

@@ -287,10 +287,10 @@ def test_workers_keep_a_grammar_backend_and_set_no_retired_environment(variant: 
 
 def _frontend_routes() -> set[str]:
     """Paths the frontend app serves, read from the app itself."""
-    from deepseek_frontend.fleet.config import ServerConfig
+    from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
     from deepseek_frontend.server.app import create_app
 
-    app = create_app(ServerConfig(served_model_name="deepseek-ai/DeepSeek-V4-Flash"))
+    app = create_app(ServerConfig(ModelConfig(served_model_name="deepseek-ai/DeepSeek-V4-Flash")))
     return {route.path for route in app.routes}
 
 
@@ -424,10 +424,10 @@ def test_frontend_args_resolve_to_a_server_config_for_sglang_workers(variant: st
             # (the frontend refuses to start without them): a checkpoint directory stands in for the PVC.
             args.model_path = str(v41_checkpoint(tmp_path / Path(frontend.source).name))
         config = ServerConfig.from_args(args)
-        assert config.family == FAMILY[variant], frontend.source
-        assert config.engine == "sglang"
-        assert config.default_thinking is True
-        assert len(config.workers) == 1 and config.workers[0].startswith("dns+http://")
+        assert config.model.family == FAMILY[variant], frontend.source
+        assert config.engine.kind == "sglang"
+        assert config.model.default_thinking is True
+        assert len(config.engine.workers) == 1 and config.engine.workers[0].startswith("dns+http://")
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

@@ -22,7 +22,8 @@ import httpx
 import pytest
 import uvicorn
 
-from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.engines.config import EngineConfig
+from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
 from deepseek_frontend.server.acceptor import FrontendServer
 from deepseek_frontend.server.app import create_app
 from deepseek_frontend.server.http_protocol import guarded_protocol
@@ -37,7 +38,9 @@ REQUEST_STATE_TYPES = {"RequestResponseCycle", "DisconnectWatch", "TCPTransport"
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[uvicorn.Server]:
-    app = create_app(ServerConfig(served_model_name="deepseek-v4-flash", engine="sim"))
+    app = create_app(
+        ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash"), EngineConfig(kind="sim"))
+    )
     port = free_port()
     state = app.state.frontend
     config = uvicorn.Config(

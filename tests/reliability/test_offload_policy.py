@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from deepseek_frontend.api.openai.chat_request import to_chat_request
+from deepseek_frontend.engines.config import EngineConfig
 from deepseek_frontend.engines.sim.engine import SimulatedEngine
-from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
 from deepseek_frontend.pipeline.chat import ChatPipeline
 from deepseek_frontend.pipeline.offload import OFFLOAD_NICENESS, OffloadPool
 from deepseek_frontend.server.app import create_app
@@ -31,10 +32,13 @@ pytestmark = pytest.mark.timeout(120)
 WORDS = ["the", "frontend", "renders", "prompts", "and", "parses", "tool", "calls", "from", "every", "chunk"]
 
 
+CONFIG = ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash"), EngineConfig(kind="sim"))
+
+
 def _pipeline() -> ChatPipeline:
+    """The served model's pipeline over a tokenizer of its own (its caches start cold)."""
     tokenizer = PromptTokenizer.load()
-    config = ServerConfig(served_model_name="deepseek-v4-flash", engine="sim")
-    app = create_app(config, tokenizer=tokenizer, backend=SimulatedEngine(tokenizer))
+    app = create_app(CONFIG, tokenizer=tokenizer, backend=SimulatedEngine(tokenizer))
     return app.state.frontend.models.default.pipeline
 
 
@@ -58,7 +62,7 @@ def _record_offloads(pipeline: ChatPipeline) -> list[Any]:
 def test_a_cached_follow_up_prepares_on_the_loop_and_a_cold_prompt_tokenizes_on_a_thread() -> None:
     pipeline, reference = _pipeline(), _pipeline()
     offloaded = _record_offloads(pipeline)
-    config = pipeline.config
+    config = CONFIG
     history = [{"role": "user", "content": _text(3000, "design notes")}]
     assert len(history[0]["content"]) > 4 * pipeline.offload_min_chars
 
@@ -79,7 +83,7 @@ def test_a_short_cold_prompt_stays_on_the_loop() -> None:
     pipeline = _pipeline()
     offloaded = _record_offloads(pipeline)
     messages = [{"role": "user", "content": _text(20, "short")}]
-    asyncio.run(pipeline.prepare_async(to_chat_request({"messages": messages}, pipeline.config, "r")))
+    asyncio.run(pipeline.prepare_async(to_chat_request({"messages": messages}, CONFIG, "r")))
     assert offloaded == []
 
 
@@ -148,11 +152,11 @@ def test_the_tokenizer_self_check_runs_on_an_offload_thread_not_the_loop() -> No
 
     async def scenario() -> tuple[threading.Thread, list[int], list[int]]:
         loop_thread = threading.current_thread()
-        good = list((await pipeline.prepare_async(to_chat_request(body, pipeline.config, "a"))).input_ids)
+        good = list((await pipeline.prepare_async(to_chat_request(body, CONFIG, "a"))).input_ids)
         # corrupt the run's cached ids, as a tokenizer bug would, and forget the prompt itself
         tokenizer.cache.put(text, (1, 2, 3))
         tokenizer.prefix_cache.clear()
-        bad = list((await pipeline.prepare_async(to_chat_request(body, pipeline.config, "b"))).input_ids)
+        bad = list((await pipeline.prepare_async(to_chat_request(body, CONFIG, "b"))).input_ids)
         deadline = time.monotonic() + 30
         while len(checked_on) < 2 or tokenizer.cache.max_bytes != 0:
             assert time.monotonic() < deadline, "the self-checks did not run"
@@ -163,5 +167,5 @@ def test_the_tokenizer_self_check_runs_on_an_offload_thread_not_the_loop() -> No
     assert checked_on and all(t is not loop_thread for t in checked_on)
     assert bad != good  # served from the corrupt entry; the check then switched the caches off
     assert tokenizer.cache.max_bytes == 0 and tokenizer.prefix_cache.max_entries == 0
-    again = pipeline.prepare(to_chat_request(body, pipeline.config, "c"))
+    again = pipeline.prepare(to_chat_request(body, CONFIG, "c"))
     assert list(again.input_ids) == good

@@ -116,12 +116,9 @@ def test_values_from_clients_and_workers_cannot_break_a_log_line() -> None:
 # --------------------------------------------------------------------------- long runs
 
 
-@pytest.fixture(scope="module")
-def tokenizer() -> PromptTokenizer:
-    return PromptTokenizer.load()
-
-
-def test_long_runs_are_encoded_in_pieces_with_the_ids_of_one_encode(tokenizer: PromptTokenizer) -> None:
+def test_long_runs_are_encoded_in_pieces_with_the_ids_of_one_encode(
+    prompt_tokenizer: PromptTokenizer,
+) -> None:
     rng = random.Random(7)
     words = [
         "hello",
@@ -141,7 +138,10 @@ def test_long_runs_are_encoded_in_pieces_with_the_ids_of_one_encode(tokenizer: P
         text = " ".join(rng.choice(words) for _ in range(40_000))
         pieces = split_long_run(text)
         assert len(pieces) > 1 and "".join(pieces) == text
-        assert tokenizer.encode_text(text) == tokenizer.text.encode(text, add_special_tokens=False).ids
+        assert (
+            prompt_tokenizer.encode_text(text)
+            == prompt_tokenizer.text.encode(text, add_special_tokens=False).ids
+        )
 
 
 # --------------------------------------------------------------------------- pool deadlines

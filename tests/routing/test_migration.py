@@ -17,7 +17,8 @@ from deepseek_frontend.engines.sim.engine import SimulatedEngine
 from deepseek_frontend.engines.sim.server import SimFaults, build_sim_app
 from deepseek_frontend.errors import EngineStreamError
 from deepseek_frontend.routing import Router, RouterConfig
-from tests.engines.conftest import collect, load_tokenizer, prompt_ids, request_for, serve_app, wait_until
+from tests.engines.conftest import collect, prompt_ids, request_for, serve_app, wait_until
+from tests.support.tokenizers import bundled_tokenizer
 
 
 def run(test: Callable[[], Awaitable[None]]) -> None:
@@ -26,7 +27,7 @@ def run(test: Callable[[], Awaitable[None]]) -> None:
 
 def reference(ids: list[int], **sampling: object) -> list[int]:
     """What one healthy worker writes for the request, uninterrupted."""
-    out, _ = asyncio.run(collect(SimulatedEngine(load_tokenizer()), request_for(ids, **sampling)))
+    out, _ = asyncio.run(collect(SimulatedEngine(bundled_tokenizer()), request_for(ids, **sampling)))
     return out
 
 
@@ -37,7 +38,7 @@ def test_a_stream_broken_mid_response_continues_on_another_worker_unchanged(fail
     assert len(expected) > 20
 
     async def scenario() -> None:
-        tok = load_tokenizer()
+        tok = bundled_tokenizer()
         flaky_engine, steady_engine = SimulatedEngine(tok), SimulatedEngine(tok)
         flaky = build_sim_app(flaky_engine, faults=SimFaults(fail_after=7, fail_mode=fail_mode))  # type: ignore[arg-type]
         async with serve_app(flaky) as bad, serve_app(build_sim_app(steady_engine)) as good:
@@ -64,7 +65,7 @@ def test_a_stream_broken_mid_response_continues_on_another_worker_unchanged(fail
 async def _with_one_flaky_worker(
     test: Callable[..., Awaitable[None]], *, limit: int = 2, fail_after: int = 7
 ) -> None:
-    tok = load_tokenizer()
+    tok = bundled_tokenizer()
     flaky_engine, steady_engine = SimulatedEngine(tok), SimulatedEngine(tok)
     flaky = build_sim_app(flaky_engine, faults=SimFaults(fail_after=fail_after, fail_mode="disconnect"))
     async with serve_app(flaky) as bad, serve_app(build_sim_app(steady_engine)) as good:

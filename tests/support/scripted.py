@@ -1,45 +1,29 @@
-"""An in-process app over a scripted engine backend, for failure tests of any protocol.
+"""An in-process app over the scripted engine, for failure tests of any protocol.
 
-:func:`scripted_client` runs the real app (Starlette's ``TestClient``, no sockets) over
-:class:`ScriptedBackend`, which yields the given engine chunks and then raises the given
-error: a failure before the first token (no chunks) or mid-stream (some chunks first).
+:func:`scripted_client` runs the real app (Starlette's ``TestClient``, no sockets) over a
+:class:`~tests.support.engine.ScriptedEngine` that yields the given engine chunks and then raises
+the given error: a failure before the first token (no chunks) or mid-stream (some chunks first).
 :func:`scripted_stream` sends one streamed request to it; :func:`named_events` parses an
 ``event:`` / ``data:`` SSE body (Anthropic, Responses).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import orjson
 from starlette.testclient import TestClient
 
-from deepseek_frontend.engines.base import EngineChunk, GenerateRequest
-from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
+from deepseek_frontend.generation import EngineChunk
 from deepseek_frontend.server.app import create_app
 from deepseek_frontend.tokenization import PromptTokenizer
+from tests.support.engine import ALL_CONSTRAINTS, ScriptedEngine
 
 #: the served model name of :func:`scripted_client`'s app
 MODEL = "deepseek-v4-flash"
-
-
-class ScriptedBackend:
-    """Yields ``chunks`` then raises ``error`` (if any); supports every decoding constraint."""
-
-    def __init__(self, chunks: list[EngineChunk], error: Exception | None) -> None:
-        self.chunks = chunks
-        self.error = error
-
-    async def generate(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
-        for chunk in self.chunks:
-            yield chunk
-        if self.error is not None:
-            raise self.error
-
-    def supports_constraint(self, kind: str) -> bool:
-        return True
 
 
 @contextmanager
@@ -49,9 +33,8 @@ def scripted_client(
     """A started ``TestClient`` for the app over a backend that sends one engine chunk per text of
     ``texts`` (tokenized), then raises ``error``; closed on exit."""
     chunks = [EngineChunk(token_ids=tokenizer.encode_text(text), prompt_tokens=5) for text in texts]
-    app = create_app(
-        ServerConfig(served_model_name=MODEL), tokenizer=tokenizer, backend=ScriptedBackend(chunks, error)
-    )
+    engine = ScriptedEngine(tokenizer, chunks=chunks, error=error, constraints=ALL_CONSTRAINTS)
+    app = create_app(ServerConfig(ModelConfig(served_model_name=MODEL)), tokenizer=tokenizer, backend=engine)
     with TestClient(app) as client:
         yield client
 

@@ -159,14 +159,14 @@ def to_chat_request(converted: ConvertedChat, config: ServerConfig, request_id: 
     from deepseek_frontend.formats.effort import V41_PROFILES, budget_from_thinking_tokens
     from deepseek_frontend.pipeline.chat import ChatRequest
 
-    model = config.resolve_model(converted.model)
-    thinking = config.default_thinking if converted.thinking is None else converted.thinking
+    model = config.model.resolve_model(converted.model)
+    thinking = config.model.default_thinking if converted.thinking is None else converted.thinking
     raw_effort = converted.reasoning_effort
     param = converted.effort_param
     if (
         raw_effort is None
         and converted.thinking_budget_tokens is not None
-        and config.reasoning_effort_profile in V41_PROFILES
+        and config.model.reasoning_effort_profile in V41_PROFILES
     ):
         # V4.1 has a numeric effort: a thinking token budget maps onto it (V4 keeps its words).
         raw_effort = budget_from_thinking_tokens(converted.thinking_budget_tokens)
@@ -174,7 +174,7 @@ def to_chat_request(converted: ConvertedChat, config: ServerConfig, request_id: 
     # An unset effort goes through the profile too: the "official" profile's default is
     # "high" (what DeepSeek's API renders), not "no effort text".
     effort = (
-        normalize_reasoning_effort(raw_effort, config.reasoning_effort_profile, param=param)
+        normalize_reasoning_effort(raw_effort, config.model.reasoning_effort_profile, param=param)
         if thinking
         else None
     )

@@ -55,7 +55,7 @@ def render_request(args: argparse.Namespace) -> tuple[str, list[PromptSegment]]:
     """The format family and the prompt segments of the request in ``args.file``, rendered as ``serve``
     would (the family from ``--model-path``, else the request's ``model``, else DeepSeek-V4)."""
     from deepseek_frontend.api.openai.chat_request import to_chat_request
-    from deepseek_frontend.fleet.config import ServerConfig
+    from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
     from deepseek_frontend.formats import default_effort_profile, detect_family, read_checkpoint
     from deepseek_frontend.pipeline.chat import PromptRenderer
 
@@ -64,15 +64,17 @@ def render_request(args: argparse.Namespace) -> tuple[str, list[PromptSegment]]:
     checkpoint = read_checkpoint(args.model_path)
     family = detect_family(checkpoint, model) or "deepseek_v4"
     config = ServerConfig(
-        served_model_name=model or "deepseek",
-        family=family,
-        model_path=args.model_path,
-        default_thinking=args.default_thinking == "on",
-        reasoning_effort_profile=args.reasoning_effort_profile
-        or default_effort_profile(checkpoint, model),
+        ModelConfig(
+            served_model_name=model or "deepseek",
+            family=family,
+            model_path=args.model_path,
+            default_thinking=args.default_thinking == "on",
+            reasoning_effort_profile=args.reasoning_effort_profile
+            or default_effort_profile(checkpoint, model),
+        )
     )
     req = to_chat_request(body, config, "offline")
-    return family, PromptRenderer(family, config.reasoning_effort_profile).render(req)
+    return family, PromptRenderer(family, config.model.reasoning_effort_profile).render(req)
 
 
 def report_error(exc: FrontendError) -> int:

@@ -1,4 +1,4 @@
-"""The two legs of a prefill/decode pair (routing/pd.py): the legs' requests (SGLang's bootstrap
+"""The two legs of a prefill/decode pair (disagg/pool.py): the legs' requests (SGLang's bootstrap
 fields and DP rank hints) and the runs of the prefill leg (SGLang streamed, vLLM unstreamed)."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from deepseek_frontend.engines.pool import WorkerPool
+from deepseek_frontend.engines.vllm import VLLMClient
 from deepseek_frontend.errors import EngineTimeoutError, EngineUnavailableError
 from deepseek_frontend.generation import EngineChunk, GenerateRequest
 
@@ -102,12 +103,11 @@ async def vllm_prefill(prefill: WorkerPool, url: str, request: GenerateRequest) 
     limit = prefill.limits.first_token_timeout_s
     leg = dataclasses.replace(request, extra_fields={"kv_transfer_params": dict(VLLM_PREFILL_PARAMS)})
     async with prefill.occupy(url, request) as client:
-        remote_prefill = getattr(client, "remote_prefill", None)
-        if remote_prefill is None:
+        if not isinstance(client, VLLMClient):
             raise EngineUnavailableError(f"{url}: not a vLLM worker")
         try:
             async with asyncio.timeout(limit):
-                params = await remote_prefill(leg)
+                params = await client.remote_prefill(leg)
         except TimeoutError:
             raise EngineTimeoutError(
                 f"the prefill worker did not answer within {limit:g} s; the request was aborted"

@@ -1,4 +1,4 @@
-"""Prometheus view of the prefill/decode orchestrator (routing/pd.py), read at scrape time.
+"""Prometheus view of the prefill/decode orchestrator (disagg/pool.py), read at scrape time.
 
 Exported (prefix ``deepseek_frontend_``):
 
@@ -19,28 +19,49 @@ Exported (prefix ``deepseek_frontend_``):
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Protocol
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from .pool import OUTCOMES, TRANSFER_BUCKETS
+from deepseek_frontend.engines.pool import WorkerPool
 
-__all__ = ["PdCollector"]
+from .parts import OUTCOMES, TRANSFER_BUCKETS, PdStats
+
+__all__ = ["PdCollector", "PdSource"]
 
 PREFIX = "deepseek_frontend"
+
+
+class PdSource(Protocol):
+    """What the collector reads of the orchestrator (``disagg/pool.py``'s DisaggregatedPool)."""
+
+    @property
+    def stats(self) -> PdStats:
+        """The orchestrator's counters."""
+        ...
+
+    @property
+    def prefill(self) -> WorkerPool:
+        """The prefill role's pool."""
+        ...
+
+    @property
+    def decode(self) -> WorkerPool:
+        """The decode role's pool."""
+        ...
 
 
 class PdCollector:
     """Register on a ``CollectorRegistry`` to export a DisaggregatedPool's counters."""
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: PdSource) -> None:
         self.pool = pool
 
     def describe(self) -> Iterator[Metric]:
         return iter(())
 
     def collect(self) -> Iterator[Metric]:
-        stats = self.pool.pd_stats()
+        stats = self.pool.stats
         outcomes = CounterMetricFamily(
             f"{PREFIX}_pd_requests", "Prefill/decode requests by outcome.", labels=["outcome"]
         )

@@ -1,5 +1,5 @@
-"""The prefill/decode orchestrator's parts (routing/pd.py): its settings, counters, rooms, the
-request's log line and the helpers that stop and judge a leg."""
+"""The prefill/decode orchestrator's parts (disagg/pool.py): its settings and the deployment they
+belong to, counters, rooms, the request's log line and the helpers that stop and judge a leg."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ __all__ = [
     "TRANSFER_TIMEOUT_S",
     "LegFailed",
     "PdConfig",
+    "PdDeployment",
     "PdStats",
     "RoleMismatchError",
     "Rooms",
@@ -113,9 +114,24 @@ class PdConfig:
     prefill_grace_s: float = PREFILL_GRACE_S
 
 
+@dataclass(frozen=True, slots=True)
+class PdDeployment:
+    """A model served disaggregated, as configured: each role's workers (``--prefill-worker``,
+    ``--decode-worker``) and the orchestrator's :class:`PdConfig`. No workers: not disaggregated."""
+
+    prefill_workers: tuple[str, ...] = ()
+    decode_workers: tuple[str, ...] = ()
+    orchestrator: PdConfig = field(default_factory=PdConfig)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the model is served by prefill/decode pairs."""
+        return bool(self.prefill_workers or self.decode_workers)
+
+
 @dataclass(slots=True)
 class PdStats:
-    """Counters read at scrape time (routing/pd_metrics.py); updated on the event loop only."""
+    """Counters read at scrape time (disagg/metrics.py); updated on the event loop only."""
 
     outcomes: Counter[str] = field(default_factory=Counter)
     #: prefill legs that failed (SGLang: the bootstrap handshake, the prefill or its KV send)

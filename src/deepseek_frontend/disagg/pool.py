@@ -50,7 +50,7 @@ those at once):
 Each request -- whatever the pairs its retries and migrations used -- ends with one log line (logger
 ``deepseek_frontend.disagg.pool``) naming every pair's workers and room, one outcome (``migrated``
 when a continuation finished it) and the transfer time; :class:`PdStats` feeds
-``routing/pd_metrics.py``. The vLLM prefill leg holds a slot of the prefill pool like any leg.
+``disagg/metrics.py``. The vLLM prefill leg holds a slot of the prefill pool like any leg.
 """
 
 from __future__ import annotations
@@ -59,9 +59,10 @@ import asyncio
 import dataclasses
 import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+from deepseek_frontend.engines.base import Engine
 from deepseek_frontend.engines.pool import WorkerPool
 from deepseek_frontend.errors import (
     EngineError,
@@ -88,6 +89,7 @@ from .parts import (
     TRANSFER_TIMEOUT_S,
     LegFailed,
     PdConfig,
+    PdDeployment,
     PdStats,
     RoleMismatchError,
     Rooms,
@@ -100,6 +102,8 @@ from .parts import (
 )
 
 if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
+
     from deepseek_frontend.routing.router import Router
 
     from .parts import Role
@@ -111,17 +115,17 @@ __all__ = [
     "TRANSFER_TIMEOUT_S",
     "DisaggregatedPool",
     "PdConfig",
+    "PdDeployment",
     "PdStats",
     "RoleMismatchError",
     "Rooms",
-    "build_disaggregated",
 ]
 
 logger = logging.getLogger("deepseek_frontend.routing.pd")
 
 
-class DisaggregatedPool:
-    """Prefill and decode pools behind one engine interface (see module docstring)."""
+class DisaggregatedPool(Engine):
+    """Prefill and decode pools behind one :class:`Engine` (see module docstring)."""
 
     def __init__(
         self,
@@ -142,8 +146,6 @@ class DisaggregatedPool:
         #: background reads of prefill answers still on their way when the decode finished, each
         #: with the prefill leg's task it waits for
         self._settles: dict[asyncio.Task[None], asyncio.Task[Any]] = {}
-        #: the prefill router: the app installs session middleware from it
-        self.router = prefill.router
         self.name = "pd"
         # a worker discovered later (DNS) gets no request until its role has been checked
         prefill.vet = functools.partial(self._vet, "prefill")
@@ -153,10 +155,24 @@ class DisaggregatedPool:
         return f"DisaggregatedPool(prefill={self.prefill!r}, decode={self.decode!r})"
 
     @property
-    def routers(self) -> dict[str, Router]:
-        """Each role's router (the app exports their metrics with a ``role`` label)."""
+    def role_routers(self) -> dict[str, Router]:
+        """Each role's router (their metrics carry a ``role`` label)."""
         pairs = (("prefill", self.prefill.router), ("decode", self.decode.router))
         return {role: router for role, router in pairs if router is not None}
+
+    def routers(self) -> Sequence[Router]:
+        """Both roles' routers."""
+        return tuple(self.role_routers.values())
+
+    def collectors(self) -> Sequence[Collector]:
+        """The routers' metrics, each labelled with its role (routing/metrics.py), and the
+        orchestrator's own (disagg/metrics.py)."""
+        from deepseek_frontend.routing.metrics import RoutingCollector
+
+        from .metrics import PdCollector
+
+        routers = self.role_routers
+        return [*([RoutingCollector(routers)] if routers else []), PdCollector(self)]
 
     # ------------------------------------------------------------------ engine interface
 
@@ -288,10 +304,6 @@ class DisaggregatedPool:
         await asyncio.gather(*self._settles, *self._aborts, return_exceptions=True)
         await asyncio.gather(self.prefill.aclose(), self.decode.aclose())
 
-    def pd_stats(self) -> PdStats:
-        """The orchestrator's counters (routing/pd_metrics.py reads them at scrape time)."""
-        return self.stats
-
     # ------------------------------------------------------------------ one request
 
     def _choose_pair(
@@ -312,7 +324,7 @@ class DisaggregatedPool:
     def sglang_legs(
         self, request: GenerateRequest, prefill_url: str, decode_url: str, room: int
     ) -> tuple[GenerateRequest, GenerateRequest]:
-        """The two legs' requests (routing/pd_legs.py)."""
+        """The two legs' requests (disagg/legs.py)."""
         return sglang_legs(self.prefill, self.decode, self.config, request, prefill_url, decode_url, room)
 
     def _release(self, trace: Trace) -> None:
@@ -556,35 +568,3 @@ class DisaggregatedPool:
         elif trace.transfer_s is None and isinstance(task.result(), float):
             self.stats.observe_transfer(0.0)  # the decode started before the prefill's answer arrived
             trace.transfer_s = 0.0
-
-
-def build_disaggregated(config: Any, limits: Any) -> DisaggregatedPool:
-    """The ``serve`` backend for ``config.prefill_workers`` / ``config.decode_workers``
-    (a :class:`~deepseek_frontend.fleet.config.ServerConfig`): one pool and one router per role."""
-    from deepseek_frontend.engines.pool import from_urls
-    from deepseek_frontend.routing.router import Router, RouterConfig
-
-    def pool(urls: tuple[str, ...]) -> WorkerPool:
-        return from_urls(
-            config.engine,
-            urls,
-            model=config.worker_model or config.served_model_name,
-            vllm_grammar=config.vllm_grammar,
-            health_interval_s=config.health_check_interval,
-            health_timeout_s=config.health_check_timeout,
-            max_attempts=1,  # a leg runs where the pair put it; the orchestrator retries pairs
-            limits=limits,
-            router=Router(config.router or RouterConfig()),
-        )
-
-    pd_config = PdConfig(
-        engine=config.engine,
-        transfer_timeout_s=config.pd_transfer_timeout,
-        bootstrap_port=config.disaggregation_bootstrap_port,
-    )
-    return DisaggregatedPool(
-        pool(config.prefill_workers),
-        pool(config.decode_workers),
-        pd_config,
-        migration_limit=config.migration_limit,
-    )

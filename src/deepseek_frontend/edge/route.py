@@ -77,7 +77,7 @@ async def _read_body(request: Request, state: FrontendState, tracker: RequestTra
     config = state.config
     body = await receive_body(
         request,
-        max_bytes=config.max_body_bytes,
+        max_bytes=config.server.max_body_bytes,
         timeout_s=config.limits.body_timeout,
         readers=state.body_readers,
     )

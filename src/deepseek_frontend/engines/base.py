@@ -1,8 +1,12 @@
-"""The engine interface: token ids in, token-id chunks out.
+"""The two engine interfaces: token ids in, token-id chunks out.
 
-Every engine client (SGLang ``/generate``, vLLM ``/v1/completions``, the
-simulated engine) implements :class:`EngineClient`. The pool and the API layer
-know nothing else about engines.
+* :class:`Engine` -- what serves one model's requests, as the layers above see it: the pipeline
+  sends requests to it, the served model starts, watches and closes it. Implementations: the
+  worker pool (``engines/pool.py``), the prefill/decode orchestrator (``disagg/pool.py``) and the
+  in-process simulated engine (``engines/sim/engine.py``); tests add a scripted one.
+* :class:`EngineClient` -- one worker, as a pool sees it (SGLang ``/generate``, vLLM
+  ``/v1/completions``, the simulated engine): the transport a :class:`~.pool.WorkerPool` holds
+  one of per worker.
 
 Failure contract (see ``deepseek_frontend.errors``): a client raises
 ``EngineUnavailableError`` when the worker fails before the first chunk
@@ -18,7 +22,8 @@ do that in ``finally``.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
 
 from deepseek_frontend.generation import (
     ConstraintKind,
@@ -32,9 +37,15 @@ from deepseek_frontend.generation import (
     WorkerStatus,
 )
 
+if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
+
+    from deepseek_frontend.routing.router import Router
+
 __all__ = [
     "ConstraintKind",
     "DecodingConstraint",
+    "Engine",
     "EngineChunk",
     "EngineClient",
     "EngineFinishReason",
@@ -74,3 +85,61 @@ class EngineClient(ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
+
+
+class Engine(ABC):
+    """What serves one model's requests: a pool of workers, a prefill/decode pair of pools, or an
+    in-process engine. The pipeline and the served model know engines only through this.
+
+    Contract:
+
+    * :meth:`generate` streams one request's chunks with the failure contract above; closing the
+      stream early aborts the request wherever it runs.
+    * :meth:`supports_constraint` and :meth:`capabilities` answer from what the engine knows now
+      (its workers' discoveries, its own configuration): the pipeline refuses up front, with a
+      400 that says why, a request the engine cannot serve.
+    * :meth:`statuses` is one snapshot per worker (an in-process engine is its own one worker):
+      ``/health`` and the worker metrics read it at request and scrape time.
+    * :meth:`start` starts the engine's background work (health checks, discovery, KV event
+      subscriptions) once, on the serving event loop; :meth:`aclose` stops it and releases every
+      connection. :meth:`start` may return before a worker is ready: :meth:`statuses` then say
+      which are not, and a request that finds none gets a 503.
+    * :meth:`routers` and :meth:`collectors` expose what the server wires around the engine: the
+      routers choosing its workers (the server installs the session-header middleware when one
+      routes by session or KV cache) and the Prometheus collectors that export its state.
+    """
+
+    #: a stable name for logs
+    name: str
+
+    @abstractmethod
+    def generate(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
+        """Stream the completion of ``request``. The last chunk has ``finish_reason`` set."""
+
+    @abstractmethod
+    def supports_constraint(self, kind: ConstraintKind) -> bool:
+        """Whether a request constrained by ``kind`` can be served."""
+
+    @abstractmethod
+    def capabilities(self) -> WorkerCapabilities | None:
+        """What the engine's workers can serve, combined; None when nothing was reported."""
+
+    @abstractmethod
+    def statuses(self) -> list[WorkerStatus]:
+        """One snapshot per worker, for ``/health`` and metrics."""
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Start the background work (see the class docstring); called once, before requests."""
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Stop the background work and release every connection; running streams end."""
+
+    def routers(self) -> Sequence[Router]:
+        """The routers choosing this engine's workers (none: the engine routes nothing)."""
+        return ()
+
+    def collectors(self) -> Sequence[Collector]:
+        """Prometheus collectors exporting this engine's own state at scrape time (none by default)."""
+        return ()

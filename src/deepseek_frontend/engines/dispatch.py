@@ -170,7 +170,7 @@ class Dispatch:
 
     def choose_url(self, request: GenerateRequest, avoid: Collection[str] = ()) -> str | None:
         """The worker the router would give ``request`` now, among admitted ones not in ``avoid``
-        (None: none); nothing is started. The prefill/decode orchestrator (routing/pd.py) picks
+        (None: none); nothing is started. The prefill/decode orchestrator (disagg/pool.py) picks
         each leg's worker with this, then runs the leg there with :meth:`generate_on`."""
         constraint = request.sampling.constraint
         tried = {id(w) for w in self._workers if w.url in avoid}

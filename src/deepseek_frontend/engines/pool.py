@@ -29,7 +29,8 @@ The pool's other parts, each in its own module and mixed into :class:`WorkerPool
   sources, start-up and shutdown;
 * :mod:`~deepseek_frontend.engines.workers` -- one worker's record, combined capabilities.
 
-:func:`from_urls` builds a pool of SGLang or vLLM clients sharing one HTTP connection pool.
+:func:`from_urls` builds a pool of SGLang or vLLM clients sharing one HTTP connection pool;
+:func:`pool_from_config` builds one from a served model's :class:`~.config.EngineConfig`.
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ from typing import TYPE_CHECKING, Literal
 import httpx
 
 from deepseek_frontend.engines._http import StreamSession, new_http_client
-from deepseek_frontend.engines.base import EngineClient
+from deepseek_frontend.engines.base import Engine, EngineClient
+from deepseek_frontend.engines.config import EngineConfig
 from deepseek_frontend.engines.dispatch import Dispatch
 from deepseek_frontend.engines.limits import CONTROL_CONNECTIONS, CapacityAndDeadlines, StreamLimits, Watch
 from deepseek_frontend.engines.sglang import SGLangClient
@@ -60,9 +62,11 @@ from deepseek_frontend.engines.workers import Worker, combine_capabilities
 from deepseek_frontend.generation import ConstraintKind, WorkerCapabilities, WorkerStatus
 
 if TYPE_CHECKING:
+    from prometheus_client.registry import Collector
+
     from deepseek_frontend.routing.router import Router
 
-__all__ = ["Resolver", "StreamLimits", "WorkerPool", "from_urls", "system_resolver"]
+__all__ = ["Resolver", "StreamLimits", "WorkerPool", "from_urls", "pool_from_config", "system_resolver"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,13 +78,15 @@ READMIT_AFTER_S = 30.0
 MAX_ATTEMPTS = 3
 
 
-class WorkerPool(Dispatch, CapacityAndDeadlines, WorkerUpkeep):
-    """Route requests over ``clients`` (see module docstring).
+class WorkerPool(Dispatch, CapacityAndDeadlines, WorkerUpkeep, Engine):
+    """Route requests over ``clients`` (see module docstring): an :class:`Engine` over workers.
 
-    ``generate(request)`` is an async iterator with the :class:`EngineClient` contract, so the
-    API treats a pool like one engine. Call :meth:`start` to run health checks (and DNS
-    discovery) in the background and :meth:`aclose` to stop them and close the clients.
-    ``on_change`` (optional) is called after any worker's admission state changes.
+    ``generate(request)`` is an async iterator with the :class:`EngineClient` contract. Call
+    :meth:`start` to run health checks (and DNS discovery) in the background and :meth:`aclose` to
+    stop them and close the clients. ``on_change`` (optional) is called after any worker's admission
+    state changes. ``discover_in_background``: :meth:`start` returns before the workers' first
+    discoveries have answered (the server's pools do, so that it answers ``/live`` at once);
+    by default it waits for them.
     """
 
     def __init__(
@@ -97,6 +103,7 @@ class WorkerPool(Dispatch, CapacityAndDeadlines, WorkerUpkeep):
         limits: StreamLimits | None = None,
         router: Router | None = None,
         migration_limit: int = 0,
+        discover_in_background: bool = False,
     ) -> None:
         self._workers: list[Worker] = [Worker(c, getattr(c, "name", repr(c))) for c in clients]
         #: chooses among admitted workers and tracks their caches (routing/); None: least outstanding
@@ -136,6 +143,8 @@ class WorkerPool(Dispatch, CapacityAndDeadlines, WorkerUpkeep):
         self._startup: asyncio.Task[None] | None = None
         #: ``(url, capabilities) -> reason to refuse the worker, or None`` (see engines/upkeep.py)
         self.vet: Callable[[str, WorkerCapabilities], str | None] | None = None
+        #: :meth:`start` returns at once, its discoveries running in the background
+        self.discover_in_background = discover_in_background
         self.name = "pool"
 
     def __repr__(self) -> str:
@@ -285,6 +294,43 @@ class WorkerPool(Dispatch, CapacityAndDeadlines, WorkerUpkeep):
     async def check_health(self) -> bool:
         """True when at least one worker is admitted."""
         return self.healthy_count > 0
+
+    def routers(self) -> Sequence[Router]:
+        """The pool's router, if it has one."""
+        return (self.router,) if self.router is not None else ()
+
+    def collectors(self) -> Sequence[Collector]:
+        """The router's metrics (routing/metrics.py), if the pool has a router."""
+        from deepseek_frontend.routing.metrics import RoutingCollector
+
+        return [RoutingCollector(self.router)] if self.router is not None else []
+
+
+def pool_from_config(
+    config: EngineConfig,
+    limits: StreamLimits,
+    router: Router | None = None,
+    *,
+    discover_in_background: bool = False,
+) -> WorkerPool:
+    """The pool of ``config.workers`` (SGLang or vLLM, ``config.kind``), with the health checks,
+    retries, vLLM settings and migration ``config`` gives, ``limits`` per request and ``router``
+    choosing among its workers (see :class:`WorkerPool` for ``discover_in_background``)."""
+    if config.kind == "sim":
+        raise ValueError("the simulated engine runs in-process: it has no worker pool")
+    return from_urls(
+        config.kind,
+        config.workers,
+        model=config.worker_model,
+        vllm_grammar=config.vllm_grammar,
+        health_interval_s=config.health_check_interval,
+        health_timeout_s=config.health_check_timeout,
+        max_attempts=config.max_retries + 1,
+        limits=limits,
+        router=router,
+        migration_limit=config.migration_limit,
+        discover_in_background=discover_in_background,
+    )
 
 
 def from_urls(

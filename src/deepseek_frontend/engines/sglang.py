@@ -320,7 +320,7 @@ class SGLangClient(HTTPEngineClient):
             # one data: URL per image placeholder id of input_ids, in order; SGLang expands them
             body["image_data"] = list(request.images)
         if request.extra_fields:
-            # prefill/decode legs: the bootstrap trio and DP rank hints (routing/pd.py)
+            # prefill/decode legs: the bootstrap trio and DP rank hints (disagg/pool.py)
             body.update(request.extra_fields)
         return body
 

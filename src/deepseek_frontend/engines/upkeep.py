@@ -114,6 +114,7 @@ class WorkerUpkeep:
     _startup: asyncio.Task[None] | None
     _owned_http: httpx.AsyncClient | None
     _owned_streams: StreamSession | None
+    discover_in_background: bool
 
     async def discover(self) -> WorkerCapabilities | None:
         """Ask every worker now (as :meth:`start` does); the combined :meth:`capabilities`."""
@@ -224,7 +225,7 @@ class WorkerUpkeep:
             await asyncio.sleep(interval_s)
             await self.refresh_dns()
 
-    async def start(self, *, wait_for_discovery: bool = True) -> None:
+    async def start(self, *, wait_for_discovery: bool | None = None) -> None:
         """Resolve DNS sources once and ask every worker what it serves, then run health checks
         (and DNS refreshes) in the background.
 
@@ -234,8 +235,11 @@ class WorkerUpkeep:
         :class:`~deepseek_frontend.errors.WorkersStartingError` (503 with ``Retry-After``).
         ``wait_for_discovery=False`` returns at once and lets all of that run in the background
         (the server does, so that it answers ``/live`` while a worker is slow to answer);
-        :meth:`wait_discovered` waits for it.
+        :meth:`wait_discovered` waits for it. None (the default): the pool's
+        ``discover_in_background`` decides.
         """
+        if wait_for_discovery is None:
+            wait_for_discovery = not self.discover_in_background
         pending = [w for w in self._workers if w.capabilities is None]
         for w in pending:
             w.discovering = True

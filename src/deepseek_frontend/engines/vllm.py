@@ -286,7 +286,7 @@ class VLLMClient(HTTPEngineClient):
         if structured is not None:
             body["structured_outputs"] = structured
         if request.extra_fields:
-            body.update(request.extra_fields)  # a decode leg's kv_transfer_params (routing/pd.py)
+            body.update(request.extra_fields)  # a decode leg's kv_transfer_params (disagg/pool.py)
         return body
 
     def generate_body(self, request: GenerateRequest) -> dict[str, Any]:
@@ -319,7 +319,7 @@ class VLLMClient(HTTPEngineClient):
             # expands the one placeholder id per image itself
             body["content_parts"] = [{"type": "image_url", "url": url} for url in request.images]
         if request.extra_fields:
-            body.update(request.extra_fields)  # a decode leg's kv_transfer_params (routing/pd.py)
+            body.update(request.extra_fields)  # a decode leg's kv_transfer_params (disagg/pool.py)
         return body
 
     # ------------------------------------------------------------------ generation

@@ -2,7 +2,8 @@
 
 Layout::
 
-    config.py          ServerConfig: one model's resolved flags (family, context length, aliases, engine)
+    config.py          ServerConfig: one model's resolved flags, as parts (model, server, engine, router,
+                       pd, limits) each handed whole to the component it configures
     config_file.py     --config FILE: several models and their API keys
     routing_flags.py   the router's and prefill/decode's serve flags
     store_config.py    the state store's serve flags

@@ -1,10 +1,16 @@
-"""Server configuration: one frozen value built from the ``serve`` flags.
+"""Server configuration: one frozen value per served model, built from the ``serve`` flags.
 
-Everything the server needs to know at startup lives here, resolved once:
-the model family (detected from the checkpoint path or served name), the
-context length (``config.json`` ``max_position_embeddings`` when present), the
-engine wiring and the model names requests may use. What the checkpoint says is read once, by
-``formats.read_checkpoint``; what each family defaults to is ``formats/detect.py``'s.
+Everything the server needs to know at startup lives here, resolved once: the model family
+(detected from the checkpoint path or served name), the context length (``config.json``
+``max_position_embeddings`` when present), the engine wiring and the model names requests may use.
+What the checkpoint says is read once, by ``formats.read_checkpoint``; what each family defaults to
+is ``formats/detect.py``'s.
+
+A :class:`ServerConfig` is a composition of parts, each handed whole to the component it
+configures (the server's composition root, ``server/compose.py``, does the handing): the model
+(:class:`ModelConfig`), the server-wide options (:class:`ServerOptions`), the engine
+(``engines.config.EngineConfig``), the router (``routing.router.RouterConfig``), prefill/decode
+disaggregation (``disagg.parts.PdDeployment``) and the limits (:class:`ServingLimits`).
 """
 
 from __future__ import annotations
@@ -14,8 +20,9 @@ import fnmatch
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
+from deepseek_frontend.disagg.parts import PdConfig, PdDeployment
+from deepseek_frontend.engines.config import EngineConfig, SimConfig
 from deepseek_frontend.errors import ModelNotFoundError, UnsupportedModelError
 from deepseek_frontend.formats.detect import DEFAULT_CONTEXT_LENGTH, FAMILY_DISPLAY_NAME
 from deepseek_frontend.images import ImageOptions
@@ -27,7 +34,15 @@ from .batch_config import BatchOptions, batch_options_from_args
 from .routing_flags import router_config_from_args
 from .store_config import StateOptions, state_options_from_args
 
-EngineKind = Literal["sglang", "vllm", "sim"]
+__all__ = [
+    "API_KEY_ENV",
+    "ModelAlias",
+    "ModelConfig",
+    "ServerConfig",
+    "ServerOptions",
+    "ServingLimits",
+    "parse_model_alias",
+]
 
 #: Environment variable read when --api-key is not given.
 API_KEY_ENV = "DEEPSEEK_FRONTEND_API_KEY"
@@ -105,8 +120,36 @@ class ServingLimits:
 
 
 @dataclass(frozen=True, slots=True)
-class ServerConfig:
-    """Resolved server settings. Build with :meth:`from_args` or directly in tests."""
+class ServerOptions:
+    """What belongs to the whole server, not to one model (the flags ``config_file.SERVER_DESTS``
+    names that are not limits): where it listens, the API keys, the body limit, images, the state
+    store, files and batches. With several models every model's configuration carries the command
+    line's."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    #: every accepted key (``--api-key`` repeated); empty: ``api_key`` alone. Stored state is kept
+    #: per key (fleet/store_config.py), so each key is a tenant of its own
+    api_keys: tuple[str, ...] = ()
+    max_body_bytes: int = 32 * 1024 * 1024
+    #: image limits and the remote image URL policy (images.py)
+    images: ImageOptions = field(default_factory=ImageOptions)
+    #: the conversation-state store (fleet/store_config.py); built directly: none
+    state: StateOptions = field(default_factory=StateOptions)
+    #: the Files and Batch APIs: upload and batch limits, the batch runner (fleet/batch_config.py)
+    batches: BatchOptions = field(default_factory=BatchOptions)
+
+    @property
+    def accepted_api_keys(self) -> tuple[str, ...]:
+        """The keys a request may present (none: no auth)."""
+        return self.api_keys or ((self.api_key,) if self.api_key else ())
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """What is served and how it is spoken to: the model's names, its family and files, the context
+    it fits, its defaults for requests that do not say, and its prompt caches' budgets."""
 
     served_model_name: str
     family: str = "deepseek_v4"
@@ -114,71 +157,18 @@ class ServerConfig:
     #: the tokenizer.json (or a directory holding it) the model renders with (``--tokenizer``; None:
     #: ``model_path``'s)
     tokenizer_path: str | None = None
-    engine: EngineKind = "sim"
-    workers: tuple[str, ...] = ()
-    host: str = "127.0.0.1"
-    port: int = 8000
+    model_aliases: tuple[ModelAlias, ...] = ()
+    context_length: int = DEFAULT_CONTEXT_LENGTH
     default_thinking: bool = True
     reasoning_effort_profile: str = "preview"
-    api_key: str | None = None
-    #: every accepted key (``--api-key`` repeated); empty: ``api_key`` alone. Stored state is kept
-    #: per key (api/state_config.py), so each key is a tenant of its own
-    api_keys: tuple[str, ...] = ()
-    max_body_bytes: int = 32 * 1024 * 1024
-    context_length: int = DEFAULT_CONTEXT_LENGTH
     #: output limit when a request sets none; None = whatever room the context leaves
     default_max_tokens: int | None = None
-    model_aliases: tuple[ModelAlias, ...] = ()
-    #: the ``model`` field of requests to vLLM workers (their --served-model-name)
-    worker_model: str | None = None
-    #: whether vLLM workers get the DSML tool grammar (``--[no-]vllm-grammar``); None: yes (the default)
-    vllm_grammar: bool | None = None
     #: what /v1/responses does with hosted tools it cannot run: "drop" (warn) or "reject" (400)
     hosted_tools: str = "drop"
-    health_check_interval: float = 5.0
-    #: seconds one health probe or capability discovery may take (above SGLang's 20 s health wait)
-    health_check_timeout: float = 30.0
-    max_retries: int = 2
-    #: the router's settings (``--router-mode`` and friends, routing/options.py); None: defaults
-    router: RouterConfig | None = None
-    #: times a response broken mid-stream continues on another worker (``--migration-limit``)
-    migration_limit: int = 0
-    #: prefill and decode workers (``--prefill-worker`` / ``--decode-worker``): when set, the model
-    #: is served disaggregated (routing/pd.py) and ``workers`` is empty
-    prefill_workers: tuple[str, ...] = ()
-    decode_workers: tuple[str, ...] = ()
-    #: seconds from the prefill leg's end to the decode's first token (``--pd-transfer-timeout``; None: none)
-    pd_transfer_timeout: float | None = 60.0
-    #: bootstrap port sent for every prefill worker (``--disaggregation-bootstrap-port``; None: its own)
-    disaggregation_bootstrap_port: int | None = None
-    sim_ttft_ms: float = 0.0
-    sim_itl_ms: float = 0.0
-    sim_tokens_per_chunk: int = 1
-    #: the built-in simulated engine's behaviour preset (engines/sim/behavior.py PRESETS)
-    sim_behave: str = "ideal"
     #: memory budgets of the prompt-id caches and their idle expiry (see tokenization.PromptTokenizer)
     run_cache_bytes: int = RUN_CACHE_BYTES
     prefix_cache_bytes: int = PREFIX_CACHE_BYTES
     cache_idle_seconds: float = CACHE_IDLE_SECONDS
-    #: limits and timeouts (docs/serving.md "Limits and timeouts"); a timeout of 0 is off
-    limits: ServingLimits = field(default_factory=lambda: ServingLimits())
-    #: image limits and the remote image URL policy (images.py)
-    images: ImageOptions = field(default_factory=ImageOptions)
-    #: the conversation-state store (api/state_config.py); built directly: none
-    state: StateOptions = field(default_factory=StateOptions)
-    #: the Files and Batch APIs: upload and batch limits, the batch runner (fleet/batch_config.py)
-    batches: BatchOptions = field(default_factory=BatchOptions)
-    extra: dict[str, object] = field(default_factory=dict, compare=False)
-
-    @property
-    def uses_builtin_sim(self) -> bool:
-        """True when the in-process simulated engine serves requests."""
-        return self.engine == "sim"
-
-    @property
-    def accepted_api_keys(self) -> tuple[str, ...]:
-        """The keys a request may present (none: no auth)."""
-        return self.api_keys or ((self.api_key,) if self.api_key else ())
 
     def resolve_model(self, name: str | None) -> str:
         """The served model a request's ``model`` field names; raises ``ModelNotFoundError``.
@@ -203,6 +193,31 @@ class ServerConfig:
             if not alias.is_glob and alias.pattern not in names:
                 names.append(alias.pattern)
         return names
+
+
+@dataclass(frozen=True, slots=True)
+class ServerConfig:
+    """One served model's resolved settings, as the parts each component receives whole.
+
+    Build with :meth:`from_args` (or ``config_file.py`` for several models) or directly in tests:
+
+    * ``model`` -- what is served (:class:`ModelConfig`): the tokenizer, the pipeline and the API
+      read it;
+    * ``server`` -- the server-wide options (:class:`ServerOptions`);
+    * ``engine`` -- what serves it (``engines.config.EngineConfig``): a worker pool is built from it;
+    * ``router`` -- how a pool chooses among its workers (``routing.router.RouterConfig``);
+    * ``pd`` -- prefill/decode disaggregation (``disagg.parts.PdDeployment``: each role's workers
+      and the orchestrator's ``PdConfig``); without workers the model is served aggregated;
+    * ``limits`` -- what one client or one worker may cost (:class:`ServingLimits`).
+    """
+
+    model: ModelConfig
+    server: ServerOptions = field(default_factory=ServerOptions)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    router: RouterConfig = field(default_factory=RouterConfig)
+    pd: PdDeployment = field(default_factory=PdDeployment)
+    #: limits and timeouts (docs/serving.md "Limits and timeouts"); a timeout of 0 is off
+    limits: ServingLimits = field(default_factory=ServingLimits)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServerConfig:
@@ -292,46 +307,66 @@ class ServerConfig:
         aliases = tuple(parse_model_alias(a, served) for a in args.model_alias)
         keys = args.api_key if isinstance(args.api_key, list) else [args.api_key] if args.api_key else []
         api_key = keys[0] if keys else os.environ.get(API_KEY_ENV) or None
+        # each part in the order its flags were checked before (the first error is the same)
+        router = router_config_from_args(args)
+        sim = SimConfig(
+            ttft_ms=args.sim_ttft_ms,
+            itl_ms=args.sim_itl_ms,
+            tokens_per_chunk=args.sim_tokens_per_chunk,
+            behave=_sim_behave(getattr(args, "sim_behave", "ideal")),
+        )
+        limits = ServingLimits.from_args(args)
+        images = _image_options(args)
+        state = state_options_from_args(args)
+        batches = batch_options_from_args(args)
         return cls(
-            served_model_name=served,
-            family=family,
-            model_path=model_path,
-            tokenizer_path=tokenizer_path,
-            engine=engine,
-            workers=workers,
-            host=args.host,
-            port=args.port,
-            default_thinking=args.default_thinking,
-            reasoning_effort_profile=profile,
-            api_key=api_key,
-            api_keys=tuple(keys),
-            max_body_bytes=args.max_body_bytes,
-            context_length=context_length,
-            default_max_tokens=args.default_max_tokens,
-            model_aliases=aliases,
-            worker_model=getattr(args, "worker_model", None) or model_path or served,
-            vllm_grammar=getattr(args, "vllm_grammar", None),
-            hosted_tools=getattr(args, "hosted_tools", "drop") or "drop",
-            health_check_interval=args.health_check_interval,
-            health_check_timeout=getattr(args, "health_check_timeout", 30.0),
-            max_retries=args.max_retries,
-            router=router_config_from_args(args),
-            migration_limit=getattr(args, "migration_limit", 0),
-            prefill_workers=prefill_workers,
-            decode_workers=decode_workers,
-            pd_transfer_timeout=getattr(args, "pd_transfer_timeout", 60.0) or None,
-            disaggregation_bootstrap_port=getattr(args, "disaggregation_bootstrap_port", None),
-            sim_ttft_ms=args.sim_ttft_ms,
-            sim_itl_ms=args.sim_itl_ms,
-            sim_tokens_per_chunk=args.sim_tokens_per_chunk,
-            sim_behave=_sim_behave(getattr(args, "sim_behave", "ideal")),
-            run_cache_bytes=args.run_cache_bytes,
-            prefix_cache_bytes=args.prefix_cache_bytes,
-            cache_idle_seconds=args.cache_idle_seconds,
-            limits=ServingLimits.from_args(args),
-            images=_image_options(args),
-            state=state_options_from_args(args),
-            batches=batch_options_from_args(args),
+            model=ModelConfig(
+                served_model_name=served,
+                family=family,
+                model_path=model_path,
+                tokenizer_path=tokenizer_path,
+                model_aliases=aliases,
+                context_length=context_length,
+                default_thinking=args.default_thinking,
+                reasoning_effort_profile=profile,
+                default_max_tokens=args.default_max_tokens,
+                hosted_tools=getattr(args, "hosted_tools", "drop") or "drop",
+                run_cache_bytes=args.run_cache_bytes,
+                prefix_cache_bytes=args.prefix_cache_bytes,
+                cache_idle_seconds=args.cache_idle_seconds,
+            ),
+            server=ServerOptions(
+                host=args.host,
+                port=args.port,
+                api_key=api_key,
+                api_keys=tuple(keys),
+                max_body_bytes=args.max_body_bytes,
+                images=images,
+                state=state,
+                batches=batches,
+            ),
+            engine=EngineConfig(
+                kind=engine,
+                workers=workers,
+                worker_model=getattr(args, "worker_model", None) or model_path or served,
+                vllm_grammar=getattr(args, "vllm_grammar", None),
+                health_check_interval=args.health_check_interval,
+                health_check_timeout=getattr(args, "health_check_timeout", 30.0),
+                max_retries=args.max_retries,
+                migration_limit=getattr(args, "migration_limit", 0),
+                sim=sim,
+            ),
+            router=router,
+            pd=PdDeployment(
+                prefill_workers=prefill_workers,
+                decode_workers=decode_workers,
+                orchestrator=PdConfig(
+                    engine="vllm" if engine == "vllm" else "sglang",
+                    transfer_timeout_s=getattr(args, "pd_transfer_timeout", 60.0) or None,
+                    bootstrap_port=getattr(args, "disaggregation_bootstrap_port", None),
+                ),
+            ),
+            limits=limits,
         )
 
 

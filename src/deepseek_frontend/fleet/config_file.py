@@ -122,7 +122,7 @@ def fleet_from_args(args: argparse.Namespace, actions: Mapping[str, argparse.Act
         return load_fleet(path, args, actions)
     config = ServerConfig.from_args(args)
     keys_files = [Path(args.keys_file)] if getattr(args, "keys_file", None) else []
-    return Fleet((config,), _tenants(None, keys_files, config.accepted_api_keys))
+    return Fleet((config,), _tenants(None, keys_files, config.server.accepted_api_keys))
 
 
 def load_fleet(path: str, args: argparse.Namespace, actions: Mapping[str, argparse.Action]) -> Fleet:
@@ -164,8 +164,9 @@ def load_fleet(path: str, args: argparse.Namespace, actions: Mapping[str, argpar
         keys_files.append(Path(path).parent / in_file)  # relative to the configuration file
     if getattr(args, "keys_file", None):
         keys_files.append(Path(args.keys_file))  # relative to the working directory, as any flag
-    tenants = _tenants(data.get("keys"), keys_files, models[0].accepted_api_keys, where=f"{path}: keys")
-    served = {m.served_model_name for m in models}
+    plain_keys = models[0].server.accepted_api_keys
+    tenants = _tenants(data.get("keys"), keys_files, plain_keys, where=f"{path}: keys")
+    served = {m.model.served_model_name for m in models}
     for tenant in tenants or ():
         for name in sorted((tenant.models or frozenset()) - served):
             raise ConfigFileError(
@@ -241,12 +242,12 @@ def _check_names(models: tuple[ServerConfig, ...], path: str) -> None:
     """Each name answers for one model: served names and exact aliases are unique across models."""
     owner: dict[str, int] = {}
     for i, model in enumerate(models):
-        for name in model.listed_model_names():
+        for name in model.model.listed_model_names():
             other = owner.setdefault(name, i)
             if other != i:
                 raise ConfigFileError(
                     f"{path}: models[{i}]: the name {name!r} is already answered by models[{other}] "
-                    f"({models[other].served_model_name})"
+                    f"({models[other].model.served_model_name})"
                 )
 
 

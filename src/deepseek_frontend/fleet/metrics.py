@@ -229,7 +229,7 @@ class RequestLedger:
 class FrontendMetrics:
     """All metrics of one server. ``render()`` gives the Prometheus text exposition.
 
-    A server keeps one per served model (api/served_model.py), whose series ``/metrics`` labels
+    A server keeps one per served model (fleet/served_model.py), whose series ``/metrics`` labels
     with ``model`` (:func:`merge_labelled`), and one for what happens before a request is routed to
     a model; that one exports ``<prefix>_model_info{model="..."} 1`` per served model.
     """

@@ -29,7 +29,7 @@ class ModelRegistry:
         for model in self.models:
             self._by_name.setdefault(model.name, model)
         for model in self.models:
-            for alias in model.config.model_aliases:
+            for alias in model.config.model.model_aliases:
                 if not alias.is_glob:
                     self._by_name.setdefault(alias.pattern, model)
 
@@ -62,7 +62,7 @@ class ModelRegistry:
         if model is not None:
             return model
         for model in self.models:
-            if any(alias.is_glob and alias.matches(name) for alias in model.config.model_aliases):
+            if any(alias.is_glob and alias.matches(name) for alias in model.config.model.model_aliases):
                 return model
         return None
 
@@ -94,7 +94,7 @@ class ModelRegistry:
         for model in self.models:
             if tenant is not None and not tenant.may_use(model.name):
                 continue
-            for name in model.config.listed_model_names():
+            for name in model.config.model.listed_model_names():
                 if name not in seen and self._by_name.get(name) is model:
                     seen.add(name)
                     out.append((name, model))

@@ -116,7 +116,7 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
 
 
 def add_pd_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register the prefill/decode disaggregation flags on ``parser`` (routing/pd.py)."""
+    """Register the prefill/decode disaggregation flags on ``parser`` (disagg/pool.py)."""
     from deepseek_frontend.disagg.pool import TRANSFER_TIMEOUT_S
 
     group = parser.add_argument_group("prefill/decode disaggregation (docs/routing.md)")

@@ -31,7 +31,7 @@ This module holds :class:`ChatPipeline`, the facade the API layer talks to, and 
 pipeline's names from the modules that own them:
 
 - ``config``: :class:`PipelineConfig`, the settings the pipeline reads;
-- ``interfaces``: the engine backend and metrics protocols;
+- ``interfaces``: the metrics protocols and what a choice's stream reads of the pipeline;
 - ``request``: the request, chunk and usage records;
 - ``render``: :class:`PromptRenderer` and the prompt's tools;
 - ``prepare``: rendering and tokenizing, on the event loop or the offload threads;
@@ -43,13 +43,13 @@ pipeline's names from the modules that own them:
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from deepseek_frontend.generation import WorkerCapabilities
 
 from .accumulate import AccumulatedToolCall, ChoiceAccumulator, collect, merge_choices
 from .config import OFFLOAD_MIN_CHARS, OFFLOAD_PREPARE_CHARS, PipelineConfig
-from .interfaces import EngineBackend, PipelineMetrics
+from .interfaces import PipelineMetrics
 from .offload import OFFLOAD_THREADS, LoopTurns, OffloadPool, release_current_turn
 from .planning import UNKNOWN_RESERVATION_MARGIN, EnginePlanner, _max_token_chars
 from .prepare import LOOP_TURN_SLOTS, PromptPreparer, _Draft, _image_handoff
@@ -70,6 +70,7 @@ from .request import (
 from .stream import ChoiceStream, _replace_seed
 
 if TYPE_CHECKING:
+    from deepseek_frontend.engines.base import Engine
     from deepseek_frontend.tokenization import PromptTokenizer
 
 __all__ = [
@@ -86,7 +87,6 @@ __all__ = [
     "ChatRequest",
     "ChoiceAccumulator",
     "ChoiceStream",
-    "EngineBackend",
     "EnginePlanner",
     "Event",
     "FinishReason",
@@ -110,29 +110,27 @@ __all__ = [
 
 
 class ChatPipeline:
-    """Holds what every request shares: config, tokenizer, chat format, engine backend, metrics.
+    """Holds what every request shares: config, tokenizer, chat format, engine, metrics.
 
-    ``config`` is a :class:`PipelineConfig` or any settings object with its fields (the API
-    layer's server config): the pipeline reads :attr:`pipeline_config`, copied from it, and keeps
-    ``config`` as given for callers that read their own settings from it. ``offload`` and
-    ``turns`` are another pipeline's, when several models of one process share their threads and
-    their event loop's turns; by default the pipeline makes its own.
+    ``config`` is the pipeline's own settings record, built by whoever composes the server.
+    ``engine`` is where its requests go. ``offload`` and ``turns`` are another pipeline's, when
+    several models of one process share their threads and their event loop's turns; by default the
+    pipeline makes its own.
     """
 
     def __init__(
         self,
-        config: Any,
+        config: PipelineConfig,
         tokenizer: PromptTokenizer,
-        backend: EngineBackend,
+        engine: Engine,
         metrics: PipelineMetrics | None = None,
         *,
         offload: OffloadPool | None = None,
         turns: LoopTurns | None = None,
     ) -> None:
-        self.config = config
-        self.pipeline_config = settings = PipelineConfig.from_settings(config)
+        self.config = settings = config
         self.tokenizer = tokenizer
-        self.backend = backend
+        self.engine = engine
         self.metrics = metrics
         self.family = settings.family
         self.renderer = PromptRenderer(settings.family, settings.reasoning_effort_profile)
@@ -145,13 +143,13 @@ class ChatPipeline:
         self.offload = offload if offload is not None else OffloadPool(settings.offload_threads)
         #: turns for the short prompts prepared on the event loop (bursts queue instead of stalling it)
         self.turns = turns if turns is not None else LoopTurns(LOOP_TURN_SLOTS)
-        self.planner = EnginePlanner(settings, backend, self.eos_token_id, _max_token_chars(tokenizer))
+        self.planner = EnginePlanner(settings, engine, self.eos_token_id, _max_token_chars(tokenizer))
         self.preparer = PromptPreparer(
             settings, tokenizer, self.renderer, self.planner, metrics, self.offload, self.turns
         )
 
     def __repr__(self) -> str:
-        return f"ChatPipeline(family={self.family!r}, model={self.pipeline_config.served_model_name!r})"
+        return f"ChatPipeline(family={self.family!r}, model={self.config.served_model_name!r})"
 
     @property
     def takes_images(self) -> bool:
@@ -162,10 +160,7 @@ class ChatPipeline:
     def special_token_ids(self) -> frozenset[int]:
         """Ids of the tokenizer's added (special) tokens: never part of answer text or its logprobs."""
         if self._special_token_ids is None:
-            ids: set[int] = {self.eos_token_id}
-            full = getattr(self.tokenizer, "full", None)
-            if full is not None:
-                ids.update(full.get_added_tokens_decoder())
+            ids: set[int] = {self.eos_token_id, *self.tokenizer.full.get_added_tokens_decoder()}
             self._special_token_ids = frozenset(ids)
         return self._special_token_ids
 

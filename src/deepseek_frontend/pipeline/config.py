@@ -3,15 +3,14 @@
 The serving layer above keeps many more settings (listen address, limits on clients, model
 aliases, ...). The pipeline needs only the model's identity, the context it must fit, the
 server's default output length and how it spreads prompt work over the event loop and its
-threads: :class:`PipelineConfig` holds exactly those, and :meth:`PipelineConfig.from_settings`
-copies them by name from any settings object, so this package imports nothing from the layer
-that builds it.
+threads: :class:`PipelineConfig` holds exactly those. Whoever composes the server builds it
+from its own typed settings (``server/compose.py``), so this package imports nothing from the
+layer that builds it and reads nothing of that layer by name.
 """
 
 from __future__ import annotations
 
-from dataclasses import MISSING, dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 from .offload import OFFLOAD_THREADS
 
@@ -22,10 +21,6 @@ OFFLOAD_MIN_CHARS = 2048
 #: requests with at least this many characters of text are rendered and looked up in the caches
 #: on the offload threads as well (a warm 256 K-character prompt costs about 2 ms on the loop)
 OFFLOAD_PREPARE_CHARS = 262_144
-
-#: the offload settings a server groups under ``limits`` (``ServingLimits``); looked up there first
-_LIMIT_FIELDS = frozenset({"offload_threads", "offload_min_chars", "offload_prepare_chars"})
-_MISSING = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,27 +45,3 @@ class PipelineConfig:
     offload_min_chars: int = OFFLOAD_MIN_CHARS
     #: requests with at least this many characters of text are also rendered off the event loop
     offload_prepare_chars: int = OFFLOAD_PREPARE_CHARS
-
-    @classmethod
-    def from_settings(cls, settings: Any) -> PipelineConfig:
-        """The pipeline's settings copied by name from ``settings`` (a ``PipelineConfig`` is kept as is).
-
-        Each field is read from an attribute of the same name; the offload fields are read from
-        ``settings.limits`` when it has them, then from ``settings``, then default. A field without
-        a default that ``settings`` lacks raises ``TypeError`` naming it.
-        """
-        if isinstance(settings, PipelineConfig):
-            return settings
-        limits = getattr(settings, "limits", None)
-        values: dict[str, Any] = {}
-        for spec in fields(cls):
-            name = spec.name
-            value = getattr(limits, name, _MISSING) if name in _LIMIT_FIELDS else _MISSING
-            if value is _MISSING:
-                value = getattr(settings, name, _MISSING)
-            if value is _MISSING:
-                if spec.default is MISSING:
-                    raise TypeError(f"{type(settings).__name__} has no {name!r}, which the pipeline reads")
-                continue
-            values[name] = value
-        return cls(**values)

@@ -1,28 +1,20 @@
-"""What the pipeline needs from the objects it is handed -- the engine backend and the metrics
-sink -- and what a choice's stream reads of the pipeline that runs it.
+"""What the pipeline needs from the metrics sink it is handed, and what a choice's stream reads
+of the pipeline that runs it.
 
-All are structural (``typing.Protocol``): the serving layer passes its worker pool and its
-metrics registry, tests pass fakes, and this package imports neither; the choice stream names
-the pipeline by what it reads, so ``stream.py`` does not import ``chat.py``, which imports it.
+Both are structural (``typing.Protocol``): the serving layer passes its metrics registry, tests
+pass fakes, and this package imports neither; the choice stream names the pipeline by what it
+reads, so ``stream.py`` does not import ``chat.py``, which imports it. The engine the pipeline
+sends requests to is typed by its interface, :class:`deepseek_frontend.engines.base.Engine`
+(the engines layer is below this one).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Protocol
 
-from deepseek_frontend.generation import EngineChunk, GenerateRequest
-
 if TYPE_CHECKING:
+    from deepseek_frontend.engines.base import Engine
     from deepseek_frontend.tokenization import PromptTokenizer
-
-
-class EngineBackend(Protocol):
-    """What the pipeline needs from the engine side (``WorkerPool`` or a single client)."""
-
-    def generate(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]: ...
-
-    def supports_constraint(self, kind: str) -> bool: ...
 
 
 class Observations(Protocol):
@@ -93,7 +85,7 @@ class StreamSource(Protocol):
         ...
 
     @property
-    def backend(self) -> EngineBackend:
+    def engine(self) -> Engine:
         """The engine the stream's request goes to."""
         ...
 

@@ -20,10 +20,11 @@ from deepseek_frontend.generation import DecodingConstraint, SamplingParams, Wor
 from .request import ChatRequest, request_chars
 
 if TYPE_CHECKING:
+    from deepseek_frontend.engines.base import Engine
     from deepseek_frontend.formats.segments import PromptSegment
+    from deepseek_frontend.tokenization import PromptTokenizer
 
     from .config import PipelineConfig
-    from .interfaces import EngineBackend
 
 log = logging.getLogger("deepseek_frontend.api")
 
@@ -33,19 +34,12 @@ log = logging.getLogger("deepseek_frontend.api")
 UNKNOWN_RESERVATION_MARGIN = 16
 
 
-def _max_token_chars(tokenizer: Any) -> int | None:
+def _max_token_chars(tokenizer: PromptTokenizer) -> int | None:
     """Longest vocabulary entry in characters (byte-level entries: one character per byte), or None.
 
     Added tokens are left out: request text is tokenized with them unrecognised.
     """
-    text = getattr(tokenizer, "text", None)
-    get_vocab = getattr(text, "get_vocab", None)
-    if get_vocab is None:
-        return None
-    try:
-        vocab = get_vocab(with_added_tokens=False)
-    except TypeError:
-        return None
+    vocab = tokenizer.text.get_vocab(with_added_tokens=False)
     return max(map(len, vocab), default=0) or None
 
 
@@ -53,10 +47,10 @@ class EnginePlanner:
     """Sizes, constrains and parameterises a request's engine call; refuses what cannot be served."""
 
     def __init__(
-        self, config: PipelineConfig, backend: EngineBackend, eos_token_id: int, max_token_chars: int | None
+        self, config: PipelineConfig, engine: Engine, eos_token_id: int, max_token_chars: int | None
     ) -> None:
         self.config = config
-        self.backend = backend
+        self.engine = engine
         self.family = config.family
         self.eos_token_id = eos_token_id
         #: most characters one token can stand for: a lower bound of tokens is chars / this
@@ -66,11 +60,7 @@ class EnginePlanner:
 
     def capabilities(self) -> WorkerCapabilities | None:
         """What the engine workers reported they can serve (None: nothing reported)."""
-        fn = getattr(self.backend, "capabilities", None)
-        if not callable(fn):
-            return None
-        caps = fn()
-        return caps if isinstance(caps, WorkerCapabilities) else None
+        return self.engine.capabilities()
 
     def context_length(self, caps: WorkerCapabilities | None = None) -> int:
         """The context a request must fit: the frontend's ``context_length``, or the workers' when smaller."""
@@ -183,7 +173,7 @@ class EnginePlanner:
         from deepseek_frontend.formats.segments import PromptSegment
         from deepseek_frontend.parsing.constraints import BLOCK_NAMES, resolve_tool_choice
 
-        if not tools or req.tool_choice in ("auto", "none") or self.backend.supports_constraint("ebnf"):
+        if not tools or req.tool_choice in ("auto", "none") or self.engine.supports_constraint("ebnf"):
             return None
         if req.thinking or self.family not in BLOCK_NAMES or continues_assistant(list(req.messages)):
             # constraint() explains why this cannot be served (a prefill cannot also open a block)
@@ -226,7 +216,7 @@ class EnginePlanner:
         if tools and req.tool_choice not in ("auto", "none") and not preopened:
             constraint = build_tool_call_constraint(self.family, tools, req.tool_choice, thinking=thinking)
             what, param = "tool_choice 'required' or a named tool", "tool_choice"
-            if thinking and not self.backend.supports_constraint("ebnf"):
+            if thinking and not self.engine.supports_constraint("ebnf"):
                 raise UnsupportedFeatureError(
                     f"{what} in thinking mode needs constrained decoding (ebnf), which the "
                     f"{self.config.engine} engine workers of this server cannot enforce; disable thinking "
@@ -247,7 +237,7 @@ class EnginePlanner:
                 schema, thinking=thinking, family=self.family, tools=tools
             )
             what, param = f"response_format {rf['type']!r}", "response_format"
-        if constraint is not None and not self.backend.supports_constraint(constraint.kind):
+        if constraint is not None and not self.engine.supports_constraint(constraint.kind):
             raise UnsupportedFeatureError(
                 f"{what} needs constrained decoding ({constraint.kind}), which the {self.config.engine} "
                 "engine workers of this server cannot enforce",

@@ -84,7 +84,7 @@ class ChoiceStream:
         rid = req.request_id if req.n == 1 else f"{req.request_id}-{index}"
         #: the engine span (tracing on) and the trace context the worker gets
         self._trace, trace_headers = _tracing.engine_call(rid, index)
-        self._engine: AsyncIterator[EngineChunk] | None = pipeline.backend.generate(
+        self._engine: AsyncIterator[EngineChunk] | None = pipeline.engine.generate(
             GenerateRequest(
                 request_id=rid,
                 input_ids=prepared.input_ids,

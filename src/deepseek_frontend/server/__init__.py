@@ -5,6 +5,8 @@ and logs.
 Layout::
 
     app.py             create_app(config) -> Starlette: routes, middlewares, lifespan
+    compose.py         the composition root: which tokenizer, engine, router and pipeline settings a
+                       configuration means, each built from its part of the config; the served models
     serve_command.py   `deepseek-frontend serve`: run() (binding, processes, the app, uvicorn)
     serve_flags.py     the serve flags' one definition (add_arguments, flag_actions)
     processes.py       --workers N: the supervisor, the children and the cross-process /metrics

@@ -3,7 +3,7 @@
 ``create_app(config)`` wires everything once; the shared state lives at
 ``app.frontend`` (:class:`~deepseek_frontend.edge.context.FrontendState`): the served models
 (fleet/registry.py; each with its own tokenizer, engine, pipeline, admission and metrics,
-fleet/served_model.py), the API keys and their limits, the state store and the tracer.
+fleet/served_model.py, built by compose.py), the API keys and their limits, the state store and the tracer.
 
 Routes::
 
@@ -30,7 +30,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from prometheus_client import Counter
@@ -49,19 +49,20 @@ from deepseek_frontend.edge.context import FrontendApp, FrontendState, get_state
 from deepseek_frontend.edge.errors import error_response, shape_for
 from deepseek_frontend.edge.memory import MemoryReleaser
 from deepseek_frontend.edge.turns import RecentHeads, TurnGate
+from deepseek_frontend.engines.base import Engine
 from deepseek_frontend.errors import FrontendError, RequestError
 from deepseek_frontend.fleet.config import ServerConfig
 from deepseek_frontend.fleet.config_file import Fleet
 from deepseek_frontend.fleet.metrics import FrontendMetrics
-from deepseek_frontend.fleet.registry import ModelRegistry
-from deepseek_frontend.fleet.served_model import ServedModel
 from deepseek_frontend.fleet.store_config import open_state_store
 from deepseek_frontend.images import ImageResolver
 from deepseek_frontend.keys.rate_limits import KeyUsageMetrics, RateLimiter
 from deepseek_frontend.keys.tenants import TenantTable
 from deepseek_frontend.state import purge_forever
 from deepseek_frontend.state.continuity import ReasoningContinuity
+from deepseek_frontend.tokenization import PromptTokenizer
 
+from .compose import build_models
 from .info_routes import health, list_models, live, metrics_endpoint, retrieve_model
 from .reload import FleetReloader
 
@@ -97,21 +98,11 @@ def _listen_for_sighup(reloader: FleetReloader | None) -> bool:
     return True
 
 
-def build_models(
-    configs: Sequence[ServerConfig], *, tokenizer: Any = None, backend: Any = None
-) -> ModelRegistry:
-    """The served models of ``configs`` (not started). ``tokenizer`` and ``backend`` (tests and
-    benchmarks) apply to the first model; every model shares the first one's loop turns and offload
-    threads (one process, one CPU budget)."""
-    first = ServedModel(configs[0], tokenizer=tokenizer, backend=backend)
-    return ModelRegistry([first, *(ServedModel(c, shared_with=first) for c in configs[1:])])
-
-
 def create_app(
     config: ServerConfig,
     *,
-    tokenizer: Any | None = None,
-    backend: Any | None = None,
+    tokenizer: PromptTokenizer | None = None,
+    backend: Engine | None = None,
     fleet: Fleet | None = None,
     shared_limits: Any = None,
     process_index: int = 0,
@@ -120,9 +111,9 @@ def create_app(
     """The ASGI app serving ``fleet``'s models (default: ``config``'s one model and its keys).
 
     ``config`` gives the server-wide settings (with a fleet: its first model's configuration).
-    ``tokenizer`` and ``backend`` (an object with ``generate`` -- a WorkerPool, an EngineClient)
-    may be injected by tests and benchmarks for the first model; by default they are loaded from
-    its configuration. The backends are started and closed by the app's lifespan.
+    ``tokenizer`` and ``backend`` (any :class:`~deepseek_frontend.engines.base.Engine`) may be
+    injected by tests and benchmarks for the first model; by default they are built from its
+    configuration (server/compose.py). The engines are started and closed by the app's lifespan.
     ``shared_limits`` (``limit_state.SharedLimitState``) holds the keys' limits across the
     processes of ``serve --workers N``, this one being ``process_index``. ``load_fleet`` reads the
     configuration again: given, the server reloads it on SIGHUP (api/reload.py).
@@ -136,13 +127,13 @@ def create_app(
     from deepseek_frontend.api.responses import routes as response_routes
 
     if fleet is None:
-        keys = config.accepted_api_keys
+        keys = config.server.accepted_api_keys
         fleet = Fleet((config,), TenantTable.from_plain_keys(keys) if keys else None)
-    models = build_models(fleet.models, tokenizer=tokenizer, backend=backend)
+    models = build_models(fleet.models, tokenizer=tokenizer, engine=backend)
     metrics = FrontendMetrics(models=[m.name for m in models])
     lim = config.limits
     pipeline = models.default.pipeline  # its loop turns and offload threads are every model's
-    store = config.state.build()
+    store = config.server.state.build()
     restored = Counter(
         "deepseek_frontend_reasoning_restored",
         "Assistant turns sent back without the reasoning this server produced for them, "
@@ -154,7 +145,7 @@ def create_app(
         models=models,
         metrics=metrics,
         store=store,
-        images=ImageResolver(config.images, offload=pipeline.offload.run),
+        images=ImageResolver(config.server.images, offload=pipeline.offload.run),
         turns=pipeline.turns,
         background=BackgroundTasks(),
         continuity=ReasoningContinuity(store, restored),
@@ -204,7 +195,7 @@ def create_app(
         # move it out of the collector's sight so full collections stay short under load.
         gc.collect()
         gc.freeze()
-        state.store = state.continuity.store = await open_state_store(config.state, state.store)
+        state.store = state.continuity.store = await open_state_store(config.server.state, state.store)
         purger = asyncio.create_task(purge_forever(state.store))
         runner.start()
         hangup = _listen_for_sighup(reloader)
@@ -234,9 +225,9 @@ def create_app(
     app.state.frontend = state
     app.frontend = state
     # batch lines run through the app's own routes, below the middlewares (api/batches/execute.py)
-    runner = BatchRunner(state, app, app.router, config.batches)
+    runner = BatchRunner(state, app, app.router, config.server.batches)
     state.batch_runner = runner
-    affinity = any(m.router is not None and m.router.mode in ("session", "kv", "kv-approx") for m in models)
+    affinity = any(r.mode in ("session", "kv", "kv-approx") for m in models for r in m.routers())
     if affinity or reloader is not None:  # a reload may bring a model that routes by session
         from deepseek_frontend.routing.session import SessionMiddleware
 

@@ -19,6 +19,7 @@ from deepseek_frontend.edge.auth import presented_key
 from deepseek_frontend.edge.context import FrontendState, get_state
 from deepseek_frontend.fleet.metrics import CONTENT_TYPE, merge_labelled, render_families
 from deepseek_frontend.fleet.served_model import ServedModel
+from deepseek_frontend.generation import WorkerStatus
 
 from .http_protocol import LIVE_BODY
 
@@ -43,7 +44,7 @@ def _openai_model(name: str, created: int, model: ServedModel) -> dict[str, Any]
         "object": "model",
         "created": created,
         "owned_by": "deepseek-frontend",
-        "max_model_len": model.config.context_length,
+        "max_model_len": model.config.model.context_length,
     }
     if name != model.name:
         card["parent"] = model.name
@@ -87,7 +88,7 @@ async def retrieve_model(request: Request) -> Response:
 _WORKER_EXTRA_KEYS = frozenset({"requests", "failures", "capabilities", "role", "discovery"})
 
 
-def _worker_json(status: Any) -> dict[str, Any]:
+def _worker_json(status: WorkerStatus) -> dict[str, Any]:
     return {
         "url": status.url,
         "healthy": status.healthy,
@@ -95,7 +96,7 @@ def _worker_json(status: Any) -> dict[str, Any]:
         "consecutive_failures": status.consecutive_failures,
         "last_error": status.last_error,
         # request / failure counters and what discovery learned (the pool's WorkerStatus.extra)
-        **{k: v for k, v in (getattr(status, "extra", None) or {}).items() if k in _WORKER_EXTRA_KEYS},
+        **{k: v for k, v in status.extra.items() if k in _WORKER_EXTRA_KEYS},
     }
 
 
@@ -105,9 +106,9 @@ def _model_health(model: ServedModel) -> dict[str, Any]:
     return {
         "model": model.name,
         "status": "ok" if healthy == len(workers) else "degraded" if healthy else "unavailable",
-        "family": model.config.family,
-        "engine": model.config.engine,
-        "simulated": model.config.uses_builtin_sim,
+        "family": model.config.model.family,
+        "engine": model.config.engine.kind,
+        "simulated": model.config.engine.uses_builtin_sim,
         "workers": workers,
     }
 

@@ -29,6 +29,8 @@ from deepseek_frontend.fleet.config_file import Fleet
 from deepseek_frontend.fleet.registry import ModelRegistry
 from deepseek_frontend.fleet.served_model import ServedModel
 
+from .compose import build_model
+
 if TYPE_CHECKING:
     from deepseek_frontend.edge.context import FrontendState
 
@@ -99,11 +101,11 @@ class FleetReloader:
         started: list[ServedModel] = []
         try:
             for config in fleet.models:
-                current = old.get(config.served_model_name)
+                current = old.get(config.model.served_model_name)
                 if current is not None and current.config == config:
                     models.append(current)
                     continue
-                model = await asyncio.to_thread(ServedModel, config, shared_with=old.default)
+                model = await asyncio.to_thread(build_model, config, shared_with=old.default)
                 started.append(model)
                 models.append(model)
                 await model.start()

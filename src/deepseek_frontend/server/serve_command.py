@@ -93,11 +93,11 @@ def run(args: argparse.Namespace) -> int:
         return 2
     config = fleet.models[0]  # the server-wide settings (every model shares them)
     for model in fleet.models:
-        if model.uses_builtin_sim:
-            log.warning("%s: %s", model.served_model_name, SIM_NOTICE)
+        if model.engine.uses_builtin_sim:
+            log.warning("%s: %s", model.model.served_model_name, SIM_NOTICE)
 
     # Bind ourselves so --port 0 works and the real port is logged before serving.
-    family = socket.AF_INET6 if ":" in config.host else socket.AF_INET
+    family = socket.AF_INET6 if ":" in config.server.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     processes = getattr(args, "frontend_processes", 1)
@@ -105,9 +105,12 @@ def run(args: argparse.Namespace) -> int:
         # --workers N: each process will listen on this port with its own accept queue (processes.py)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
-        sock.bind((config.host, config.port))
+        sock.bind((config.server.host, config.server.port))
     except OSError as exc:
-        print(f"deepseek-frontend serve: cannot bind {config.host}:{config.port}: {exc}", file=sys.stderr)
+        print(
+            f"deepseek-frontend serve: cannot bind {config.server.host}:{config.server.port}: {exc}",
+            file=sys.stderr,
+        )
         return 2
     max_connections = _connection_limit(config.limits.max_connections, log)
     # a burst of connections waits in the kernel's accept queue rather than being refused by it
@@ -122,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
         probe_sock = socket.socket(family, socket.SOCK_STREAM)
         probe_sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            probe_sock.bind((config.host, args.probe_port))
+            probe_sock.bind((config.server.host, args.probe_port))
         except OSError as exc:
             print(
                 f"deepseek-frontend serve: cannot bind --probe-port {args.probe_port}: {exc}", file=sys.stderr
@@ -206,23 +209,25 @@ def run(args: argparse.Namespace) -> int:
     listening = slot.listening if slot is not None and slot.listening is not None else sock
     # the public socket is accepted by the frontend itself, up to 64 connections per wake-up
     server = FrontendServer(uv_config, public=[listening], slot=slot, probes=probes)
-    log.info("listening on http://%s:%d", config.host, port)
+    log.info("listening on http://%s:%d", config.server.host, port)
     for model in fleet.models:
         log.info(
             "model=%s family=%s engine=%s workers=%s",
-            model.served_model_name,
-            model.family,
-            model.engine,
-            ",".join(model.workers)
+            model.model.served_model_name,
+            model.model.family,
+            model.engine.kind,
+            ",".join(model.engine.workers)
             or (
-                f"prefill={','.join(model.prefill_workers)} decode={','.join(model.decode_workers)}"
-                if model.prefill_workers
+                f"prefill={','.join(model.pd.prefill_workers)} decode={','.join(model.pd.decode_workers)}"
+                if model.pd.prefill_workers
                 else "-"
             ),
         )
     if probe_sock is not None:
         log.info(
-            "probes on http://%s:%d (/live, /health, /metrics)", config.host, probe_sock.getsockname()[1]
+            "probes on http://%s:%d (/live, /health, /metrics)",
+            config.server.host,
+            probe_sock.getsockname()[1],
         )
     try:
         # applies loop="auto" (uvloop when installed); a forked process also serves its private socket

@@ -420,7 +420,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def flag_actions() -> dict[str, argparse.Action]:
     """Each ``serve`` flag's argparse action by its dest (a configuration file's values are checked
-    as the flag's would be: api/fleet_config.py)."""
+    as the flag's would be: fleet/config_file.py)."""
     parser = argparse.ArgumentParser(add_help=False)
     add_arguments(parser)
     return {action.dest: action for action in parser._actions}

@@ -20,12 +20,14 @@ from deepseek_frontend.api.adapters import to_chat_request
 from deepseek_frontend.api.anthropic.convert import convert_messages_request
 from deepseek_frontend.api.anthropic.events import MessagesStreamEncoder, accumulate_message
 from deepseek_frontend.api.anthropic.hidden_thinking import HiddenReasoning
-from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
 from deepseek_frontend.pipeline.chat import ChatPipeline
 from deepseek_frontend.tokenization import PromptTokenizer
 from tests.support import tools
 
-from .test_recipe_oracle import _NoEngine
+from .test_recipe_oracle import render_only
+
+CONFIG = ServerConfig(ModelConfig(served_model_name="DeepSeek-V4-Pro"))
 
 MODEL = "claude-agent-test"
 WEATHER = tools.WEATHER.anthropic()
@@ -121,14 +123,14 @@ def test_encoder_keeps_nothing_for_a_text_answer() -> None:
 
 @pytest.fixture(scope="module")
 def pipeline(prompt_tokenizer: PromptTokenizer) -> ChatPipeline:
-    return ChatPipeline(ServerConfig(served_model_name="DeepSeek-V4-Pro"), prompt_tokenizer, _NoEngine())
+    return render_only(CONFIG, prompt_tokenizer)
 
 
 def _prompt(pipeline: ChatPipeline, body: dict[str, Any], store: HiddenReasoning | None = None) -> str:
     converted = convert_messages_request({"model": "DeepSeek-V4-Pro", "max_tokens": 50, **body})
     if store is not None:
         store.restore(converted.messages)
-    prepared = pipeline.prepare(to_chat_request(converted, pipeline.config, "t"))
+    prepared = pipeline.prepare(to_chat_request(converted, CONFIG, "t"))
     return pipeline.tokenizer.decode(prepared.input_ids)
 
 

@@ -23,7 +23,14 @@ from deepseek_frontend.formats.request import SYSTEM_REMINDER_TEMPLATE
 from deepseek_frontend.pipeline.chat import ChatPipeline
 from deepseek_frontend.tokenization import PromptTokenizer
 
-from .test_recipe_oracle import RECIPE_MODEL, messages_prompts, our_prompt, pipeline, recipe_prompt
+from .test_recipe_oracle import (
+    RECIPE_CONFIG,
+    RECIPE_MODEL,
+    messages_prompts,
+    our_prompt,
+    pipeline,
+    recipe_prompt,
+)
 
 __all__ = ["pipeline"]  # the fixture, re-used from the oracle module
 
@@ -32,7 +39,7 @@ REMINDER = SYSTEM_REMINDER_TEMPLATE.format(text=MID)
 
 
 def openai_prompt(pipe: ChatPipeline, body: dict[str, Any]) -> str:
-    req = openai_to_chat_request({"model": RECIPE_MODEL, **body}, pipe.config, "oracle")
+    req = openai_to_chat_request({"model": RECIPE_MODEL, **body}, RECIPE_CONFIG, "oracle")
     return pipe.tokenizer.decode(pipe.prepare(req).input_ids)
 
 
@@ -208,13 +215,12 @@ def test_responses_system_item_mid_conversation_is_kept_in_place(pipeline: ChatP
 
 
 def test_v32_gets_the_reminder_inside_the_next_user_turn(prompt_tokenizer: PromptTokenizer) -> None:
-    from deepseek_frontend.fleet.config import ServerConfig
+    from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
 
-    from .test_recipe_oracle import _NoEngine
+    from .test_recipe_oracle import render_only
 
-    v32 = ChatPipeline(
-        ServerConfig(served_model_name="deepseek-v3.2", family="deepseek_v32"), prompt_tokenizer, _NoEngine()
-    )
+    config = ServerConfig(ModelConfig(served_model_name="deepseek-v3.2", family="deepseek_v32"))
+    v32 = render_only(config, prompt_tokenizer)
     body = {
         "model": "deepseek-v3.2",
         "messages": [
@@ -225,7 +231,7 @@ def test_v32_gets_the_reminder_inside_the_next_user_turn(prompt_tokenizer: Promp
         ],
         "thinking": {"type": "disabled"},
     }
-    req = openai_to_chat_request(body, v32.config, "r")
+    req = openai_to_chat_request(body, config, "r")
     prompt = v32.tokenizer.decode(v32.prepare(req).input_ids)
     assert prompt.endswith(f"<｜User｜>{REMINDER}\n\nand now?<｜Assistant｜></think>")
     assert prompt.count("<｜User｜>") == 2
@@ -299,21 +305,20 @@ def test_preview_profile_renders_tools_as_the_preview_reference_encoder_does(
     prompt_tokenizer: PromptTokenizer,
 ) -> None:
     """The April reference encoder (encoding_dsv4.py) writes the function object as sent."""
-    from deepseek_frontend.fleet.config import ServerConfig
+    from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
     from deepseek_frontend.formats import dsv4
 
-    from .test_recipe_oracle import _NoEngine
+    from .test_recipe_oracle import render_only
 
-    preview = ChatPipeline(ServerConfig(served_model_name="deepseek-v4-flash"), prompt_tokenizer, _NoEngine())
+    config = ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash"))
+    preview = render_only(config, prompt_tokenizer)
     function = {"name": "f", "parameters": OBJ, "strict": True}
     body = {
         "model": "deepseek-v4-flash",
         "messages": [{"role": "user", "content": "x"}],
         "tools": [{"type": "function", "function": function}],
     }
-    prompt = preview.tokenizer.decode(
-        preview.prepare(openai_to_chat_request(body, preview.config, "r")).input_ids
-    )
+    prompt = preview.tokenizer.decode(preview.prepare(openai_to_chat_request(body, config, "r")).input_ids)
     reference = dsv4.encode_messages(
         [{"role": "system", "content": "", "tools": body["tools"]}, body["messages"][0]], "thinking"
     )

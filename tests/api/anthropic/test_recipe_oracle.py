@@ -14,7 +14,7 @@ helpers exist once.)
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import deepseek_recipe as dr
@@ -23,32 +23,33 @@ import pytest
 from deepseek_frontend.api.adapters import ConvertedChat, to_chat_request
 from deepseek_frontend.api.anthropic.convert import TOOL_ERROR_PREFIX, convert_messages_request
 from deepseek_frontend.api.responses.convert import convert_responses_request, encode_reasoning
-from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
 from deepseek_frontend.pipeline.chat import ChatPipeline
+from deepseek_frontend.server.compose import pipeline_config
 from deepseek_frontend.tokenization import PromptTokenizer
+from tests.support.engine import ALL_CONSTRAINTS, ScriptedEngine
 
 RECIPE_MODEL = "DeepSeek-V4-Pro"
 
 
-class _NoEngine:
-    """Backend for render-only use: ``prepare`` never generates."""
+RECIPE_CONFIG = ServerConfig(ModelConfig(served_model_name=RECIPE_MODEL, reasoning_effort_profile="official"))
 
-    def generate(self, request: Any) -> AsyncIterator[Any]:
-        raise AssertionError("render-only backend")
 
-    def supports_constraint(self, kind: str) -> bool:
-        return True
+def render_only(config: ServerConfig, tokenizer: PromptTokenizer) -> ChatPipeline:
+    """``config``'s pipeline for rendering only: its engine is never asked to generate."""
+    return ChatPipeline(
+        pipeline_config(config), tokenizer, ScriptedEngine(tokenizer, constraints=ALL_CONSTRAINTS)
+    )
 
 
 @pytest.fixture(scope="module")
 def pipeline(prompt_tokenizer: PromptTokenizer) -> ChatPipeline:
-    config = ServerConfig(served_model_name=RECIPE_MODEL, reasoning_effort_profile="official")
-    return ChatPipeline(config, prompt_tokenizer, _NoEngine())
+    return render_only(RECIPE_CONFIG, prompt_tokenizer)
 
 
 def our_prompt(pipeline: ChatPipeline, converted: ConvertedChat) -> str:
     """The prompt this server sends to the engine for ``converted``."""
-    prepared = pipeline.prepare(to_chat_request(converted, pipeline.config, "oracle"))
+    prepared = pipeline.prepare(to_chat_request(converted, RECIPE_CONFIG, "oracle"))
     return pipeline.tokenizer.decode(prepared.input_ids)
 
 

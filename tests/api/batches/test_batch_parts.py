@@ -26,7 +26,7 @@ from deepseek_frontend.api.batches.upload import JsonlChunker
 from deepseek_frontend.edge.request import DEFAULT_PRIORITY, LOWEST_PRIORITY, RequestContext
 from deepseek_frontend.edge.route import api_route
 from deepseek_frontend.errors import RequestError
-from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
 from deepseek_frontend.keys.tenants import Tenant, TenantLimits, TenantTable
 from deepseek_frontend.server.app import create_app
 from deepseek_frontend.state import StoredFile, new_id, open_store_url
@@ -221,7 +221,7 @@ def test_load_is_retried_uncounted_and_other_server_faults_a_few_times() -> None
 @pytest.fixture()
 def app_client(prompt_tokenizer: PromptTokenizer) -> Iterator[TestClient]:
     limited = Tenant("alice", b"\x01" * 32, limits=TenantLimits(requests_per_minute=1))
-    config = ServerConfig(served_model_name="deepseek-v4-flash", context_length=8192)
+    config = ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash", context_length=8192))
     from deepseek_frontend.fleet.config_file import Fleet
 
     app = create_app(config, tokenizer=prompt_tokenizer, fleet=Fleet((config,), TenantTable([limited])))

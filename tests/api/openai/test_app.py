@@ -11,12 +11,14 @@ from pathlib import Path
 import pytest
 from starlette.testclient import TestClient
 
+from deepseek_frontend.engines.config import EngineConfig
 from deepseek_frontend.errors import UnsupportedModelError
-from deepseek_frontend.fleet.config import ServerConfig, parse_model_alias
-from deepseek_frontend.fleet.served_model import build_backend
+from deepseek_frontend.fleet.config import ModelConfig, ServerConfig, ServerOptions, parse_model_alias
 from deepseek_frontend.server import serve_command
 from deepseek_frontend.server.app import create_app
+from deepseek_frontend.server.compose import build_engine
 from deepseek_frontend.tokenization import PromptTokenizer
+from tests.support.engine import ScriptedEngine
 
 KEY = "sekret"
 WEATHER = {
@@ -31,7 +33,8 @@ WEATHER = {
 @pytest.fixture(scope="module")
 def client(prompt_tokenizer: PromptTokenizer) -> Iterator[TestClient]:
     config = ServerConfig(
-        served_model_name="deepseek-v4-flash", api_key=KEY, max_body_bytes=4096, context_length=8192
+        ModelConfig(served_model_name="deepseek-v4-flash", context_length=8192),
+        ServerOptions(api_key=KEY, max_body_bytes=4096),
     )
     with TestClient(create_app(config, tokenizer=prompt_tokenizer)) as c:
         c.headers["Authorization"] = f"Bearer {KEY}"
@@ -109,7 +112,7 @@ def test_exact_aliases_are_listed_and_every_answered_name_is_retrieved_as_asked(
 ) -> None:
     served = "deepseek-v4-flash"
     aliases = tuple(parse_model_alias(a, served) for a in ("claude-*", "gpt-4o", f"old-name={served}"))
-    config = ServerConfig(served_model_name=served, model_aliases=aliases)
+    config = ServerConfig(ModelConfig(served_model_name=served, model_aliases=aliases))
     with TestClient(create_app(config, tokenizer=prompt_tokenizer)) as c:
         listed = c.get("/v1/models").json()["data"]
         assert [m["id"] for m in listed] == [served, "gpt-4o", "old-name"]
@@ -161,21 +164,14 @@ def test_completions_accepts_token_ids_and_strings(
 
 
 def test_constraints_an_engine_cannot_enforce_are_400(prompt_tokenizer: PromptTokenizer) -> None:
-    class NoGrammarEngine:
-        name = "vllm-like"
-
-        def __init__(self, inner: object) -> None:
-            self.generate = inner.generate  # type: ignore[attr-defined]
-
-        def supports_constraint(self, kind: str) -> bool:
-            return kind == "json_schema"
-
-    from deepseek_frontend.engines.sim.engine import SimulatedEngine
-
-    config = ServerConfig(served_model_name="deepseek-v4-flash", engine="vllm", workers=("http://x",))
-    app = create_app(
-        config, tokenizer=prompt_tokenizer, backend=NoGrammarEngine(SimulatedEngine(prompt_tokenizer))
+    no_grammar = ScriptedEngine(
+        prompt_tokenizer, ["</think>It is sunny."], constraints=frozenset({"json_schema"})
     )
+    config = ServerConfig(
+        ModelConfig(served_model_name="deepseek-v4-flash"),
+        engine=EngineConfig(kind="vllm", workers=("http://x",)),
+    )
+    app = create_app(config, tokenizer=prompt_tokenizer, backend=no_grammar)
     with TestClient(app) as c:
         r = chat(c, tools=[WEATHER], tool_choice="required")
         assert r.status_code == 400
@@ -231,10 +227,10 @@ def parse(*argv: str) -> argparse.Namespace:
 
 def test_defaults_serve_the_builtin_sim_with_thinking_on() -> None:
     config = ServerConfig.from_args(parse())
-    assert config.engine == "sim" and config.uses_builtin_sim
-    assert config.default_thinking is True
-    assert config.served_model_name == "deepseek-v4-flash"
-    assert config.context_length == 1_048_576
+    assert config.engine.kind == "sim" and config.engine.uses_builtin_sim
+    assert config.model.default_thinking is True
+    assert config.model.served_model_name == "deepseek-v4-flash"
+    assert config.model.context_length == 1_048_576
 
 
 def test_workers_select_sglang_and_flags_are_resolved() -> None:
@@ -253,11 +249,11 @@ def test_workers_select_sglang_and_flags_are_resolved() -> None:
             "0",
         )
     )
-    assert config.engine == "sglang"
-    assert config.workers == ("http://a:1", "http://b:2")
-    assert config.default_thinking is False
-    assert config.resolve_model("claude-opus-4") == "deepseek-v4-flash"
-    assert config.api_key == "k"
+    assert config.engine.kind == "sglang"
+    assert config.engine.workers == ("http://a:1", "http://b:2")
+    assert config.model.default_thinking is False
+    assert config.model.resolve_model("claude-opus-4") == "deepseek-v4-flash"
+    assert config.server.api_key == "k"
 
 
 def test_contradictory_engine_flags_are_refused() -> None:
@@ -276,9 +272,9 @@ def test_context_length_comes_from_the_checkpoint_config(tmp_path: Path) -> None
         json.dumps({"model_type": "deepseek_v32", "max_position_embeddings": 163840})
     )
     config = ServerConfig.from_args(parse("--model-path", str(model)))
-    assert config.context_length == 163840
-    assert config.family == "deepseek_v32"
-    assert config.served_model_name == "DeepSeek-V3.2"
+    assert config.model.context_length == 163840
+    assert config.model.family == "deepseek_v32"
+    assert config.model.served_model_name == "DeepSeek-V3.2"
 
 
 def test_a_v41_checkpoint_is_accepted_at_startup(tmp_path: Path) -> None:
@@ -288,7 +284,7 @@ def test_a_v41_checkpoint_is_accepted_at_startup(tmp_path: Path) -> None:
         json.dumps({"model_type": "deepseek_v41", "architectures": ["DeepseekV41ForCausalLM"]})
     )
     config = ServerConfig.from_args(parse("--model-path", str(model)))
-    assert config.family == "deepseek_v41" and config.reasoning_effort_profile == "release"
+    assert config.model.family == "deepseek_v41" and config.model.reasoning_effort_profile == "release"
 
 
 def test_a_checkpoint_of_another_model_family_is_refused_at_startup(tmp_path: Path) -> None:
@@ -302,8 +298,8 @@ def test_a_checkpoint_of_another_model_family_is_refused_at_startup(tmp_path: Pa
 
 def test_an_unknown_served_name_without_a_checkpoint_falls_back_to_deepseek_v4() -> None:
     config = ServerConfig.from_args(parse("--served-model-name", "my-model"))
-    assert config.family == "deepseek_v4"
-    assert config.served_model_name == "my-model"
+    assert config.model.family == "deepseek_v4"
+    assert config.model.served_model_name == "my-model"
 
 
 @pytest.mark.parametrize(
@@ -313,7 +309,7 @@ def test_vllm_workers_take_the_tool_grammar_unless_switched_off(
     flags: tuple[str, ...], enforced: bool, prompt_tokenizer: PromptTokenizer
 ) -> None:
     config = ServerConfig.from_args(parse("--engine", "vllm", "--worker", "http://127.0.0.1:9", *flags))
-    backend = build_backend(config, prompt_tokenizer)
+    backend = build_engine(config, prompt_tokenizer)
     try:
         assert backend.supports_constraint("ebnf") is enforced
         assert backend.supports_constraint("json_schema")

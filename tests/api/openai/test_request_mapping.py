@@ -8,11 +8,13 @@ import pytest
 
 from deepseek_frontend.api.openai.chat_request import to_chat_request
 from deepseek_frontend.errors import ModelNotFoundError, RequestError
-from deepseek_frontend.fleet.config import ModelAlias, ServerConfig
+from deepseek_frontend.fleet.config import ModelAlias, ModelConfig, ServerConfig
 
 CONFIG = ServerConfig(
-    served_model_name="deepseek-v4-flash",
-    model_aliases=(ModelAlias("claude-*", "deepseek-v4-flash"), ModelAlias("ds", "deepseek-v4-flash")),
+    ModelConfig(
+        served_model_name="deepseek-v4-flash",
+        model_aliases=(ModelAlias("claude-*", "deepseek-v4-flash"), ModelAlias("ds", "deepseek-v4-flash")),
+    )
 )
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
 
@@ -131,7 +133,7 @@ def test_thinking_switches(fields: dict[str, Any], thinking: bool) -> None:
 
 
 def test_default_thinking_off_is_overridden_by_the_request() -> None:
-    config = ServerConfig(served_model_name="deepseek-v4-flash", default_thinking=False)
+    config = ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash", default_thinking=False))
     assert to_chat_request(body(), config, "r").thinking is False
     assert to_chat_request(body(thinking={"type": "enabled"}), config, "r").thinking is True
 

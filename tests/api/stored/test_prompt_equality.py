@@ -18,7 +18,7 @@ from starlette.testclient import TestClient
 from deepseek_frontend.api.adapters import to_chat_request
 from deepseek_frontend.api.responses.convert import convert_responses_request
 from deepseek_frontend.api.responses.stateful import resolve_stateful
-from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.fleet.config import ModelConfig, ServerConfig, ServerOptions
 from deepseek_frontend.fleet.store_config import StateOptions
 from deepseek_frontend.formats.segments import join_segments
 from deepseek_frontend.server.app import create_app
@@ -32,7 +32,10 @@ KEY = "prompt-equality-key"
 @pytest.fixture()
 def app_client(prompt_tokenizer: PromptTokenizer, tmp_path: Path) -> Iterator[tuple[TestClient, str]]:
     url = f"sqlite:///{tmp_path}/state.sqlite3"
-    config = ServerConfig(served_model_name="deepseek-v4-flash", api_key=KEY, state=StateOptions(url=url))
+    config = ServerConfig(
+        ModelConfig(served_model_name="deepseek-v4-flash"),
+        ServerOptions(api_key=KEY, state=StateOptions(url=url)),
+    )
     with TestClient(create_app(config, tokenizer=prompt_tokenizer)) as client:
         client.headers["Authorization"] = f"Bearer {KEY}"
         yield client, url

@@ -47,7 +47,7 @@ ANTHROPIC = ApiShape("anthropic", anthropic_error_body)
 async def create_message(ctx: RequestContext) -> Response:
     """``POST /v1/messages`` (streaming with ``"stream": true``, else one JSON message)."""
     body = await ctx.json()
-    converted = convert_messages_request(body, read_images=family_reads_images(ctx.model.config.family))
+    converted = convert_messages_request(body, read_images=family_reads_images(ctx.model.config.model.family))
     HIDDEN_REASONING.restore(converted.messages)
     continuity, owner = ctx.state.continuity, ctx.owner  # reasoning the client dropped (state/continuity.py)
     await continuity.restore(owner, converted.messages, "anthropic")
@@ -91,7 +91,7 @@ async def count_tokens(ctx: RequestContext) -> Response:
     model = ctx.model
     body = await ctx.json()
     converted = convert_messages_request(
-        body, require_max_tokens=False, read_images=family_reads_images(model.config.family)
+        body, require_max_tokens=False, read_images=family_reads_images(model.config.model.family)
     )
     HIDDEN_REASONING.restore(converted.messages)
     await ctx.state.continuity.restore(ctx.owner, converted.messages, "anthropic")

@@ -47,7 +47,7 @@ def require_store(ctx: RequestContext) -> None:
 
 def batch_limits(ctx: RequestContext) -> BatchLimits:
     """The batch limits of the request's API key (its entry's, else the ``--batch-*`` flags')."""
-    return ctx.state.config.batches.limits_for(ctx.tenant)
+    return ctx.state.config.server.batches.limits_for(ctx.tenant)
 
 
 def completion_window_seconds(raw: Any) -> int:

@@ -248,7 +248,7 @@ async def receive_upload(ctx: RequestContext) -> StoredFile:
     that fails is deleted."""
     config = ctx.state.config
     store, owner = ctx.store, ctx.owner
-    chunker = JsonlChunker(max_line_bytes=config.max_body_bytes)
+    chunker = JsonlChunker(max_line_bytes=config.server.max_body_bytes)
     form = _FormReader(_boundary(ctx), chunker.feed)
     now = store.now()
     file = StoredFile(new_id("file").replace("_", "-", 1), owner, now, "batch", "file")
@@ -257,7 +257,7 @@ async def receive_upload(ctx: RequestContext) -> StoredFile:
     try:
         async for piece in stream_body(
             ctx.request,
-            max_bytes=config.batches.max_file_bytes,
+            max_bytes=config.server.batches.max_file_bytes,
             idle_timeout_s=config.limits.body_timeout,
             readers=ctx.state.body_readers,
         ):

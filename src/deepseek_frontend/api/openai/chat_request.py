@@ -306,7 +306,7 @@ def map_response_format(raw: Any) -> dict[str, Any] | None:
 
 def map_model(body: Mapping[str, Any], config: ServerConfig) -> str:
     """``model`` resolved through the aliases (absent: the served model); unknown: ``ModelNotFoundError``."""
-    return config.resolve_model(check_string(body.get("model"), "model", default=None))
+    return config.model.resolve_model(check_string(body.get("model"), "model", default=None))
 
 
 def map_sampling(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -346,12 +346,12 @@ def to_chat_request(body: dict[str, Any], config: ServerConfig, request_id: str)
     Raises ``RequestError`` (400, ``param`` set) and ``ModelNotFoundError`` (404).
     """
     model = map_model(body, config)
-    messages = map_messages(body.get("messages"), images=family_reads_images(config.family))
+    messages = map_messages(body.get("messages"), images=family_reads_images(config.model.family))
     tools = map_tools(body.get("tools"))
     tool_choice = map_tool_choice(body.get("tool_choice"), tools)
-    thinking = resolve_thinking(body, config.default_thinking)
+    thinking = resolve_thinking(body, config.model.default_thinking)
     effort = (
-        resolve_reasoning_effort(body.get("reasoning_effort"), config.reasoning_effort_profile)
+        resolve_reasoning_effort(body.get("reasoning_effort"), config.model.reasoning_effort_profile)
         if thinking
         else None
     )

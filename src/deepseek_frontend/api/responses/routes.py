@@ -120,9 +120,11 @@ async def create_response(ctx: RequestContext) -> Response:
     body = await ctx.json()
     owner = ctx.owner
     # stored state first: the translation sees the body a client resending everything would send
-    stateful = await resolve_stateful(body, state.store, owner, config.state.store_by_default)
+    stateful = await resolve_stateful(body, state.store, owner, config.server.state.store_by_default)
     converted = convert_responses_request(
-        stateful.body, hosted_tools=config.hosted_tools, read_images=family_reads_images(config.family)
+        stateful.body,
+        hosted_tools=config.model.hosted_tools,
+        read_images=family_reads_images(config.model.family),
     )
     echo = response_echo(body)
     echo.update(stateful.echo())

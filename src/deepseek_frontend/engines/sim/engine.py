@@ -1,4 +1,4 @@
-"""The simulated engine: a deterministic, in-process :class:`EngineClient`.
+"""The simulated engine: a deterministic, in-process :class:`Engine` (and :class:`EngineClient`).
 
 A development and load-testing tool in the spirit of Dynamo's mocker -- not a model. It
 decodes the prompt ids with the real tokenizer, writes a DeepSeek-V4-format answer by the
@@ -36,7 +36,8 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from deepseek_frontend.engines.base import EngineClient
+from deepseek_frontend.engines.base import Engine, EngineClient
+from deepseek_frontend.engines.config import SimConfig
 from deepseek_frontend.engines.sim.behavior import PRESETS, SIM_CONSTRAINT_KINDS, SimBehavior
 from deepseek_frontend.engines.sim.clock import StepClock
 from deepseek_frontend.engines.sim.kv import SimKvCache
@@ -67,6 +68,7 @@ from deepseek_frontend.generation import (
     SamplingParams,
     TokenLogprob,
     WorkerCapabilities,
+    WorkerStatus,
 )
 
 __all__ = [
@@ -223,8 +225,11 @@ class SimStats:
         }
 
 
-class SimulatedEngine(EngineClient):
+class SimulatedEngine(EngineClient, Engine):
     """A deterministic in-process engine over the real tokenizer (see module docstring).
+
+    It serves a model by itself (an :class:`Engine`: ``serve --engine sim``) or as one worker of a
+    pool or of the ``sim-engine`` server (an :class:`EngineClient`).
 
     ``fail_after``: every request fails after this many output tokens (0 = before the first
     token, which raises :class:`EngineUnavailableError`; later failures raise
@@ -287,6 +292,17 @@ class SimulatedEngine(EngineClient):
         self._running: set[str] = set()
         self._abort_requested: set[str] = set()
         self._failed: set[str] = set()
+
+    @classmethod
+    def from_config(cls, config: SimConfig, tokenizer: SimTokenizer) -> SimulatedEngine:
+        """The engine ``serve --engine sim`` runs: ``config``'s timing and behaviour preset."""
+        return cls(
+            tokenizer,
+            ttft_ms=config.ttft_ms,
+            itl_ms=config.itl_ms,
+            tokens_per_chunk=config.tokens_per_chunk,
+            behavior=PRESETS[config.behave] if config.behave != "ideal" else None,
+        )
 
     def __repr__(self) -> str:
         ttft, itl = self.ttft_s * 1000, self.itl_s * 1000
@@ -684,6 +700,16 @@ class SimulatedEngine(EngineClient):
 
     async def check_health(self) -> bool:
         return self.fail_after != 0
+
+    def statuses(self) -> list[WorkerStatus]:
+        """Itself as the one worker: always healthy, its running requests in flight."""
+        return [WorkerStatus(url=self.name, healthy=True, in_flight=self.stats.running)]
+
+    async def start(self) -> None:
+        """Nothing runs in the background."""
+
+    async def aclose(self) -> None:
+        """Nothing to release."""
 
 
 #: what the simulated model "keeps writing" once it is not allowed to stop (ignore_eos, min_new_tokens)

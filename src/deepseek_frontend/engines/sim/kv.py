@@ -28,6 +28,7 @@ resends buffered batches from a requested sequence followed by an end marker (se
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import json
@@ -337,7 +338,7 @@ def add_kv_arguments(parser: Any) -> None:
     )
 
 
-def kv_cache_from_args(args: Any) -> SimKvCache | None:
+def kv_cache_from_args(args: argparse.Namespace) -> SimKvCache | None:
     """The cache model the ``sim-engine`` flags ask for (call inside the event loop); raises ValueError."""
     tokens = getattr(args, "kv_cache_tokens", None)
     config_text = getattr(args, "kv_events_config", None)
