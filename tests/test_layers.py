@@ -6,6 +6,11 @@ layer then depends on everything above it, and no layer can be read, tested or c
 ones it was meant to serve. Within a layer modules may import each other, but the module graph has
 no cycle: every circle of imports is reported with the line of each import in it.
 
+A lower module must not read a higher one's objects by name either: a parameter annotated ``Any``
+(or ``object``) read with ``getattr(param, "name")`` / ``hasattr(param, "name")`` is a dependency
+on whatever has that name, hidden from the import graph. Below the entry points such a read is
+reported (:func:`name_probes`); name what you read as a ``typing.Protocol`` or pass the value in.
+
 Every import counts -- at module level, inside a function (a lazy import) and under
 ``if TYPE_CHECKING:`` -- because each is a dependency of the importing module's code, whenever it
 runs. Relative imports are resolved against the importing module's package. ``from pkg import
@@ -234,6 +239,43 @@ def import_cycles(edges: Iterable[Edge]) -> list[str]:
     return cycles
 
 
+#: the annotations that say nothing of what a parameter is
+_UNTYPED = frozenset({"Any", "typing.Any", "object", "Any | None", "object | None"})
+
+
+def name_probes(src: Path, package: str, layers: Sequence[Layer]) -> list[str]:
+    """``getattr`` / ``hasattr`` with a literal name on a parameter annotated ``Any`` or ``object``,
+    in modules below the top layer, one line each (see the module docstring)."""
+    found = []
+    for module, path in modules_under(src, package).items():
+        if _layer_index(module, layers) == len(layers) - 1:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                continue
+            params = [*fn.args.posonlyargs, *fn.args.args, *fn.args.kwonlyargs]
+            untyped = {
+                p.arg for p in params if p.annotation is not None and ast.unparse(p.annotation) in _UNTYPED
+            }
+            for node in ast.walk(fn):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr")
+                    and len(node.args) >= 2
+                    and isinstance(node.args[0], ast.Name)
+                    and node.args[0].id in untyped
+                    and isinstance(node.args[1], ast.Constant)
+                    and isinstance(node.args[1].value, str)
+                ):
+                    where = f"{path.relative_to(src)}:{node.lineno}"
+                    found.append(
+                        f"{where}: {fn.name} reads {node.args[0].id}.{node.args[1].value} through Any"
+                    )
+    return sorted(found)
+
+
 # ------------------------------------------------------------------------------ the package
 
 
@@ -254,6 +296,11 @@ def test_no_import_runs_up_a_layer() -> None:
 def test_no_modules_import_each_other_in_a_circle() -> None:
     found = import_cycles(import_edges(SRC, PACKAGE))
     assert not found, "circles of imports:\n" + "\n".join(found)
+
+
+def test_no_lower_layer_reads_an_untyped_parameter_by_name() -> None:
+    found = name_probes(SRC, PACKAGE, LAYERS)
+    assert not found, "reads by name through Any (name them as a Protocol):\n" + "\n".join(found)
 
 
 # ------------------------------------------------------------------------------ the checks themselves
@@ -310,3 +357,17 @@ def test_a_back_edge_and_a_circle_are_reported_with_their_lines(tmp_path: Path) 
     assert import_cycles(edges) == [
         "pkg/high.py:1: pkg.high imports pkg.low -> pkg/low.py:2: pkg.low imports pkg.high"
     ]
+
+
+def test_a_name_read_through_any_is_reported_below_the_top_layer_only(tmp_path: Path) -> None:
+    probe = (
+        "from typing import Any\n"
+        "def f(config: Any, typed: int, bare) -> None:\n"
+        "    getattr(config, 'limits', None)\n"
+        "    hasattr(typed, 'real')\n"
+        "    getattr(bare, 'x')\n"
+        "    getattr(config, name)\n"
+    )
+    _write(tmp_path, {"pkg/__init__.py": "", "pkg/low.py": probe, "pkg/top.py": probe})
+    layers = (Layer("low", ("pkg", "pkg.low")), Layer("top", ("pkg.top",)))
+    assert name_probes(tmp_path, "pkg", layers) == ["pkg/low.py:3: f reads config.limits through Any"]
