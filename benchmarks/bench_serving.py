@@ -146,7 +146,7 @@ def serve(port_file: str, tokens_per_chunk: int, ttft_ms: float = 0.0, itl_ms: f
         async def aclose(self) -> None:
             await engine.aclose()
 
-    config = ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash"), EngineConfig(kind="sim"))
+    config = ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash"), engine=EngineConfig(kind="sim"))
     app = create_app(config, tokenizer=tokenizer, backend=StampedEngine())
 
     async def latency(_: Any) -> Response:
@@ -612,7 +612,7 @@ def ttft_overhead(target_tokens: int = 100_000, repeats: int = 20) -> tuple[int,
     from deepseek_frontend.tokenization import PromptTokenizer
 
     tokenizer = PromptTokenizer.load()
-    config = ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash"), EngineConfig(kind="sim"))
+    config = ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash"), engine=EngineConfig(kind="sim"))
     app = create_app(config, tokenizer=tokenizer, backend=SimulatedEngine(tokenizer))
     pipeline = app.state.frontend.models.default.pipeline
     paragraph = (

@@ -115,7 +115,7 @@ def main() -> None:
     os.environ.update(env)  # the exporter reads its endpoint from the environment
 
     tokenizer = PromptTokenizer.load()
-    config = ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash"), EngineConfig(kind="sim"))
+    config = ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash"), engine=EngineConfig(kind="sim"))
     app = create_app(config, tokenizer=tokenizer, backend=SimulatedEngine(tokenizer))
     state = app.state.frontend
     tracer = tracer_from_env(env)

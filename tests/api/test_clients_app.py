@@ -23,7 +23,7 @@ def client(prompt_tokenizer: PromptTokenizer) -> Iterator[TestClient]:
             context_length=8192,
             model_aliases=(ModelAlias("claude-*", "deepseek-v4-flash"),),
         ),
-        ServerOptions(api_key=KEY),
+        server=ServerOptions(api_key=KEY),
     )
     with TestClient(create_app(config, tokenizer=prompt_tokenizer)) as c:
         yield c

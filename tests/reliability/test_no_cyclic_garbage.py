@@ -39,7 +39,7 @@ REQUEST_STATE_TYPES = {"RequestResponseCycle", "DisconnectWatch", "TCPTransport"
 @pytest.fixture(scope="module")
 def server() -> Iterator[uvicorn.Server]:
     app = create_app(
-        ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash"), EngineConfig(kind="sim"))
+        ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash"), engine=EngineConfig(kind="sim"))
     )
     port = free_port()
     state = app.state.frontend

@@ -32,7 +32,7 @@ pytestmark = pytest.mark.timeout(120)
 WORDS = ["the", "frontend", "renders", "prompts", "and", "parses", "tool", "calls", "from", "every", "chunk"]
 
 
-CONFIG = ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash"), EngineConfig(kind="sim"))
+CONFIG = ServerConfig(ModelConfig(served_model_name="deepseek-v4-flash"), engine=EngineConfig(kind="sim"))
 
 
 def _pipeline() -> ChatPipeline:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import os
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 
 from deepseek_frontend.disagg.parts import PdConfig, PdDeployment
@@ -199,7 +199,8 @@ class ModelConfig:
 class ServerConfig:
     """One served model's resolved settings, as the parts each component receives whole.
 
-    Build with :meth:`from_args` (or ``config_file.py`` for several models) or directly in tests:
+    Build with :meth:`from_args` (or ``config_file.py`` for several models) or directly in tests,
+    the model first and every other part by name:
 
     * ``model`` -- what is served (:class:`ModelConfig`): the tokenizer, the pipeline and the API
       read it;
@@ -212,6 +213,7 @@ class ServerConfig:
     """
 
     model: ModelConfig
+    _: KW_ONLY
     server: ServerOptions = field(default_factory=ServerOptions)
     engine: EngineConfig = field(default_factory=EngineConfig)
     router: RouterConfig = field(default_factory=RouterConfig)

@@ -34,7 +34,7 @@ WEATHER = {
 def client(prompt_tokenizer: PromptTokenizer) -> Iterator[TestClient]:
     config = ServerConfig(
         ModelConfig(served_model_name="deepseek-v4-flash", context_length=8192),
-        ServerOptions(api_key=KEY, max_body_bytes=4096),
+        server=ServerOptions(api_key=KEY, max_body_bytes=4096),
     )
     with TestClient(create_app(config, tokenizer=prompt_tokenizer)) as c:
         c.headers["Authorization"] = f"Bearer {KEY}"

@@ -34,7 +34,7 @@ def app_client(prompt_tokenizer: PromptTokenizer, tmp_path: Path) -> Iterator[tu
     url = f"sqlite:///{tmp_path}/state.sqlite3"
     config = ServerConfig(
         ModelConfig(served_model_name="deepseek-v4-flash"),
-        ServerOptions(api_key=KEY, state=StateOptions(url=url)),
+        server=ServerOptions(api_key=KEY, state=StateOptions(url=url)),
     )
     with TestClient(create_app(config, tokenizer=prompt_tokenizer)) as client:
         client.headers["Authorization"] = f"Bearer {KEY}"
