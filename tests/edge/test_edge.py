@@ -12,7 +12,7 @@ from starlette.testclient import TestClient
 from deepseek_frontend.api.anthropic.routes import ANTHROPIC
 from deepseek_frontend.edge.background import BackgroundTasks
 from deepseek_frontend.edge.errors import OPENAI, shape_for
-from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.fleet.config import ModelConfig, ServerConfig, ServerOptions
 from deepseek_frontend.server.app import create_app
 from deepseek_frontend.tokenization import PromptTokenizer
 
@@ -21,7 +21,10 @@ KEY = "edge-key"
 
 @pytest.fixture(scope="module")
 def client(prompt_tokenizer: PromptTokenizer) -> Iterator[TestClient]:
-    config = ServerConfig(served_model_name="deepseek-v4-flash", api_key=KEY, context_length=8192)
+    config = ServerConfig(
+        ModelConfig(served_model_name="deepseek-v4-flash", context_length=8192),
+        server=ServerOptions(api_key=KEY),
+    )
     with TestClient(create_app(config, tokenizer=prompt_tokenizer)) as c:
         yield c
 
