@@ -48,9 +48,10 @@ those at once):
 * the client leaves -> both legs aborted.
 
 Each request -- whatever the pairs its retries and migrations used -- ends with one log line (logger
-``deepseek_frontend.disagg.pool``) naming every pair's workers and room, one outcome (``migrated``
-when a continuation finished it) and the transfer time; :class:`PdStats` feeds
-``disagg/metrics.py``. The vLLM prefill leg holds a slot of the prefill pool like any leg.
+``deepseek_frontend.routing.pd``, the name it had before disagg/ was a package) naming every pair's
+workers and room, one outcome (``migrated`` when a continuation finished it) and the transfer time;
+:class:`PdStats` feeds ``disagg/metrics.py``. The vLLM prefill leg holds a slot of the prefill pool
+like any leg.
 """
 
 from __future__ import annotations
