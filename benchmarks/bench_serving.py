@@ -7,37 +7,76 @@ Usage::
     python benchmarks/bench_serving.py --concurrency 256 --tokens-per-chunk 1
     python benchmarks/bench_serving.py --workers 1 2 --bare               # + serve --workers N, ASGI ceiling
     python benchmarks/bench_serving.py --ttft-ms 20 --itl-ms 10 --tokens 128 # the 20 ms / 10 ms timings
+    python benchmarks/bench_serving.py --compare --dynamo-venv /work/.venv-dynamo  # next to Dynamo 1.6.1
+    python benchmarks/bench_serving.py --compare --dynamo-venv V --mode unique --concurrency 1024
     python benchmarks/bench_serving.py --compare http://127.0.0.1:9000 --compare-pid PID --repeats 3
     python benchmarks/bench_serving.py --burst 256                        # cached-prefix TTFT in a burst
 
-What runs: for each tokens-per-chunk setting, the targets of a row run back to back (interleaved,
-so that a shared machine's load hits them alike; compare ratios within one run, not across runs):
+What runs: for each tokens-per-chunk setting, mode and concurrency, the targets of a row run back
+to back, ``--repeats`` times (A B C A B C ...: interleaved, so that a shared machine's load hits
+them alike; compare ratios within one run, not across runs):
 
 * ``ours (1 process, stamped)`` -- this script's ``--serve`` process: the normal app with the
   built-in simulated engine (``--ttft-ms``/``--itl-ms``, default zero delay) plus two timestamps
   per chunk, for the added-latency columns;
 * ``ours, serve --workers N`` (``--workers N ...``) -- ``deepseek-frontend serve --workers N``
-  exactly as deployed, in-process simulated engine; CPU time summed over the supervisor and its
-  processes;
+  exactly as deployed, in-process simulated engine (one per process); CPU time summed over the
+  supervisor and its processes;
 * ``bare ASGI ceiling`` (``--bare``) -- uvicorn + uvloop + httptools streaming the same number of
   chunks of the same size with no frontend work: the floor of any Python ASGI frontend's cost;
-* ``compare HOST:PORT`` (``--compare URL``) -- any other OpenAI-compatible frontend (e.g. Dynamo's in
-  front of its mocker, set to the same timings), same requests (``--compare-model`` names its
-  model; ``--compare-pid`` lets its CPU time be counted).
+* ``compare`` -- another OpenAI-compatible frontend, same requests. ``--compare URL``: one already
+  running (``--compare-model`` names its model; ``--compare-pid`` / ``--compare-engine-pid`` let its
+  frontend's and its engine's CPU time be counted). ``--compare`` alone with ``--dynamo-venv PATH``:
+  NVIDIA Dynamo 1.6.1's frontend in front of its mocker, started by this script from that virtualenv
+  with the same engine timings (``_dynamo.py`` says exactly what it starts).
+
+``--compare`` measures real traffic unless told otherwise: modes ``unique`` and ``agentic``, 150
+completion tokens per request, 20 ms to the first token and 10 ms per token, 256 and 1,024 streams,
+``serve --workers 1`` and ``--workers 2``, 2 repeats, 1 token per engine chunk. Every stream of a
+row starts at once; a stream sends its requests one after another (a closed loop, no think time).
+The modes (``--mode``, several allowed):
+
+* ``short`` (the default without ``--compare``) -- one request per stream, a prompt of a few
+  tokens (``write N words i``, 7 distinct prompts): the per-token streaming cost alone;
+* ``unique`` -- one request per stream whose user message is ``--prompt-words`` (default 1,000:
+  about 1,000 tokens) ordinary English words drawn at random after a salt: every prompt of every
+  run is new to the frontend's caches, so each is rendered and tokenized cold;
+* ``agentic`` -- ``--agent-turns`` (default 4) requests per stream on one keep-alive connection: a
+  coding agent's conversation (a system prompt and 12 tools shared by every stream, then the
+  stream's own task, assistant tool calls and their results: code and command output), resent
+  whole every turn with the new calls and results appended, growing from ``--agent-min-chars`` to
+  ``--agent-max-chars`` of JSON (default 70,000 to 100,000: about 21K to 30K prompt tokens). Each
+  stream's first request is cold past the shared system prompt and tools; its follow-ups extend
+  the conversation the frontend saw the turn before (as ``bench_fleet.py``'s agents do).
+
+Every request asks for thinking off (``thinking: {type: disabled}`` and
+``chat_template_kwargs.thinking: false``, which Dynamo's, vLLM's and SGLang's DeepSeek templates
+read), ``max_tokens``, ``ignore_eos`` and ``stream_options.include_usage``; the usage chunk gives
+the token counts. Before each run a few streams' first requests warm the target up (not counted).
 
 The load generator is this process: raw uvloop ``asyncio.Protocol`` HTTP/1.1 clients, one connection
-per stream, no SSE parsing (only the tail of the body is kept for the usage chunk), so it stays
-cheap next to what it measures. Each stream asks for thinking off, ``max_tokens`` = the stream
-length, ``ignore_eos`` and ``stream_options.include_usage``; the usage chunk gives the token count.
+per stream (per request outside the agentic mode), no SSE parsing (only the tail of the body is kept
+for the usage chunk), so it stays cheap next to what it measures; its own CPU time is a column.
 
 Metrics (definitions):
 
 * **tokens/s** -- completion tokens of all streams / wall time from the first request sent to the
   last stream closed.
-* **frontend CPU s**, **CPU s per 1000 tokens** -- user + system CPU time the frontend process(es)
-  used during the throughput run (/proc), and that per 1,000 completion tokens: on a machine shared
-  with other work this, not wall-clock tokens/s, says what a dedicated core sustains. With the
-  in-process simulated engine it includes the engine's own cost.
+* **requests**, **prompt tokens** -- requests of the run, and their mean prompt tokens as each
+  server's usage chunk counts them.
+* **frontend CPU s**, **engine CPU s**, **CPU s per 1000 tokens** -- user + system CPU time the
+  frontend process(es) used during the throughput run (/proc; for ``serve`` the supervisor and every
+  process, the in-process simulated engine included), that of a separate engine process (Dynamo's
+  mocker; ``-`` when the engine is in process), and both together per 1,000 completion tokens: on a
+  machine shared with other work this, not wall-clock tokens/s, says what a dedicated core sustains.
+* **frontend CPU split s** -- the frontend CPU seconds of each of its processes that used any
+  (``serve --workers 2``: the supervisor's share, if any, then each process): how evenly the
+  kernel's ``SO_REUSEPORT`` hashing spread the connections' work.
+* **load generator CPU s**, **% of machine** -- this process's CPU time over the run, and that over
+  the run's wall time x the machine's cores: on a 2-core machine the client competes with the server.
+* **other CPU s** -- the whole machine's busy CPU time over the run (/proc/stat) less that of every
+  process of this benchmark (the measured target, the idle ones, the load generator): other jobs
+  sharing the cores, a measure of the noise each row ran in.
 * **added latency per chunk** (stamped target only) -- measured in a second run of the same load
   (timestamps cost a few percent, so the throughput run goes without): for each engine chunk, the
   time from the engine handing it to the frontend (the simulated engine's async iterator yielding)
@@ -532,20 +571,23 @@ def own_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def measure(target: Target, workload: Workload) -> dict[str, Any]:
+def measure(target: Target, workload: Workload, idle: tuple[Target, ...] = ()) -> dict[str, Any]:
     """One row: a throughput run (no stamps), then, for a stamped target, a latency run.
 
     Besides the load's own figures: the CPU seconds of the target's processes (each process of
     the tree apart, for the split), of its separate engine, of this process (the load
-    generator), and of the whole machine over the run (what none of them used is other jobs')."""
+    generator), and of the whole machine over the run; what none of them nor the ``idle``
+    targets' processes used is other jobs'."""
     pids = process_tree(target.pids[0]) if target.pids else ()
     engine_pids = process_tree(target.engine_pids[0]) if target.engine_pids else ()
+    idle_roots = [root for t in idle for root in (*t.pids[:1], *t.engine_pids[:1])]
+    idle_pids = tuple(p for root in idle_roots for p in process_tree(root))
     if target.stamped:
         set_stamping(target.port, False)
     # warm-up: a few streams' first requests (connections, the simulated engine's memoised plans,
     # the shared system prompt and tools of the agentic mode), with a salt of their own
     _run(run_load(target, workload.prefix(7, 1), os.urandom(5).hex()))
-    before = {p: cpu_seconds(p) for p in (*pids, *engine_pids)}
+    before = {p: cpu_seconds(p) for p in (*pids, *engine_pids, *idle_pids)}
     client_before, machine_before = own_cpu_seconds(), machine_busy_seconds()
     load = _run(run_load(target, workload, os.urandom(5).hex()))
     client_cpu = own_cpu_seconds() - client_before
@@ -564,6 +606,7 @@ def measure(target: Target, workload: Workload) -> dict[str, Any]:
         "label": target.label, "mode": workload.mode, "streams": len(workload.streams), "load": load,
         "cpu": cpu, "engine_cpu": engine_cpu, "split": [used[p] for p in pids if used[p] >= 0.005],
         "client_cpu": client_cpu, "machine_cpu": machine_cpu, "added": added,
+        "idle_cpu": sum(used[p] for p in idle_pids),
     }  # fmt: skip
 
 
@@ -603,7 +646,7 @@ def row(tpc: int, r: dict[str, Any]) -> str:
         _num(cpu), _num(engine_cpu), _num(per_1000, 3),
         " + ".join(f"{c:.2f}" for c in r["split"]) if len(r["split"]) > 1 else "-",
         _num(r["client_cpu"]), f"{r['client_cpu'] / (load.seconds * (os.cpu_count() or 1)):.0%}",
-        _num(r["machine_cpu"] - served_cpu - r["client_cpu"]),
+        _num(r["machine_cpu"] - served_cpu - r["client_cpu"] - r["idle_cpu"]),
     ]  # fmt: skip
     added = r["added"]
     if added:
@@ -971,7 +1014,8 @@ def main() -> int:
                         workload = build_workload(mode, conc, tokens, args)
                         for _ in range(args.repeats):
                             for target in targets:  # interleaved: each row's targets run back to back
-                                print(row(tpc, measure(target, workload)), flush=True)
+                                idle = tuple(t for t in targets if t is not target)
+                                print(row(tpc, measure(target, workload, idle)), flush=True)
                                 time.sleep(1.0)  # closed connections settle between runs
             finally:
                 _stop(procs)
