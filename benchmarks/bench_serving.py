@@ -549,6 +549,8 @@ def start_serve_command(
             "--sim-itl-ms", str(itl_ms), "--log-level", "warning",
             # the load is the point here: no admission queueing in front of 1,024 streams
             "--max-concurrent-requests", "100000",
+            # no stored responses here: the load does not store, and the user's state store is left alone
+            "--state-store", "none",
             *(["--worker", worker] if worker else []),
         ],
         cwd=REPO,
