@@ -64,7 +64,6 @@ import argparse
 import asyncio
 import os
 import platform
-import random
 import re
 import subprocess
 import sys
@@ -73,11 +72,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import orjson
 import yaml
 
+from _conversations import SALT, conversation_bodies
 from _servers import free_port, wait_healthy
-from _streams import StreamClient
+from _streams import KeepAliveStream, StreamClient
 from bench_serving import cpu_seconds, percentile, process_tree
 
 REPO = Path(__file__).resolve().parents[1]
@@ -86,129 +85,8 @@ MODELS = ("deepseek-v4-flash", "deepseek-v4-flash-canary")
 LIMITS = {"requests_per_minute": 10_000_000, "tokens_per_minute": 10**12, "concurrent_requests": 100_000}
 #: agents of the uncounted warm-up round: each its own connection, so --workers 2 warms both processes
 WARM_UP_AGENTS = 4
-#: the width of every conversation's salt; the template holds this placeholder
-SALT = b"@SALT-PLACEHOLD@"
 _COMPLETION = re.compile(rb'"completion_tokens":(\d+)')
 _PROMPT = re.compile(rb'"prompt_tokens":(\d+)')
-
-
-# --------------------------------------------------------------------------- the conversations
-
-#: a coding agent's tools: name, what it does, its parameters (name:type, the first required)
-_TOOLS = (
-    (
-        "read_file",
-        "Read a file from the workspace; returns numbered lines.",
-        "path:string offset:integer limit:integer",
-    ),
-    ("write_file", "Create or overwrite a file with the given content.", "path:string content:string"),
-    (
-        "edit_file",
-        "Replace one exact string in a file.",
-        "path:string old:string new:string replace_all:boolean",
-    ),
-    ("bash", "Run a shell command in the workspace.", "command:string timeout_s:integer description:string"),
-    ("grep", "Search file contents with a regular expression.", "pattern:string path:string glob:string"),
-    ("glob", "List files whose path matches a glob pattern.", "pattern:string path:string"),
-    ("list_dir", "List a directory's entries with their sizes.", "path:string depth:integer"),
-    ("run_tests", "Run the test suite or one module; report failures.", "target:string verbose:boolean"),
-    ("git_diff", "Show the working tree's changes against a revision.", "revision:string paths:array"),
-    ("web_fetch", "Fetch a URL and return its text content.", "url:string max_chars:integer"),
-    ("todo_write", "Replace the task list shown to the user.", "items:array"),
-    ("search_code", "Find symbol definitions and references.", "symbol:string kind:string"),
-)
-#: the identifiers of the pseudo-source in tool results
-_WORD_TEXT = (
-    "request response stream token model worker router config limit tenant queue cache prefix "
-    "prompt render parse encode decode buffer chunk header body status error retry timeout "
-    "health metric label value index offset length count batch engine session state store"
-)
-_WORDS = _WORD_TEXT.split()
-
-
-def _tools() -> list[dict[str, object]]:
-    tools = []
-    for name, summary, spec_text in _TOOLS:
-        params = dict(item.split(":") for item in spec_text.split())
-        properties: dict[str, object] = {}
-        for pname, ptype in params.items():
-            spec: dict[str, object] = {
-                "type": ptype,
-                "description": f"The {pname.replace('_', ' ')} for {name}. " + summary,
-            }
-            if ptype == "array":
-                spec["items"] = {"type": "string"}
-            properties[pname] = spec
-        parameters = {"type": "object", "properties": properties, "required": [next(iter(params))]}
-        description = summary + " Use it instead of guessing; prefer small, targeted calls. " * 3
-        function = {"name": name, "description": description, "parameters": parameters}
-        tools.append({"type": "function", "function": function})
-    return tools
-
-
-def _code(rng: random.Random, chars: int) -> str:
-    """Pseudo-source and command output of about ``chars`` characters."""
-    lines: list[str] = []
-    size = 0
-    while size < chars:
-        a, b, c = rng.sample(_WORDS, 3)
-        kind = rng.randrange(4)
-        if kind == 0:
-            line = f"def {a}_{b}(self, {c}: int = {rng.randrange(1000)}) -> {b.title()}:"
-        elif kind == 1:
-            line = f"    {a}_{c} = self.{b}.get({c!r}, {rng.randrange(100)})  # {a} {b} {c}"
-        elif kind == 2:
-            line = f"src/{a}/{b}.py:{rng.randrange(1, 900)}: {c} {a} {rng.randrange(10**6):x}"
-        else:
-            line = f"    return {a}({b}, {c}={rng.random():.4f})"
-        lines.append(line)
-        size += len(line) + 1
-    return "\n".join(lines)
-
-
-def conversation_bodies(agent: int, turns: int, min_chars: int, max_chars: int, tokens: int) -> list[bytes]:
-    """The JSON bodies of one agent's ``turns`` requests (``model`` and the salt left as
-    placeholders), the first about ``min_chars`` long and the last about ``max_chars``."""
-    rng = random.Random(agent)
-    salt = SALT.decode()
-    system = (
-        "You are a coding agent working in a repository. Read before you edit, run the tests "
-        "after every change, and report what you did in a few sentences. " * 30
-    )
-    messages: list[dict[str, object]] = [{"role": "system", "content": system}]
-    task = f"[{salt}] Task {agent}: the rate limiter refuses requests it should admit.\n"
-    messages.append({"role": "user", "content": task + _code(rng, 1500)})
-    base = {
-        "model": "@MODEL@", "stream": True, "stream_options": {"include_usage": True},
-        "max_tokens": tokens, "ignore_eos": True, "thinking": {"type": "disabled"}, "tools": _tools(),
-    }  # fmt: skip
-    size = len(orjson.dumps({**base, "messages": messages}))
-    # the first request's tool results fill it up to min_chars, each later turn adds one step's share
-    step = max(1000, (max_chars - min_chars) // max(1, turns - 1))
-    names = [tool[0] for tool in _TOOLS]
-    bodies: list[bytes] = []
-    call = 0
-    while len(bodies) < turns:
-        target = min_chars if not bodies else size + step
-        while size < target:
-            name = names[call % len(names)]
-            args = orjson.dumps({"path": f"src/{rng.choice(_WORDS)}/{rng.choice(_WORDS)}.py"}).decode()
-            call_id = f"call_{salt}_{call}"
-            function = {"name": name, "arguments": args}
-            messages.append(
-                {
-                    "role": "assistant",
-                    "content": f"[{salt}] Step {call}: checking with {name}.",
-                    "tool_calls": [{"id": call_id, "type": "function", "function": function}],
-                }
-            )
-            output = _code(rng, min(6000, max(400, target - size)))
-            output = f"# [{salt}] {name} output, step {call}\n{output}"
-            messages.append({"role": "tool", "tool_call_id": call_id, "content": output})
-            size = len(orjson.dumps({**base, "messages": messages}))
-            call += 1
-        bodies.append(orjson.dumps({**base, "messages": messages}))
-    return bodies
 
 
 # --------------------------------------------------------------------------- the servers
@@ -280,50 +158,6 @@ def stop(setup: Setup) -> None:
 
 
 # --------------------------------------------------------------------------- the load
-
-
-class KeepAliveStream(asyncio.Protocol):
-    """One agent's HTTP/1.1 keep-alive connection: one streamed request at a time, done at the
-    chunked body's last chunk. Like ``StreamClient``, no HTTP or SSE parsing beyond the tail."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.done: asyncio.Future[tuple[float, bytes]] | None = None
-        self.head = b""
-        self.tail = b""
-        self.started = 0.0
-        self.first = 0.0
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    async def send(self, request: bytes) -> tuple[float, bytes]:
-        """(seconds from writing ``request`` to the first SSE bytes, the response's tail)."""
-        assert self.transport is not None
-        self.done = asyncio.get_running_loop().create_future()
-        self.head = self.tail = b""
-        self.first = 0.0
-        self.started = time.perf_counter()
-        self.transport.write(request)
-        return await self.done
-
-    def data_received(self, data: bytes) -> None:
-        if self.done is None or self.done.done():
-            return
-        if len(self.head) < 12:
-            self.head += data[:12]
-            if len(self.head) >= 12 and not self.head.startswith(b"HTTP/1.1 200"):
-                self.done.set_exception(RuntimeError(f"not a 200: {(self.head + data)[:600]!r}"))
-                return
-        if not self.first and b"data:" in self.tail[-8:] + data:
-            self.first = time.perf_counter() - self.started
-        self.tail = (self.tail + data)[-4096:]
-        if self.tail.endswith(b"\r\n0\r\n\r\n") and b"[DONE]" in self.tail:
-            self.done.set_result((self.first, self.tail))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.done is not None and not self.done.done():
-            self.done.set_exception(RuntimeError(f"connection lost mid-stream: {self.tail[-300:]!r}"))
 
 
 def http_request(port: int, body: bytes, key: str | None, keep_alive: bool) -> bytes:

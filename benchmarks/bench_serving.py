@@ -7,37 +7,76 @@ Usage::
     python benchmarks/bench_serving.py --concurrency 256 --tokens-per-chunk 1
     python benchmarks/bench_serving.py --workers 1 2 --bare               # + serve --workers N, ASGI ceiling
     python benchmarks/bench_serving.py --ttft-ms 20 --itl-ms 10 --tokens 128 # the 20 ms / 10 ms timings
+    python benchmarks/bench_serving.py --compare --dynamo-venv /work/.venv-dynamo  # next to Dynamo 1.6.1
+    python benchmarks/bench_serving.py --compare --dynamo-venv V --mode unique --concurrency 1024
     python benchmarks/bench_serving.py --compare http://127.0.0.1:9000 --compare-pid PID --repeats 3
     python benchmarks/bench_serving.py --burst 256                        # cached-prefix TTFT in a burst
 
-What runs: for each tokens-per-chunk setting, the targets of a row run back to back (interleaved,
-so that a shared machine's load hits them alike; compare ratios within one run, not across runs):
+What runs: for each tokens-per-chunk setting, mode and concurrency, the targets of a row run back
+to back, ``--repeats`` times (A B C A B C ...: interleaved, so that a shared machine's load hits
+them alike; compare ratios within one run, not across runs):
 
 * ``ours (1 process, stamped)`` -- this script's ``--serve`` process: the normal app with the
   built-in simulated engine (``--ttft-ms``/``--itl-ms``, default zero delay) plus two timestamps
   per chunk, for the added-latency columns;
 * ``ours, serve --workers N`` (``--workers N ...``) -- ``deepseek-frontend serve --workers N``
-  exactly as deployed, in-process simulated engine; CPU time summed over the supervisor and its
-  processes;
+  exactly as deployed, in-process simulated engine (one per process); CPU time summed over the
+  supervisor and its processes;
 * ``bare ASGI ceiling`` (``--bare``) -- uvicorn + uvloop + httptools streaming the same number of
   chunks of the same size with no frontend work: the floor of any Python ASGI frontend's cost;
-* ``compare HOST:PORT`` (``--compare URL``) -- any other OpenAI-compatible frontend (e.g. Dynamo's in
-  front of its mocker, set to the same timings), same requests (``--compare-model`` names its
-  model; ``--compare-pid`` lets its CPU time be counted).
+* ``compare`` -- another OpenAI-compatible frontend, same requests. ``--compare URL``: one already
+  running (``--compare-model`` names its model; ``--compare-pid`` / ``--compare-engine-pid`` let its
+  frontend's and its engine's CPU time be counted). ``--compare`` alone with ``--dynamo-venv PATH``:
+  NVIDIA Dynamo 1.6.1's frontend in front of its mocker, started by this script from that virtualenv
+  with the same engine timings (``_dynamo.py`` says exactly what it starts).
+
+``--compare`` measures real traffic unless told otherwise: modes ``unique`` and ``agentic``, 150
+completion tokens per request, 20 ms to the first token and 10 ms per token, 256 and 1,024 streams,
+``serve --workers 1`` and ``--workers 2``, 2 repeats, 1 token per engine chunk. Every stream of a
+row starts at once; a stream sends its requests one after another (a closed loop, no think time).
+The modes (``--mode``, several allowed):
+
+* ``short`` (the default without ``--compare``) -- one request per stream, a prompt of a few
+  tokens (``write N words i``, 7 distinct prompts): the per-token streaming cost alone;
+* ``unique`` -- one request per stream whose user message is ``--prompt-words`` (default 1,000:
+  about 1,000 tokens) ordinary English words drawn at random after a salt: every prompt of every
+  run is new to the frontend's caches, so each is rendered and tokenized cold;
+* ``agentic`` -- ``--agent-turns`` (default 4) requests per stream on one keep-alive connection: a
+  coding agent's conversation (a system prompt and 12 tools shared by every stream, then the
+  stream's own task, assistant tool calls and their results: code and command output), resent
+  whole every turn with the new calls and results appended, growing from ``--agent-min-chars`` to
+  ``--agent-max-chars`` of JSON (default 70,000 to 100,000: about 21K to 30K prompt tokens). Each
+  stream's first request is cold past the shared system prompt and tools; its follow-ups extend
+  the conversation the frontend saw the turn before (as ``bench_fleet.py``'s agents do).
+
+Every request asks for thinking off (``thinking: {type: disabled}`` and
+``chat_template_kwargs.thinking: false``, which Dynamo's, vLLM's and SGLang's DeepSeek templates
+read), ``max_tokens``, ``ignore_eos`` and ``stream_options.include_usage``; the usage chunk gives
+the token counts. Before each run a few streams' first requests warm the target up (not counted).
 
 The load generator is this process: raw uvloop ``asyncio.Protocol`` HTTP/1.1 clients, one connection
-per stream, no SSE parsing (only the tail of the body is kept for the usage chunk), so it stays
-cheap next to what it measures. Each stream asks for thinking off, ``max_tokens`` = the stream
-length, ``ignore_eos`` and ``stream_options.include_usage``; the usage chunk gives the token count.
+per stream (per request outside the agentic mode), no SSE parsing (only the tail of the body is kept
+for the usage chunk), so it stays cheap next to what it measures; its own CPU time is a column.
 
 Metrics (definitions):
 
 * **tokens/s** -- completion tokens of all streams / wall time from the first request sent to the
   last stream closed.
-* **frontend CPU s**, **CPU s per 1000 tokens** -- user + system CPU time the frontend process(es)
-  used during the throughput run (/proc), and that per 1,000 completion tokens: on a machine shared
-  with other work this, not wall-clock tokens/s, says what a dedicated core sustains. With the
-  in-process simulated engine it includes the engine's own cost.
+* **requests**, **prompt tokens** -- requests of the run, and their mean prompt tokens as each
+  server's usage chunk counts them.
+* **frontend CPU s**, **engine CPU s**, **CPU s per 1000 tokens** -- user + system CPU time the
+  frontend process(es) used during the throughput run (/proc; for ``serve`` the supervisor and every
+  process, the in-process simulated engine included), that of a separate engine process (Dynamo's
+  mocker; ``-`` when the engine is in process), and both together per 1,000 completion tokens: on a
+  machine shared with other work this, not wall-clock tokens/s, says what a dedicated core sustains.
+* **frontend CPU split s** -- the frontend CPU seconds of each of its processes that used any
+  (``serve --workers 2``: the supervisor's share, if any, then each process): how evenly the
+  kernel's ``SO_REUSEPORT`` hashing spread the connections' work.
+* **load generator CPU s**, **% of machine** -- this process's CPU time over the run, and that over
+  the run's wall time x the machine's cores: on a 2-core machine the client competes with the server.
+* **other CPU s** -- the whole machine's busy CPU time over the run (/proc/stat) less that of every
+  process of this benchmark (the measured target, the idle ones, the load generator): other jobs
+  sharing the cores, a measure of the noise each row ran in.
 * **added latency per chunk** (stamped target only) -- measured in a second run of the same load
   (timestamps cost a few percent, so the throughput run goes without): for each engine chunk, the
   time from the engine handing it to the frontend (the simulated engine's async iterator yielding)
@@ -68,10 +107,13 @@ import asyncio
 import contextlib
 import json
 import os
+import re
+import resource
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -79,7 +121,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from _streams import StreamClient
+from _conversations import SALT, conversation_bodies, unique_prompt_body
+from _streams import KeepAliveStream, StreamClient
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
@@ -288,55 +331,145 @@ class Target:
     host: str
     port: int
     model: str = "deepseek-v4-flash"
+    #: the frontend's processes (their descendants are counted too)
     pids: tuple[int, ...] = ()
+    #: a separate engine's processes (Dynamo's mocker), counted apart
+    engine_pids: tuple[int, ...] = ()
     #: supports /bench/latency (the instrumented server of this script)
     stamped: bool = False
     path: str = "/v1/chat/completions"
 
-    def post(self, body: bytes) -> bytes:
-        """``body`` as one HTTP/1.1 POST to :attr:`path` on a connection the server closes after."""
+    def post(self, body: bytes, keep_alive: bool = False) -> bytes:
+        """``body`` as one HTTP/1.1 POST to :attr:`path`; on a connection the server closes after,
+        unless ``keep_alive``."""
         return (
             f"POST {self.path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n".encode()
-            + b"Content-Type: application/json\r\nConnection: close\r\nContent-Length: "
+            + b"Content-Type: application/json\r\nConnection: "
+            + (b"keep-alive" if keep_alive else b"close")
+            + b"\r\nContent-Length: "
             + str(len(body)).encode()
             + b"\r\n\r\n"
             + body
         )
 
 
-def _request(target: Target, tokens: int, index: int) -> bytes:
-    body = json.dumps(
-        {
-            "model": target.model,
-            "messages": [{"role": "user", "content": f"write {tokens * 2} words {index % 7}"}],
-            "max_tokens": tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "thinking": {"type": "disabled"},
-            # the same switch as most OpenAI-compatible DeepSeek servers spell it (Dynamo, vLLM, SGLang)
-            "chat_template_kwargs": {"thinking": False},
-            # servers that honour these produce exactly max_tokens (vLLM, SGLang, this frontend)
-            "ignore_eos": True,
-        }
-    ).encode()
-    return target.post(body)
+#: what every request asks besides its own fields: thinking off as Dynamo's, vLLM's and SGLang's
+#: DeepSeek chat templates read it (this frontend reads ``thinking``, which the bodies carry too)
+EXTRA_FIELDS: dict[str, object] = {"chat_template_kwargs": {"thinking": False}}
 
 
-async def run_load(target: Target, concurrency: int, tokens: int) -> tuple[int, float, list[float]]:
-    """(completion tokens, wall seconds, client-side first-chunk seconds per stream)."""
+@dataclass(frozen=True)
+class Workload:
+    """What the streams of a row send: per stream, its requests' body templates in order
+    (placeholders ``@MODEL@`` and :data:`_conversations.SALT`, filled per run and stream)."""
+
+    mode: str
+    streams: tuple[tuple[bytes, ...], ...]
+    #: one keep-alive connection per stream for all its requests (agentic), else one per request
+    keep_alive: bool = False
+
+    def prefix(self, count: int, turns: int | None = None) -> Workload:
+        """The first ``count`` streams, each cut to its first ``turns`` requests."""
+        streams = tuple(stream[:turns] for stream in self.streams[:count])
+        return Workload(self.mode, streams, self.keep_alive)
+
+
+def build_workload(mode: str, concurrency: int, tokens: int, args: argparse.Namespace) -> Workload:
+    """``mode``: ``short`` (one request per stream, a prompt of a few tokens, the same few
+    prompts for every stream), ``unique`` (one request per stream, ``--prompt-words`` new words),
+    ``agentic`` (``--agent-turns`` requests per stream, a coding agent's conversation resent whole
+    every turn, growing from ``--agent-min-chars`` to ``--agent-max-chars`` of JSON)."""
+    if mode == "short":
+        streams = tuple((_short_body(tokens, i),) for i in range(concurrency))
+        return Workload(mode, streams)
+    if mode == "unique":
+        streams = tuple(
+            (unique_prompt_body(i, args.prompt_words, tokens, EXTRA_FIELDS),) for i in range(concurrency)
+        )
+        return Workload(mode, streams)
+    if mode == "agentic":
+        streams = tuple(
+            tuple(
+                conversation_bodies(
+                    i, args.agent_turns, args.agent_min_chars, args.agent_max_chars, tokens, EXTRA_FIELDS
+                )
+            )
+            for i in range(concurrency)
+        )
+        return Workload(mode, streams, keep_alive=True)
+    raise ValueError(f"unknown mode {mode!r}")
+
+
+def _short_body(tokens: int, index: int) -> bytes:
+    body = {
+        "model": "@MODEL@",
+        "messages": [{"role": "user", "content": f"write {tokens * 2} words {index % 7}"}],
+        "max_tokens": tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "thinking": {"type": "disabled"},
+        **EXTRA_FIELDS,
+        # servers that honour these produce exactly max_tokens (vLLM, SGLang, this frontend)
+        "ignore_eos": True,
+    }
+    return json.dumps(body).encode()
+
+
+@dataclass
+class LoadResult:
+    """One run of a workload: per request its completion tokens, first-chunk seconds and prompt
+    tokens, and the wall time from the first request sent to the last stream ended."""
+
+    seconds: float
+    completions: list[int]
+    firsts: list[float]
+    prompts: list[int]
+
+
+async def run_load(target: Target, workload: Workload, salt: str) -> LoadResult:
+    """Every stream of ``workload`` at once, each sending its requests one after another (a
+    closed loop: the next when the last has ended). ``salt``: 10 characters, new per run."""
     loop = asyncio.get_running_loop()
+    model = target.model.encode()
 
-    async def one(index: int, length: int) -> tuple[int, float]:
-        done: asyncio.Future[tuple[int, float]] = loop.create_future()
-        request = _request(target, length, index)
-        await loop.create_connection(lambda: StreamClient(request, done), target.host, target.port)
-        return await done
+    async def stream(index: int, templates: tuple[bytes, ...]) -> list[tuple[int, float, int]]:
+        own_salt = f"{salt[:10]}{index:06d}".encode()
+        assert len(own_salt) == len(SALT)
+        out: list[tuple[int, float, int]] = []
+        conn: KeepAliveStream | None = None
+        if workload.keep_alive:
+            _, conn = await loop.create_connection(KeepAliveStream, target.host, target.port)
+        try:
+            for template in templates:
+                body = template.replace(SALT, own_salt).replace(b"@MODEL@", model)
+                request = target.post(body, keep_alive=conn is not None)
+                if conn is not None:
+                    first, tail = await conn.send(request)
+                    completion = _COMPLETION.findall(tail)
+                    if not completion:
+                        raise RuntimeError(f"{target.label}: a stream without usage: {tail[-300:]!r}")
+                    prompt = _PROMPT.findall(tail)
+                    out.append((int(completion[-1]), first, int(prompt[-1]) if prompt else 0))
+                else:
+                    done: asyncio.Future[tuple[int, float]] = loop.create_future()
+                    client = StreamClient(request, done)
+                    await loop.create_connection(lambda c=client: c, target.host, target.port)
+                    completion_tokens, first = await done
+                    out.append((completion_tokens, first, client.prompt_tokens))
+        finally:
+            if conn is not None and conn.transport is not None:
+                conn.transport.close()
+        return out
 
-    # warm-up: the simulated engine plans each distinct prompt once (memoised); that is engine work
-    await asyncio.gather(*(one(i, tokens) for i in range(min(concurrency, 7))))
     started = time.perf_counter()
-    results = await asyncio.gather(*(one(i, tokens) for i in range(concurrency)))
-    return sum(r[0] for r in results), time.perf_counter() - started, [r[1] for r in results]
+    per_stream = await asyncio.gather(*(stream(i, t) for i, t in enumerate(workload.streams)))
+    seconds = time.perf_counter() - started
+    requests = [r for results in per_stream for r in results]
+    return LoadResult(seconds, [r[0] for r in requests], [r[1] for r in requests], [r[2] for r in requests])
+
+
+_COMPLETION = re.compile(rb'"completion_tokens":(\d+)')
+_PROMPT = re.compile(rb'"prompt_tokens":(\d+)')
 
 
 def fetch_latency(port: int) -> tuple[list[float], list[float]]:
@@ -433,6 +566,8 @@ def start_serve_command(
             "--sim-itl-ms", str(itl_ms), "--log-level", "warning",
             # the load is the point here: no admission queueing in front of 1,024 streams
             "--max-concurrent-requests", "100000",
+            # no stored responses here: the load does not store, and the user's state store is left alone
+            "--state-store", "none",
             *(["--worker", worker] if worker else []),
         ],
         cwd=REPO,
@@ -442,24 +577,55 @@ def start_serve_command(
     return proc, port
 
 
-def measure(target: Target, concurrency: int, tokens: int) -> dict[str, Any]:
-    """One row: a throughput run (no stamps), then, for a stamped target, a latency run."""
+def machine_busy_seconds() -> float:
+    """CPU seconds all of this machine's cores have spent not idle since boot (/proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_seconds() -> float:
+    """User + system CPU time of this process: the load generator."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(target: Target, workload: Workload, idle: tuple[Target, ...] = ()) -> dict[str, Any]:
+    """One row: a throughput run (no stamps), then, for a stamped target, a latency run.
+
+    Besides the load's own figures: the CPU seconds of the target's processes (each process of
+    the tree apart, for the split), of its separate engine, of this process (the load
+    generator), and of the whole machine over the run; what none of them nor the ``idle``
+    targets' processes used is other jobs'."""
     pids = process_tree(target.pids[0]) if target.pids else ()
+    engine_pids = process_tree(target.engine_pids[0]) if target.engine_pids else ()
+    idle_roots = [root for t in idle for root in (*t.pids[:1], *t.engine_pids[:1])]
+    idle_pids = tuple(p for root in idle_roots for p in process_tree(root))
     if target.stamped:
         set_stamping(target.port, False)
-    cpu_before = sum(cpu_seconds(p) for p in pids)
-    total, seconds, firsts = _run(run_load(target, concurrency, tokens))
-    cpu = sum(cpu_seconds(p) for p in pids) - cpu_before if pids else float("nan")
+    # warm-up: a few streams' first requests (connections, the simulated engine's memoised plans,
+    # the shared system prompt and tools of the agentic mode), with a salt of their own
+    _run(run_load(target, workload.prefix(7, 1), os.urandom(5).hex()))
+    before = {p: cpu_seconds(p) for p in (*pids, *engine_pids, *idle_pids)}
+    client_before, machine_before = own_cpu_seconds(), machine_busy_seconds()
+    load = _run(run_load(target, workload, os.urandom(5).hex()))
+    client_cpu = own_cpu_seconds() - client_before
+    machine_cpu = machine_busy_seconds() - machine_before
+    used = {p: cpu_seconds(p) - before[p] for p in before}
+    cpu = sum(used[p] for p in pids) if pids else float("nan")
+    engine_cpu = sum(used[p] for p in engine_pids) if engine_pids else float("nan")
     added: list[float] = []
     if target.stamped:
         set_stamping(target.port, True)
         fetch_latency(target.port)
-        _run(run_load(target, concurrency, tokens))
+        _run(run_load(target, workload, os.urandom(5).hex()))
         added, _ = fetch_latency(target.port)
         set_stamping(target.port, False)
     return {
-        "label": target.label, "streams": concurrency, "tokens": total, "seconds": seconds, "cpu": cpu,
-        "added": added, "first": firsts,
+        "label": target.label, "mode": workload.mode, "streams": len(workload.streams), "load": load,
+        "cpu": cpu, "engine_cpu": engine_cpu, "split": [used[p] for p in pids if used[p] >= 0.005],
+        "client_cpu": client_cpu, "machine_cpu": machine_cpu, "added": added,
+        "idle_cpu": sum(used[p] for p in idle_pids),
     }  # fmt: skip
 
 
@@ -475,27 +641,42 @@ def _run(coro: Any) -> Any:
 
 
 HEADER = (
-    "| frontend | tokens/chunk | streams | tokens | seconds | tokens/s | frontend CPU s "
-    "| CPU s per 1000 tokens | added p50 (ms) | added p99 (ms) "
-    "| first chunk p50 (ms) | first chunk p99 (ms) |\n"
-    "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    "| frontend | mode | tokens/chunk | streams | requests | prompt tokens | tokens | seconds | tokens/s "
+    "| first chunk p50 (ms) | first chunk p99 (ms) | frontend CPU s | engine CPU s "
+    "| CPU s per 1000 tokens | frontend CPU split s | load generator CPU s | load generator % of machine "
+    "| other CPU s | added p50 (ms) | added p99 (ms) |\n"
+    "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"
 )
 
 
 def row(tpc: int, r: dict[str, Any]) -> str:
+    """One line of :data:`HEADER` (the docstring defines the columns)."""
     ms = 1000.0
-    tokens, cpu = r["tokens"], r["cpu"]
-    cpu_cells = ("-", "-") if cpu != cpu else (f"{cpu:.2f}", f"{cpu / max(tokens, 1) * 1000:.3f}")
+    load: LoadResult = r["load"]
+    tokens, cpu, engine_cpu = sum(load.completions), r["cpu"], r["engine_cpu"]
+    nan = float("nan")
+    served_cpu = (0.0 if cpu != cpu else cpu) + (0.0 if engine_cpu != engine_cpu else engine_cpu)
+    per_1000 = served_cpu / max(tokens, 1) * 1000 if cpu == cpu else nan
+    cells = [
+        r["label"], r["mode"], str(tpc), str(r["streams"]), str(len(load.completions)),
+        f"{statistics.fmean(load.prompts):,.0f}" if load.prompts else "-", str(tokens),
+        f"{load.seconds:.2f}", f"{tokens / load.seconds:,.0f}",
+        f"{percentile(load.firsts, 0.5) * ms:,.1f}", f"{percentile(load.firsts, 0.99) * ms:,.1f}",
+        _num(cpu), _num(engine_cpu), _num(per_1000, 3),
+        " + ".join(f"{c:.2f}" for c in r["split"]) if len(r["split"]) > 1 else "-",
+        _num(r["client_cpu"]), f"{r['client_cpu'] / (load.seconds * (os.cpu_count() or 1)):.0%}",
+        _num(r["machine_cpu"] - served_cpu - r["client_cpu"] - r["idle_cpu"]),
+    ]  # fmt: skip
     added = r["added"]
-    added_cells = ("-", "-")
     if added:
-        added_cells = (f"{percentile(added, 0.5) * ms:.3f}", f"{percentile(added, 0.99) * ms:.3f}")
-    return (
-        f"| {r['label']} | {tpc} | {r['streams']} | {tokens} | {r['seconds']:.2f} "
-        f"| {tokens / r['seconds']:,.0f} "
-        f"| {cpu_cells[0]} | {cpu_cells[1]} | {added_cells[0]} | {added_cells[1]} "
-        f"| {percentile(r['first'], 0.5) * ms:.1f} | {percentile(r['first'], 0.99) * ms:.1f} |"
-    )
+        cells += [f"{percentile(added, 0.5) * ms:.3f}", f"{percentile(added, 0.99) * ms:.3f}"]
+    else:
+        cells += ["-", "-"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _num(value: float, digits: int = 2) -> str:
+    return "-" if value != value else f"{value:,.{digits}f}"
 
 
 # --------------------------------------------------------------------------- burst
@@ -703,29 +884,95 @@ def burst_main(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``--compare``'s defaults for what the command line leaves unsaid: the traffic of the comparison
+COMPARE_DEFAULTS = {
+    "mode": ["unique", "agentic"], "tokens": 150, "ttft_ms": 20.0, "itl_ms": 10.0,
+    "concurrency": [256, 1024], "workers": [1, 2], "repeats": 2, "tokens_per_chunk": [1],
+}  # fmt: skip
+#: the defaults without ``--compare`` (the frontend's own cost per token, as in earlier tables)
+PLAIN_DEFAULTS = {
+    "mode": ["short"], "tokens": None, "ttft_ms": 0.0, "itl_ms": 0.0,
+    "concurrency": [1, 64, 256, 1024], "workers": [], "repeats": 1, "tokens_per_chunk": [1, 4],
+}  # fmt: skip
+
+
+def compare_target(args: argparse.Namespace, procs: list[Any]) -> Target:
+    """``--compare URL`` as given, or Dynamo started from ``--dynamo-venv`` (``procs`` gets it)."""
+    if args.compare != "dynamo":
+        url = urlsplit(args.compare)
+        prefix = url.path.rstrip("/")
+        if not prefix.endswith("/v1"):
+            prefix += "/v1"
+        return Target(
+            f"compare {url.netloc}", url.hostname or "127.0.0.1", url.port or 80, args.compare_model,
+            (args.compare_pid,) if args.compare_pid else (),
+            (args.compare_engine_pid,) if args.compare_engine_pid else (),
+            path=prefix + "/chat/completions",
+        )  # fmt: skip
+    if not args.dynamo_venv:
+        raise SystemExit("--compare without a URL starts Dynamo: give --dynamo-venv PATH")
+    from _dynamo import start_dynamo
+
+    workdir = Path(args.dynamo_workdir or tempfile.mkdtemp(prefix="bench-dynamo-"))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dynamo = start_dynamo(Path(args.dynamo_venv), workdir, port, args.ttft_ms, args.itl_ms)
+    procs.append(dynamo)
+    print(f"Dynamo: frontend pid {dynamo.frontend.pid}, mocker pid {dynamo.mocker.pid}, logs in {workdir}")
+    return Target(
+        "Dynamo 1.6.1 (frontend + mocker)", "127.0.0.1", port, "deepseek-v4-flash",
+        (dynamo.frontend.pid,), (dynamo.mocker.pid,),
+    )  # fmt: skip
+
+
+def _stop(procs: list[Any]) -> None:
+    for proc in reversed(procs):
+        if isinstance(proc, subprocess.Popen):
+            proc.terminate()
+            proc.wait(timeout=30)
+        else:
+            proc.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--serve", metavar="PORT_FILE", help=argparse.SUPPRESS)
     parser.add_argument("--serve-bare", metavar="PORT_FILE", help=argparse.SUPPRESS)
-    parser.add_argument("--tokens-per-chunk", type=int, nargs="*", default=[1, 4])
-    parser.add_argument("--concurrency", type=int, nargs="*", default=[1, 64, 256, 1024])
+    parser.add_argument("--tokens-per-chunk", type=int, nargs="*", default=None)
+    parser.add_argument("--concurrency", type=int, nargs="*", default=None, help="streams at once, per row")
+    parser.add_argument(
+        "--mode", nargs="*", choices=["short", "unique", "agentic"], default=None,
+        help="what each stream sends (see the docstring); default short, with --compare unique agentic",
+    )  # fmt: skip
+    parser.add_argument("--prompt-words", type=int, default=1000, help="unique mode: words per prompt")
+    parser.add_argument("--agent-turns", type=int, default=4, help="agentic mode: requests per stream")
+    parser.add_argument("--agent-min-chars", type=int, default=70_000, help="agentic: first body, chars")
+    parser.add_argument("--agent-max-chars", type=int, default=100_000, help="agentic: last body, chars")
     parser.add_argument("--quick", action="store_true", help="shorter streams")
     parser.add_argument("--skip-ttft", action="store_true")
-    parser.add_argument("--ttft-ms", type=float, default=0.0, help="simulated engine time to first token")
-    parser.add_argument("--itl-ms", type=float, default=0.0, help="simulated engine time between chunks")
+    parser.add_argument("--ttft-ms", type=float, default=None, help="simulated engine time to first token")
+    parser.add_argument("--itl-ms", type=float, default=None, help="simulated engine time between chunks")
     parser.add_argument("--tokens", type=int, default=None, help="completion tokens per stream (all rows)")
     parser.add_argument(
-        "--workers", type=int, nargs="*", default=[], metavar="N",
+        "--workers", type=int, nargs="*", default=None, metavar="N",
         help="also run `deepseek-frontend serve --workers N` for each N (client-side latencies only)",
     )  # fmt: skip
     parser.add_argument("--bare", action="store_true", help="also run the bare-ASGI ceiling")
     parser.add_argument("--no-instrumented", action="store_true", help="skip this script's stamped server")
     parser.add_argument(
-        "--compare", metavar="URL", help="another OpenAI-compatible frontend, run interleaved"
-    )
+        "--compare", metavar="URL", nargs="?", const="dynamo", default=None,
+        help="side by side with another OpenAI-compatible frontend, interleaved: the one at URL, or "
+        "without URL NVIDIA Dynamo started from --dynamo-venv; real traffic by default",
+    )  # fmt: skip
     parser.add_argument("--compare-model", default="deepseek-v4-flash", help="model name it serves")
     parser.add_argument("--compare-pid", type=int, default=None, help="its process id, to count its CPU time")
-    parser.add_argument("--repeats", type=int, default=1, help="interleaved repeats per row")
+    parser.add_argument(
+        "--compare-engine-pid", type=int, default=None, help="its engine's process id, counted apart"
+    )
+    parser.add_argument("--dynamo-venv", metavar="PATH", help="a virtualenv with ai-dynamo 1.6.1")
+    parser.add_argument("--dynamo-workdir", metavar="DIR", help="Dynamo's model dir, logs (default: temp)")
+    parser.add_argument("--repeats", type=int, default=None, help="interleaved repeats per row")
     parser.add_argument(
         "--burst", type=int, default=None, metavar="N",
         help="instead of the table: N simultaneous cold arrivals with cached-prefix probes among them "
@@ -734,6 +981,13 @@ def main() -> int:
     parser.add_argument("--burst-probes", type=int, default=16, help="cached-prefix requests per burst")
     parser.add_argument("--burst-words", type=int, default=1500, help="words of each cold prompt")
     args = parser.parse_args()
+    defaults = COMPARE_DEFAULTS if args.compare else PLAIN_DEFAULTS
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.compare:
+        args.no_instrumented = True  # the stamped server is for the added-latency columns
+        args.skip_ttft = True
     if args.serve:
         serve(args.serve, args.tokens_per_chunk[0], args.ttft_ms, args.itl_ms)
         return 0
@@ -746,48 +1000,47 @@ def main() -> int:
     lengths = QUICK_STREAM_TOKENS if args.quick else STREAM_TOKENS
     print(
         f"engine: simulated, ttft {args.ttft_ms:g} ms, itl {args.itl_ms:g} ms; "
-        f"load generator: this process (pid {os.getpid()}), {os.cpu_count()} CPUs"
+        f"load generator: this process (pid {os.getpid()}), {os.cpu_count()} CPUs; "
+        f"load average at start {' '.join(f'{x:.2f}' for x in os.getloadavg())}",
+        flush=True,
     )
-    print(HEADER)
-    for tpc in args.tokens_per_chunk:
-        procs: list[subprocess.Popen[bytes]] = []
-        targets: list[Target] = []
-        try:
-            if not args.no_instrumented:
-                proc, port = start_server(tpc, args.ttft_ms, args.itl_ms)
-                procs.append(proc)
-                targets.append(
-                    Target("ours (1 process, stamped)", "127.0.0.1", port, pids=(proc.pid,), stamped=True)
-                )
-            for n in args.workers:
-                proc, port = start_serve_command(n, tpc, args.ttft_ms, args.itl_ms)
-                procs.append(proc)
-                targets.append(Target(f"ours, serve --workers {n}", "127.0.0.1", port, pids=(proc.pid,)))
-            if args.bare:
-                proc, port = start_server(tpc, bare=True)
-                procs.append(proc)
-                targets.append(Target("bare ASGI ceiling", "127.0.0.1", port, pids=(proc.pid,)))
-            if args.compare:
-                url = urlsplit(args.compare)
-                pids = (args.compare_pid,) if args.compare_pid else ()
-                prefix = url.path.rstrip("/")
-                if not prefix.endswith("/v1"):
-                    prefix += "/v1"
-                targets.append(
-                    Target(
-                        f"compare {url.netloc}", url.hostname or "127.0.0.1", url.port or 80,
-                        args.compare_model, pids, path=prefix + "/chat/completions",
+    print(HEADER, flush=True)
+    shared: list[Any] = []  # the compared frontend: one for all rows
+    try:
+        compare = compare_target(args, shared) if args.compare else None
+        for tpc in args.tokens_per_chunk:
+            procs: list[Any] = []
+            targets: list[Target] = []
+            try:
+                if not args.no_instrumented:
+                    proc, port = start_server(tpc, args.ttft_ms, args.itl_ms)
+                    procs.append(proc)
+                    targets.append(
+                        Target("ours (1 process, stamped)", "127.0.0.1", port, pids=(proc.pid,), stamped=True)
                     )
-                )  # fmt: skip
-            for conc in args.concurrency:
-                tokens = args.tokens or lengths.get(conc, max(100, 100_000 // conc))
-                for _ in range(args.repeats):
-                    for target in targets:  # interleaved: each row's targets run back to back
-                        print(row(tpc, measure(target, conc, tokens)), flush=True)
-        finally:
-            for proc in procs:
-                proc.terminate()
-                proc.wait(timeout=30)
+                for n in args.workers:
+                    proc, port = start_serve_command(n, tpc, args.ttft_ms, args.itl_ms)
+                    procs.append(proc)
+                    targets.append(Target(f"ours, serve --workers {n}", "127.0.0.1", port, pids=(proc.pid,)))
+                if args.bare:
+                    proc, port = start_server(tpc, bare=True)
+                    procs.append(proc)
+                    targets.append(Target("bare ASGI ceiling", "127.0.0.1", port, pids=(proc.pid,)))
+                if compare is not None:
+                    targets.append(compare)
+                for mode in args.mode:
+                    for conc in args.concurrency:
+                        tokens = args.tokens or lengths.get(conc, max(100, 100_000 // conc))
+                        workload = build_workload(mode, conc, tokens, args)
+                        for _ in range(args.repeats):
+                            for target in targets:  # interleaved: each row's targets run back to back
+                                idle = tuple(t for t in targets if t is not target)
+                                print(row(tpc, measure(target, workload, idle)), flush=True)
+                                time.sleep(1.0)  # closed connections settle between runs
+            finally:
+                _stop(procs)
+    finally:
+        _stop(shared)
     if not args.skip_ttft:
         tokens, warm_ms, cold_ms = ttft_overhead()
         print()
