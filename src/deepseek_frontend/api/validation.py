@@ -147,3 +147,22 @@ def check_tool_name(value: Any, path: str, tools: Sequence[Mapping[str, Any]] | 
     if name not in {t["function"]["name"] for t in tools or ()}:
         raise RequestError(f"{path}: no tool named {name!r} is declared", param=path)
     return {"type": "function", "function": {"name": name}}
+
+
+def check_metadata(raw: Any) -> dict[str, str]:
+    """OpenAI's metadata rules: an object of at most 16 string values (keys <= 64, values <= 512)."""
+    if raw is None:
+        return {}
+    metadata = check_object(raw, "metadata")
+    if len(metadata) > 16:
+        raise RequestError(f"metadata: at most 16 pairs, got {len(metadata)}", param="metadata")
+    for key, value in metadata.items():
+        if len(key) > 64:
+            raise RequestError(
+                f"metadata: key {key[:20]!r}... is longer than 64 characters", param="metadata"
+            )
+        if not isinstance(value, str) or len(value) > 512:
+            raise RequestError(
+                f"metadata.{key}: expected a string of at most 512 characters", param=f"metadata.{key}"
+            )
+    return dict(metadata)

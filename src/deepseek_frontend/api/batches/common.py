@@ -8,7 +8,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from deepseek_frontend.api.validation import check_object, check_string
+from deepseek_frontend.api.validation import check_string
 from deepseek_frontend.edge.request import RequestContext
 from deepseek_frontend.errors import FrontendError, RequestError
 from deepseek_frontend.fleet.batch_config import BatchLimits
@@ -17,7 +17,6 @@ __all__ = [
     "MAX_WINDOW_S",
     "ActiveBatchesError",
     "batch_limits",
-    "check_metadata",
     "completion_window_seconds",
     "query_limit",
     "require_store",
@@ -62,25 +61,6 @@ def completion_window_seconds(raw: Any) -> int:
             param="completion_window",
         )
     return seconds
-
-
-def check_metadata(raw: Any) -> dict[str, str]:
-    """OpenAI's metadata rules: an object of at most 16 string values (keys <= 64, values <= 512)."""
-    if raw is None:
-        return {}
-    metadata = check_object(raw, "metadata")
-    if len(metadata) > 16:
-        raise RequestError(f"metadata: at most 16 pairs, got {len(metadata)}", param="metadata")
-    for key, value in metadata.items():
-        if len(key) > 64:
-            raise RequestError(
-                f"metadata: key {key[:20]!r}... is longer than 64 characters", param="metadata"
-            )
-        if not isinstance(value, str) or len(value) > 512:
-            raise RequestError(
-                f"metadata.{key}: expected a string of at most 512 characters", param=f"metadata.{key}"
-            )
-    return dict(metadata)
 
 
 def query_limit(request: Request, name: str, default: int, most: int) -> int:

@@ -14,7 +14,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from deepseek_frontend.api.stored import json_response, not_stored, read_page
-from deepseek_frontend.api.validation import check_object, check_string
+from deepseek_frontend.api.validation import check_metadata, check_object, check_string
 from deepseek_frontend.edge.request import RequestContext
 from deepseek_frontend.edge.route import api_route
 from deepseek_frontend.errors import RequestError
@@ -23,7 +23,6 @@ from deepseek_frontend.state import StoredBatch, new_id
 from .common import (
     ActiveBatchesError,
     batch_limits,
-    check_metadata,
     completion_window_seconds,
     query_limit,
     require_store,

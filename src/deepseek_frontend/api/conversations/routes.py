@@ -19,7 +19,7 @@ from starlette.routing import Route
 
 from deepseek_frontend.api.responses.stateful import input_items
 from deepseek_frontend.api.stored import json_response, list_body, list_query, not_stored, read_page
-from deepseek_frontend.api.validation import check_array, check_object
+from deepseek_frontend.api.validation import check_array, check_metadata, check_object
 from deepseek_frontend.edge.request import RequestContext
 from deepseek_frontend.edge.route import api_route
 from deepseek_frontend.errors import RequestError
@@ -29,25 +29,6 @@ __all__ = ["ROUTES"]
 
 #: items one create call may add (OpenAI's limit)
 MAX_ITEMS_PER_CALL = 20
-
-
-def _metadata(raw: Any) -> dict[str, str]:
-    """OpenAI's metadata rules: an object of at most 16 string values (keys <= 64, values <= 512)."""
-    if raw is None:
-        return {}
-    metadata = check_object(raw, "metadata")
-    if len(metadata) > 16:
-        raise RequestError(f"metadata: at most 16 pairs, got {len(metadata)}", param="metadata")
-    for key, value in metadata.items():
-        if len(key) > 64:
-            raise RequestError(
-                f"metadata: key {key[:20]!r}... is longer than 64 characters", param="metadata"
-            )
-        if not isinstance(value, str) or len(value) > 512:
-            raise RequestError(
-                f"metadata.{key}: expected a string of at most 512 characters", param=f"metadata.{key}"
-            )
-    return dict(metadata)
 
 
 def _conversation_object(conv: StoredConversation) -> dict[str, Any]:
@@ -82,7 +63,7 @@ async def _items(ctx: RequestContext, raw: Any, param: str) -> list[StoredItem]:
 async def create_conversation(ctx: RequestContext) -> Response:
     _disabled(ctx)
     body = check_object(await ctx.json(), "body")
-    metadata = _metadata(body.get("metadata"))
+    metadata = check_metadata(body.get("metadata"))
     items = await _items(ctx, body.get("items") or [], "items")
     conv = StoredConversation(new_id("conv"), ctx.owner, ctx.store.now(), orjson.dumps(metadata).decode())
     await ctx.store.put_conversation(conv, items)
@@ -107,7 +88,7 @@ async def update_conversation(ctx: RequestContext) -> Response:
     body = check_object(await ctx.json(), "body")
     if "metadata" not in body:
         raise RequestError("metadata: required", param="metadata")
-    metadata = orjson.dumps(_metadata(body["metadata"])).decode()
+    metadata = orjson.dumps(check_metadata(body["metadata"])).decode()
     conv = await _get(ctx)
     if not await ctx.store.update_conversation(ctx.owner, conv.id, metadata):
         raise not_stored("Conversation", conv.id)
