@@ -17,7 +17,14 @@ What is checked:
 * every local ``$ref`` (``#/...``) points at a schema inside the same document (a dangling
   pointer has no meaning; remote references are allowed and get a generic grammar);
 * for tool parameters (``object_root=True``): the root describes an object (no ``type``, or
-  ``"object"``), since DSML tool arguments are always a JSON object.
+  ``"object"``), since DSML tool arguments are always a JSON object;
+* what it demands of the output fits (api/schema_bounds.py): no count or length (``minItems``,
+  ``minLength``, ``minProperties``, ``minContains``, ``required``, ``const``, ``enum``, integer
+  bounds) needs more characters than ``max_tokens`` tokens can hold, no integer bound forces more
+  digits than the decoding grammar writes, no enum is past its size limit;
+* its decoding grammar stays within :data:`~deepseek_frontend.parsing.schema_grammar.MAX_GRAMMAR_WORK`
+  schema nodes and :data:`~deepseek_frontend.parsing.schema_grammar.MAX_GRAMMAR_CHARS` characters
+  (``anyOf``, ``type`` lists and ``$ref`` with siblings multiply each other).
 
 Results are cached by the schema's canonical JSON: agent clients resend the same tool list
 on every turn of a conversation.
@@ -34,7 +41,9 @@ import orjson
 
 from deepseek_frontend.errors import RequestError
 from deepseek_frontend.parsing.constraints import resolve_local_ref
+from deepseek_frontend.parsing.schema_grammar import GrammarTooLargeError, SchemaCompiler
 
+from .schema_bounds import MAX_OUTPUT_TOKENS, Demand, check_output_budget, output_demands
 from .validation import check_object
 
 __all__ = ["MAX_SCHEMA_DEPTH", "check_json_schema", "json_path", "resolve_local_ref"]
@@ -43,8 +52,10 @@ __all__ = ["MAX_SCHEMA_DEPTH", "check_json_schema", "json_path", "resolve_local_
 #: of schema nesting; this is far above any real tool schema and far below any recursion limit)
 MAX_SCHEMA_DEPTH = 64
 _CACHE_SIZE = 512
-#: canonical schema JSON (+ object_root) -> None when valid, else (relative path parts, message)
-_cache: OrderedDict[tuple[bytes, bool], tuple[tuple[str | int, ...], str] | None] = OrderedDict()
+_Problem = tuple[tuple[str | int, ...], str]
+#: canonical schema JSON (+ object_root) -> (relative path parts, message) when invalid, else the
+#: schema's demands on the output (api/schema_bounds.py)
+_cache: OrderedDict[tuple[bytes, bool], _Problem | tuple[Demand, ...]] = OrderedDict()
 
 
 def json_path(base: str, parts: tuple[str | int, ...] | list[str | int]) -> str:
@@ -55,12 +66,21 @@ def json_path(base: str, parts: tuple[str | int, ...] | list[str | int]) -> str:
     return "".join(out)
 
 
-def check_json_schema(value: Any, path: str, *, object_root: bool = False) -> dict[str, Any]:
+def check_json_schema(
+    value: Any,
+    path: str,
+    *,
+    object_root: bool = False,
+    max_tokens: int | None = None,
+) -> dict[str, Any]:
     """``value`` as a dict when it is a valid JSON schema; else RequestError naming the field path.
 
     ``path`` is where the schema sits in the request (``"tools[0].function.parameters"``);
     error ``param`` values extend it to the offending field. ``object_root`` demands that the
-    schema describe an object (tool parameters).
+    schema describe an object (tool parameters). ``max_tokens``: the request's output limit, which
+    a value of the schema must fit in (a response format's); None: the longest output any model
+    can write (:data:`~.schema_bounds.MAX_OUTPUT_TOKENS`: tool parameters, since a declared tool
+    need not be called, and a response format without a limit).
     """
     schema = dict(check_object(value, path))
     try:
@@ -78,15 +98,37 @@ def check_json_schema(value: Any, path: str, *, object_root: bool = False) -> di
         _cache[key] = problem
         if len(_cache) > _CACHE_SIZE:
             _cache.popitem(last=False)
-    if problem is not None:
-        parts, message = problem
+    if problem and not isinstance(problem[0], Demand):
+        parts, message = problem  # type: ignore[misc]
         where = json_path(path, parts)
         raise RequestError(f"{where}: {message}", param=where)
+    if max_tokens is None:
+        check_output_budget(problem, path, MAX_OUTPUT_TOKENS, "the longest context of a model")  # type: ignore[arg-type]
+    else:
+        check_output_budget(problem, path, max_tokens, "the request's output limit")  # type: ignore[arg-type]
     return schema
 
 
-def _find_problem(schema: dict[str, Any], object_root: bool) -> tuple[tuple[str | int, ...], str] | None:
-    """The first problem of ``schema`` as (path parts inside it, message), or None."""
+def _find_problem(schema: dict[str, Any], object_root: bool) -> _Problem | tuple[Demand, ...]:
+    """The first problem of ``schema`` as (path parts inside it, message), or its demands on the
+    output when it has none."""
+    problem = _find_invalid(schema, object_root)
+    if problem is not None:
+        return problem
+    demands = output_demands(schema)
+    if demands and not isinstance(demands[0], Demand):
+        return demands  # type: ignore[return-value]
+    try:
+        SchemaCompiler().value(schema, schema)
+    except GrammarTooLargeError as exc:
+        return (), exc.message
+    except RecursionError:
+        return (), f"schema is nested more than {MAX_SCHEMA_DEPTH} levels deep"
+    return demands  # type: ignore[return-value]
+
+
+def _find_invalid(schema: dict[str, Any], object_root: bool) -> _Problem | None:
+    """The first way ``schema`` is no valid schema, as (path parts inside it, message), or None."""
     problem = _structure_problem(schema)
     if problem is not None:
         return problem

@@ -17,11 +17,15 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from deepseek_frontend.errors import RequestError
 from deepseek_frontend.parsing.ebnf_text import MAX_INT_DIGITS, lit
 
 __all__ = [
+    "MAX_GRAMMAR_CHARS",
     "MAX_GRAMMAR_DEPTH",
+    "MAX_GRAMMAR_WORK",
     "UNENFORCED_KEYWORDS",
+    "GrammarTooLargeError",
     "SchemaCompiler",
     "resolve_local_ref",
     "string_kind",
@@ -60,6 +64,12 @@ UNENFORCED_KEYWORDS: tuple[str, ...] = (
 )
 #: deepest schema nesting compiled into the grammar; deeper parts get generic JSON
 MAX_GRAMMAR_DEPTH = 24
+#: most schema nodes one grammar compiles: ``anyOf`` branches (each merged with its siblings),
+#: ``type`` lists and ``$ref`` with siblings compile their subschemas once per branch, so nesting
+#: them multiplies; a real tool or answer schema compiles a few hundred nodes
+MAX_GRAMMAR_WORK = 20_000
+#: most characters of rules one grammar may have
+MAX_GRAMMAR_CHARS = 2_000_000
 #: arrays with at most this many minItems / maxItems get the exact count in the grammar
 _MAX_COUNTED_ITEMS = 8
 _ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$comment", "deprecated"})
@@ -121,6 +131,10 @@ def _json_lit(value: Any) -> str:
     return lit(json.dumps(value, ensure_ascii=False))
 
 
+class GrammarTooLargeError(RequestError):
+    """A schema whose grammar would pass :data:`MAX_GRAMMAR_WORK` or :data:`MAX_GRAMMAR_CHARS` (400)."""
+
+
 class SchemaCompiler:
     """Turns JSON schemas into grammar rules; one instance per grammar (shares rule names).
 
@@ -134,17 +148,34 @@ class SchemaCompiler:
         self.rules: dict[str, str] = {}
         self.rule_refs: dict[tuple[int, str], str] = {}
         self._counter = 0
+        self._work = 0
+        self._chars = 0
 
     def add(self, stem: str, expr: str) -> str:
         """A new rule ``stem-N`` for ``expr``; returns its name."""
         self._counter += 1
+        self._chars += len(expr)
+        if self._chars > MAX_GRAMMAR_CHARS:
+            raise GrammarTooLargeError(
+                f"the decoding grammar of this schema would pass {MAX_GRAMMAR_CHARS} characters "
+                "(enum and const values, anyOf / oneOf branches, type lists and $ref with siblings)"
+            )
         name = f"{stem}-{self._counter}"
         self.rules[name] = expr
         return name
 
     def value(self, schema: Any, root: Mapping[str, Any], depth: int = 0) -> str:
+        """The expression for a JSON value valid against ``schema``; raises
+        :class:`GrammarTooLargeError` past the compiler's work or size limits."""
         if schema is True or not isinstance(schema, Mapping) or depth > MAX_GRAMMAR_DEPTH:
             return "json-value"
+        self._work += 1
+        if self._work > MAX_GRAMMAR_WORK:
+            raise GrammarTooLargeError(
+                f"the decoding grammar of this schema would compile more than {MAX_GRAMMAR_WORK} "
+                "subschemas (anyOf / oneOf branches, type lists and $ref with siblings nested in "
+                "each other multiply)"
+            )
         ref = schema.get("$ref")
         if isinstance(ref, str):
             return self._ref(schema, ref, root, depth)
@@ -304,7 +335,9 @@ class SchemaCompiler:
         return self.add("array", f'"[" ws {body} ws "]"')
 
 
-def string_kind(schema: Any, root: Mapping[str, Any], depth: int = 0) -> str:
+def string_kind(
+    schema: Any, root: Mapping[str, Any], depth: int = 0, _seen: dict[int, str] | None = None
+) -> str:
     """Whether values of ``schema`` are strings: ``"only"``, ``"maybe"`` or ``"never"``.
 
     DeepSeek's encoder writes a parameter raw with ``string="true"`` exactly when its value is
@@ -313,9 +346,18 @@ def string_kind(schema: Any, root: Mapping[str, Any], depth: int = 0) -> str:
     """
     if not isinstance(schema, Mapping) or depth > MAX_GRAMMAR_DEPTH:
         return "never" if schema is False else "maybe"
+    # each $ref target is read once: $defs referring to each other twice per level would
+    # otherwise be walked 2^depth times
+    seen: dict[int, str] = {} if _seen is None else _seen
     if isinstance(schema.get("$ref"), str):
         target = resolve_local_ref(root, schema["$ref"])
-        return string_kind(target, root, depth + 1) if target is not None else "maybe"
+        if target is None:
+            return "maybe"
+        key = id(target)
+        if key not in seen:
+            seen[key] = "maybe"  # a cycle reads as maybe
+            seen[key] = string_kind(target, root, depth + 1, seen)
+        return seen[key]
     if "const" in schema:
         return "only" if isinstance(schema["const"], str) else "never"
     enum = schema.get("enum")
@@ -325,7 +367,7 @@ def string_kind(schema: Any, root: Mapping[str, Any], depth: int = 0) -> str:
     for key in ("anyOf", "oneOf"):
         options = schema.get(key)
         if isinstance(options, list) and options:
-            kinds = {string_kind(o, root, depth + 1) for o in options}
+            kinds = {string_kind(o, root, depth + 1, seen) for o in options}
             return kinds.pop() if len(kinds) == 1 else "maybe"
     typ = schema.get("type")
     if isinstance(typ, str):

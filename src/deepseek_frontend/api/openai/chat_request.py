@@ -230,8 +230,10 @@ def resolve_thinking(body: dict[str, Any], default: bool) -> bool:
     """Thinking on/off from ``thinking``, ``chat_template_kwargs`` or ``reasoning_effort: "none"``."""
     thinking = body.get("thinking")
     if thinking is not None:
-        kind = thinking.get("type") if isinstance(thinking, dict) else None
-        if kind not in _THINKING_TYPES:
+        thinking = check_object(thinking, "thinking")
+        kind = thinking.get("type")
+        # a dict or list is no key of _THINKING_TYPES (and unhashable): test the type first
+        if not isinstance(kind, str) or kind not in _THINKING_TYPES:
             raise RequestError(
                 f"thinking.type: expected 'enabled' or 'disabled', got {kind!r}", param="thinking.type"
             )
@@ -281,7 +283,8 @@ def map_stop(raw: Any) -> tuple[str, ...]:
     return tuple(s for s in raw if s)
 
 
-def map_response_format(raw: Any) -> dict[str, Any] | None:
+def map_response_format(raw: Any, max_tokens: int | None = None) -> dict[str, Any] | None:
+    """``response_format``; a JSON schema's value must fit in ``max_tokens`` (the request's limit)."""
     raw = check_object(raw, "response_format", default=None)
     kind = None if raw is None else raw.get("type")
     if raw is None or kind == "text":
@@ -296,7 +299,10 @@ def map_response_format(raw: Any) -> dict[str, Any] | None:
                 param="response_format.json_schema",
             )
         if "schema" in spec:
-            spec = {**spec, "schema": check_json_schema(spec["schema"], "response_format.json_schema.schema")}
+            schema = check_json_schema(
+                spec["schema"], "response_format.json_schema.schema", max_tokens=max_tokens
+            )
+            spec = {**spec, "schema": schema}
         return {"type": "json_schema", "json_schema": spec}
     raise RequestError(
         f"response_format.type: expected 'text', 'json_object' or 'json_schema', got {kind!r}",
@@ -368,6 +374,7 @@ def to_chat_request(body: dict[str, Any], config: ServerConfig, request_id: str)
     if top_logprobs and not logprobs:
         raise RequestError("top_logprobs: requires logprobs to be true", param="top_logprobs")
     _, include_usage = map_stream(body)
+    max_tokens = max_completion_tokens if max_completion_tokens is not None else max_tokens
     return ChatRequest(
         messages=messages,
         request_id=request_id,
@@ -376,10 +383,10 @@ def to_chat_request(body: dict[str, Any], config: ServerConfig, request_id: str)
         tool_choice=tool_choice,
         thinking=thinking,
         reasoning_effort=effort,
-        max_tokens=max_completion_tokens if max_completion_tokens is not None else max_tokens,
+        max_tokens=max_tokens,
         logprobs=logprobs,
         top_logprobs=top_logprobs,
-        response_format=map_response_format(body.get("response_format")),
+        response_format=map_response_format(body.get("response_format"), max_tokens),
         include_usage=include_usage,
         user=check_string(body.get("user"), "user", default=None),
         requested_model=requested_model(body),

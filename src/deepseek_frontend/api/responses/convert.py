@@ -392,7 +392,8 @@ def _convert_tool_choice(raw: Any, tools: list[dict[str, Any]] | None) -> str | 
     )
 
 
-def _convert_text_format(raw: Any) -> dict[str, Any] | None:
+def _convert_text_format(raw: Any, max_tokens: int | None = None) -> dict[str, Any] | None:
+    """``text.format``; a JSON schema's value must fit in ``max_tokens`` (``max_output_tokens``)."""
     if raw is None:
         return None
     text = check_object(raw, "text")
@@ -406,11 +407,11 @@ def _convert_text_format(raw: Any) -> dict[str, Any] | None:
     if kind == "json_object":
         return {"type": "json_object"}
     if kind == "json_schema":
-        schema = check_json_schema(fmt.get("schema"), "text.format.schema")
+        schema = check_json_schema(fmt.get("schema"), "text.format.schema", max_tokens=max_tokens)
         spec: dict[str, Any] = {"name": check_string(fmt.get("name", "response"), "text.format.name")}
         spec["schema"] = schema
         if fmt.get("strict") is not None:
-            spec["strict"] = bool(fmt["strict"])
+            spec["strict"] = check_boolean(fmt["strict"], "text.format.strict")
         if fmt.get("description") is not None:
             spec["description"] = check_string(fmt["description"], "text.format.description")
         return {"type": "json_schema", "json_schema": spec}
@@ -516,7 +517,7 @@ def convert_responses_request(
         ),
         top_p=check_number(body.get("top_p"), "top_p", minimum=0.0, maximum=1.0, default=None),
         stream=stream,
-        response_format=_convert_text_format(body.get("text")),
+        response_format=_convert_text_format(body.get("text"), max_tokens),
         user=user if isinstance(user, str) else None,
         ignore_eos=ignore_eos,
         min_tokens=min_tokens,

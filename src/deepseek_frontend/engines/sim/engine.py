@@ -16,16 +16,20 @@ as SGLang applies grammars with a reasoning parser; an ``ebnf`` tool-call gramma
 (``fail_after`` output tokens) are configurable.
 
 Cost per request: the output ids are planned once (and memoised per prompt, seed and
-constraint); streaming is slicing a list. With zero delays the first chunk comes in the
-request's own step, and each later one first yields to the event loop (``asyncio.sleep(0)``) so
-concurrent streams interleave. A long prompt is read once per shared prefix when the server
-hands over its :class:`~deepseek_frontend.engines.sim.prompts.SimPrompt`.
+constraint) on the engine's planning thread, never on the event loop: a plan can be long (a
+"write 100000 words" answer, a schema's value checked against its grammar) and a real engine's
+model never runs on the frontend's loop either; the model's values are bounded too
+(engines/sim/model.py, "Arguments"). Streaming is slicing a list: each chunk after the first
+yields to the event loop (``asyncio.sleep(0)``) so concurrent streams interleave. A long prompt
+is read once per shared prefix when the server hands over its
+:class:`~deepseek_frontend.engines.sim.prompts.SimPrompt`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import dataclasses
 import json
 import random
@@ -33,6 +37,7 @@ import zlib
 from array import array
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -276,6 +281,8 @@ class SimulatedEngine(EngineClient, Engine):
         #: from it when set, else from the unbounded-time ``prefix_cache``
         self.kv = kv
         self._plans: OrderedDict[tuple[object, ...], list[int]] = OrderedDict()
+        #: the one thread plans are written on (one at a time: the memo tables are shared)
+        self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-plan")
         #: memoised readings of prompt heads, by (length in ids, hash of their ids)
         self._heads: OrderedDict[tuple[int, int], PromptHead] = OrderedDict()
         self._special_ids: dict[str, int | None] = {}
@@ -322,12 +329,10 @@ class SimulatedEngine(EngineClient, Engine):
         images); memoised. ``data``: the prompt's :func:`prompt_bytes`, when the caller has them."""
         if data is None:
             data = prompt_bytes(input_ids)
-        # keyed by a 64-bit hash, not the ids: 512 long prompts would otherwise pin ~100 MB
-        digest = hash(data) if data is not None else hash(tuple(input_ids))
-        key = (len(input_ids), digest, seed, constraint, images)
+        key = self._plan_key(input_ids, seed, constraint, images, data)
         cached = self._plans.get(key)
         if cached is not None:
-            self._plans.move_to_end(key)
+            _touch(self._plans, key)
             return cached
         view = self._read(input_ids, data)
         if images:
@@ -345,6 +350,27 @@ class SimulatedEngine(EngineClient, Engine):
         if len(self._plans) > PLAN_CACHE_SIZE:
             self._plans.popitem(last=False)
         return ids
+
+    def _plan_key(
+        self,
+        input_ids: Sequence[int],
+        seed: int,
+        constraint: DecodingConstraint | None,
+        images: tuple[tuple[int, int, str], ...],
+        data: bytes | None,
+    ) -> tuple[object, ...]:
+        # keyed by a 64-bit hash, not the ids: 512 long prompts would otherwise pin ~100 MB
+        digest = hash(data) if data is not None else hash(tuple(input_ids))
+        return (len(input_ids), digest, seed, constraint, images)
+
+    def _memoised(self, request: GenerateRequest, prompt: SimPrompt, seed: int) -> bool:
+        """Whether ``request``'s plan is memoised already (then it is read on the loop: no thread
+        hop, and the first chunk comes in the request's own step). A request with images or
+        continuing an earlier plan is planned on the thread."""
+        if request.images:
+            return False
+        key = self._plan_key(request.input_ids, seed, request.sampling.constraint, (), prompt.data)
+        return key in self._plans
 
     def _read(self, input_ids: Sequence[int], data: bytes | None) -> PromptView:
         """What the model sees of the prompt: :func:`read_prompt` of its text.
@@ -372,7 +398,7 @@ class SimulatedEngine(EngineClient, Engine):
             if len(heads) > HEAD_CACHE_SIZE:
                 heads.popitem(last=False)
         else:
-            heads.move_to_end(key)
+            _touch(heads, key)
         return read_last_turn(head, turn)
 
     def _plan_pieces(self, view: PromptView, seed: int, constraint: DecodingConstraint | None) -> list[Piece]:
@@ -464,7 +490,14 @@ class SimulatedEngine(EngineClient, Engine):
         seed = request_seed if request_seed is not None else self.seed
         if prompt is None or prompt.ids is not request.input_ids:
             prompt = SimPrompt.of(request.input_ids)
-        planned, image_tokens = self._planned(request, prompt, seed, transferred_plan)
+        if transferred_plan is not None or self._memoised(request, prompt, seed):
+            planned, image_tokens = self._planned(request, prompt, seed, transferred_plan)
+        else:
+            # off the loop: /live and every other stream keep their turns while a plan is written
+            loop = asyncio.get_running_loop()
+            planned, image_tokens = await loop.run_in_executor(
+                self._planner, self._planned, request, prompt, seed, None
+            )
         min_new = sampling.max_new_tokens if sampling.ignore_eos else sampling.min_new_tokens
         if min_new:
             planned = _pad_past_stops(planned, min_new, sampling, self.tokenizer)
@@ -739,6 +772,13 @@ def _colour_name(data: bytes) -> str:
         if degrees < limit:
             return name
     return "purple" if degrees < 330 else "red"
+
+
+def _touch(table: OrderedDict[object, object], key: object) -> None:
+    """Mark ``key`` recently used; the planning thread and the loop (``plan_request``) share the
+    memo tables, so the other may have evicted it meanwhile."""
+    with contextlib.suppress(KeyError):
+        table.move_to_end(key)
 
 
 def _pad_past_stops(

@@ -21,7 +21,12 @@ Rules (documented in the README; tests rely on them):
   tool asked for, or, with a single tool, one invoke per capitalised word that does not
   start a sentence (``Paris``, ``Tokyo``), used as that call's location-like argument.
 * **Arguments** come from the tool's JSON schema (:func:`example_value`): they are valid
-  against it (types, enums, const, bounds, required, nested objects and arrays).
+  against it (types, enums, const, bounds, required, nested objects and arrays) -- up to a size:
+  a value writes at most :data:`MAX_EXAMPLE_ITEMS` array items and strings of at most
+  :data:`MAX_EXAMPLE_CHARS` characters. A real model's output ends at ``max_new_tokens`` whatever
+  the schema asks (SGLang ``python/sglang/srt/managers/schedule_batch.py`` ``check_finished``:
+  ``FINISH_LENGTH``), and the frontend refuses schemas no output could meet
+  (api/schema_bounds.py); the bound keeps planning a reply cheap whatever reaches the engine.
 * **Loaded tools.** JSON lines ``{"name": ...}`` inside a tool result of the last user turn are
   tools that result loaded (a deferred tool an Anthropic ``tool_reference`` named: the frontend
   writes its schema there, see docs/apis.md); from then on they are declared tools. A tool
@@ -348,9 +353,25 @@ class _Hints:
     seed: int
     #: the top-level schema, for resolving local ``$ref`` pointers (``#/$defs/...``)
     root: Mapping[str, Any] | None = None
+    #: what one value may still spend (a cell shared by the whole value): a value and each string
+    #: character cost one; past it arrays stop growing and strings stop padding
+    budget: list[int] = field(default_factory=lambda: [MAX_EXAMPLE_TOTAL])
 
 
 _PLACE_KEYS = ("location", "city", "place", "where", "destination")
+#: most items one array of an example value has (see the module docstring, "Arguments")
+MAX_EXAMPLE_ITEMS = 1024
+#: longest string of an example value
+MAX_EXAMPLE_CHARS = 1 << 16
+#: values and string characters one whole example value may have (nested arrays multiply)
+MAX_EXAMPLE_TOTAL = 1 << 18
+
+
+def _bounded_count(value: Any, default: int) -> int:
+    """A count keyword's value as an int in ``[0, MAX_EXAMPLE_ITEMS]`` (``1e9`` is a count too)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return default
+    return min(max(int(value), 0), MAX_EXAMPLE_ITEMS)
 
 
 def example_value(
@@ -362,7 +383,8 @@ def example_value(
         # boolean schemas: `true` accepts anything (`false` nothing; callers skip those)
         return hints.topic
     if depth == 0 and hints.root is None:
-        hints = _Hints(hints.place, hints.topic, hints.seed, schema)
+        hints = _Hints(hints.place, hints.topic, hints.seed, schema, hints.budget)
+    hints.budget[0] -= 1
     ref = schema.get("$ref")
     if isinstance(ref, str) and depth < 16:
         target = _resolve_ref(hints.root or schema, ref)
@@ -405,10 +427,15 @@ def example_value(
         return None
     if typ == "array":
         items = schema.get("items") if isinstance(schema.get("items"), Mapping) else {}
-        count = max(int(schema.get("minItems", 1)), 1)
+        count = max(_bounded_count(schema.get("minItems"), 1), 1)
         if "maxItems" in schema:
-            count = min(count, int(schema["maxItems"]))
-        return [example_value(items, hints, name, depth + 1) for _ in range(count)]
+            count = min(count, _bounded_count(schema["maxItems"], count))
+        out_items = []
+        for _ in range(count):
+            if hints.budget[0] <= 0 and out_items:
+                break  # past the budget (see MAX_EXAMPLE_TOTAL): a shorter array
+            out_items.append(example_value(items, hints, name, depth + 1))
+        return out_items
     if typ == "object":
         props = schema.get("properties")
         props = props if isinstance(props, Mapping) else {}
@@ -462,12 +489,15 @@ def _example_string(schema: Mapping[str, Any], hints: _Hints, name: str) -> str:
         value = hints.place
     else:
         value = hints.topic
-    min_len = int(schema.get("minLength", 0))
+    min_len = schema.get("minLength", 0)
+    ok = isinstance(min_len, int | float) and not isinstance(min_len, bool) and math.isfinite(min_len)
+    min_len = min(int(min_len), MAX_EXAMPLE_CHARS, max(hints.budget[0], 0)) if ok else 0
     max_len = schema.get("maxLength")
     if len(value) < min_len:
         value = value + "x" * (min_len - len(value))
-    if isinstance(max_len, int):
-        value = value[:max_len]
+    hints.budget[0] -= len(value)
+    if isinstance(max_len, int | float) and not isinstance(max_len, bool) and math.isfinite(max_len):
+        value = value[: max(int(max_len), 0)]
     return value
 
 
@@ -484,11 +514,14 @@ def _example_number(schema: Mapping[str, Any], *, integer: bool) -> int | float:
     if isinstance(high, int | float) and value > high:
         value = high
     step = schema.get("multipleOf")
-    if isinstance(step, int | float) and step > 0:
-        # the smallest multiple at or above the value (bounds permitting)
+    if isinstance(step, int | float) and step > 0 and math.isfinite(value / step):
+        # the smallest multiple at or above the value (bounds permitting); a step so small that
+        # value / step overflows leaves the value as it is
         value = math.ceil(value / step) * step
         if isinstance(high, int | float) and value > high:
             value -= step
+    if not math.isfinite(value):
+        value = 0
     return int(value) if integer else float(value)
 
 
