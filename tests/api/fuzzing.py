@@ -75,7 +75,8 @@ ODD_NUMBERS = [
 ]
 
 
-def _nested(depth: int, kind: str) -> Any:
+def nested(depth: int, kind: str = "list") -> Any:
+    """A string inside ``depth`` lists (``kind='list'``) or objects ``{"a": ...}``."""
     value: Any = "deep"
     for _ in range(depth):
         value = [value] if kind == "list" else {"a": value}
@@ -103,7 +104,7 @@ JSON_VALUES = st.recursive(
     max_leaves=8,
 )
 #: values nested far deeper than any real request (and past every recursion limit)
-DEEP_VALUES = st.builds(_nested, st.sampled_from([30, 70, 200, 600]), st.sampled_from(["list", "dict"]))
+DEEP_VALUES = st.builds(nested, st.sampled_from([30, 70, 200, 600]), st.sampled_from(["list", "dict"]))
 HOSTILE_VALUES = st.one_of(JSON_VALUES, JSON_VALUES, LEAVES, DEEP_VALUES)
 
 

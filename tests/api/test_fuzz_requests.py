@@ -99,6 +99,71 @@ def post(client: TestClient, path: str, raw: bytes, anthropic: bool = False) -> 
     check_answer(r, anthropic)
 
 
+#: one value of each JSON type (and the shapes that broke handlers before: an object where a
+#: string is looked up in a table, a number past every integer type, nesting past orjson's limit)
+EACH_TYPE: list[Any] = [
+    {},
+    [],
+    "",
+    "\x00",
+    -1,
+    10**30,
+    1e308,
+    None,
+    True,
+    [{}],
+    {"a": {}},
+    fuzzing.nested(300),
+]
+SWEPT = {
+    "/v1/chat/completions": (fuzzing.CHAT_BASES, fuzzing.CHAT_EXTRA),
+    "/v1/completions": (fuzzing.COMPLETION_BASES, fuzzing.COMPLETION_EXTRA),
+    "/v1/messages": (fuzzing.MESSAGES_BASES, fuzzing.MESSAGES_EXTRA),
+    "/v1/responses": (fuzzing.RESPONSES_BASES, fuzzing.RESPONSES_EXTRA),
+    "/v1/conversations": (fuzzing.CONVERSATION_BASES, fuzzing.CONVERSATION_EXTRA),
+}
+
+
+@pytest.mark.parametrize("endpoint", list(SWEPT))
+def test_every_field_with_a_value_of_each_json_type(client: TestClient, endpoint: str) -> None:
+    """Deterministic sweep: every field of every base body, one at a time, set to each of
+    :data:`EACH_TYPE` -- a 400 naming something, or a success; never a 5xx."""
+    bases, extra = SWEPT[endpoint]
+    anthropic = endpoint == "/v1/messages"
+    sent = 0
+    for base in bases:
+        for path in sorted({*fuzzing.paths(base), *extra}, key=repr):
+            for value in EACH_TYPE:
+                post(client, endpoint, fuzzing.encode(fuzzing.with_value(base, path, value)), anthropic)
+                sent += 1
+    assert sent > 100
+
+
+def test_a_thinking_type_of_the_wrong_json_type_is_a_400_naming_it(client: TestClient) -> None:
+    for kind in ({}, [], 1, None):
+        r = client.post(
+            "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "hi"}], "thinking": {"type": kind}},
+        )
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "thinking.type"
+    r = client.post(
+        "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "thinking": 3}
+    )
+    assert r.status_code == 400 and r.json()["error"]["param"] == "thinking", r.text
+
+
+def test_a_body_nested_past_the_limit_is_a_400_naming_the_path(client: TestClient) -> None:
+    """Stored bodies are encoded again (orjson stops at 254 levels): nesting is bounded up front."""
+    body = {**fuzzing.CONVERSATION_BASES[0], "metadata": {"k": fuzzing.nested(200, "dict")}}
+    r = client.post(
+        "/v1/conversations", content=fuzzing.encode(body), headers={"content-type": "application/json"}
+    )
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"].startswith("metadata.k.a.a") and "128 levels" in error["message"], error
+
+
 @FUZZ
 @given(raw=hostile_bodies(fuzzing.CHAT_BASES, fuzzing.CHAT_EXTRA))
 def test_chat_completions(client: TestClient, raw: bytes) -> None:

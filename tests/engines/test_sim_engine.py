@@ -406,3 +406,49 @@ def test_a_consumer_that_falls_behind_gets_the_missed_steps_in_one_chunk(prompt_
     assert sizes[3] >= 4  # the steps that passed meanwhile, in the next chunk
     for elapsed, tokens in progress:
         assert tokens <= elapsed / itl + 1  # never ahead of the clock
+
+
+def test_a_long_plan_is_written_off_the_event_loop(tokenizer: Any) -> None:
+    """Whatever the simulated model writes, the event loop keeps its turns meanwhile: a cold
+    100000-word answer is planned on the engine's planning thread, so a ticker coroutine keeps
+    running before the first chunk arrives (planned on the loop it could not tick at all)."""
+    engine = SimulatedEngine(tokenizer)
+    ticks = 0
+    first_at: list[int] = []
+
+    async def ticker(stop: asyncio.Event) -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            await asyncio.sleep(0.001)
+
+    async def scenario() -> None:
+        stop = asyncio.Event()
+        task = asyncio.create_task(ticker(stop))
+        await asyncio.sleep(0)
+        start = ticks
+        stream = engine.generate(request_for(prompt_ids("write 100000 words"), rid="r-long"))
+        await anext(stream)
+        first_at.append(ticks - start)
+        await stream.aclose()
+        stop.set()
+        await task
+
+    asyncio.run(scenario())
+    assert first_at[0] >= 3, first_at
+
+
+def test_example_values_are_bounded_whatever_the_schema_asks() -> None:
+    """Counts far past any max_tokens (the frontend refuses them; a sim-engine server may still be
+    sent them) give a bounded value, planned at once, instead of a MemoryError or a hang."""
+    from deepseek_frontend.engines.sim.model import MAX_EXAMPLE_TOTAL, example_value
+
+    nested = {"type": "array", "minItems": 10**6, "items": {"type": "string", "minLength": 10**6}}
+    for schema in (
+        {"type": "array", "items": {"type": "integer"}, "minItems": 1e9},
+        {"type": "string", "minLength": 1e12},
+        {"type": "array", "minItems": 10**6, "items": nested},
+        {"type": "integer", "minimum": 1e300, "multipleOf": 1e-300},
+    ):
+        size = len(json.dumps(example_value(schema)))
+        assert size <= 2 * MAX_EXAMPLE_TOTAL, (schema, size)
