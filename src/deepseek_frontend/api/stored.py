@@ -16,12 +16,15 @@ from starlette.responses import Response
 from deepseek_frontend.errors import FrontendError, RequestError
 from deepseek_frontend.state import MAX_PAGE, CursorError, Page
 
+from .validation import check_id
+
 __all__ = [
     "ListQuery",
     "StoredObjectNotFoundError",
     "json_response",
     "list_body",
     "list_query",
+    "path_id",
 ]
 
 
@@ -55,7 +58,8 @@ class ListQuery:
 
 def list_query(request: Request, default_order: str = "desc") -> ListQuery:
     """The list parameters of ``request``'s query string; 400 naming the parameter when one is bad.
-    ``limit`` is 1-100 (default 20); ``order`` ``asc`` or ``desc``."""
+    ``limit`` is 1-100 (default 20); ``order`` ``asc`` or ``desc``; the cursors ``after`` and
+    ``before`` are ids (``validation.check_id``)."""
     query = request.query_params
     raw_limit = query.get("limit")
     limit = 20
@@ -69,7 +73,15 @@ def list_query(request: Request, default_order: str = "desc") -> ListQuery:
     order = query.get("order", default_order)
     if order not in ("asc", "desc"):
         raise RequestError(f"order: expected 'asc' or 'desc', got {order!r}", param="order")
-    return ListQuery(query.get("after") or None, query.get("before") or None, limit, order)
+    after = check_id(query.get("after") or None, "after", default=None)
+    before = check_id(query.get("before") or None, "before", default=None)
+    return ListQuery(after, before, limit, order)
+
+
+def path_id(request: Request, name: str) -> str:
+    """The id the URL path names as ``{name}`` (``response_id``, ``conversation_id``, ``item_id``),
+    checked like every id a client sends (``validation.check_id``: 400 naming ``name``)."""
+    return check_id(str(request.path_params[name]), name)
 
 
 async def read_page(coro: Any) -> Page | None:

@@ -23,6 +23,7 @@ from deepseek_frontend.errors import RequestError
 __all__ = [
     "check_array",
     "check_boolean",
+    "check_id",
     "check_integer",
     "check_number",
     "check_object",
@@ -92,6 +93,28 @@ def check_string(value: Any, path: str, *, non_empty: bool = False, default: D =
     if non_empty and not value:
         raise RequestError(f"{path}: must not be empty", param=path)
     return value
+
+
+#: longest id of a stored object a client may name (path ids, list cursors, item ids): ids are
+#: index keys of the state store, and PostgreSQL refuses index entries past ~2.7 KB
+MAX_ID_CHARS = 512
+
+
+def check_id(value: Any, path: str, *, default: D = _REQUIRED) -> str | D:
+    """The id of a stored object as a client names it (in a URL, a list cursor, a body): a
+    non-empty string of at most :data:`MAX_ID_CHARS` characters without NUL. PostgreSQL's text
+    holds no U+0000 (and SQLite's does): one rule for both stores, so a NUL is the same 400
+    whichever store the server has, never a 500."""
+    text = check_string(value, path, non_empty=True, default=default)
+    if text is default:
+        return text
+    if "\x00" in text:
+        raise RequestError(f"{path}: ids cannot contain NUL (U+0000)", param=path)
+    if len(text) > MAX_ID_CHARS:
+        raise RequestError(
+            f"{path}: ids are at most {MAX_ID_CHARS} characters, got {len(text)}", param=path
+        )
+    return text
 
 
 def check_boolean(value: Any, path: str, *, default: D = _REQUIRED) -> bool | D:

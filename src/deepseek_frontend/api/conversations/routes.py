@@ -18,8 +18,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from deepseek_frontend.api.responses.stateful import input_items
-from deepseek_frontend.api.stored import json_response, list_body, list_query, not_stored, read_page
-from deepseek_frontend.api.validation import check_array, check_metadata, check_object
+from deepseek_frontend.api.stored import json_response, list_body, list_query, not_stored, path_id, read_page
+from deepseek_frontend.api.validation import check_array, check_id, check_metadata, check_object
 from deepseek_frontend.edge.request import RequestContext
 from deepseek_frontend.edge.route import api_route
 from deepseek_frontend.errors import RequestError
@@ -55,6 +55,8 @@ async def _items(ctx: RequestContext, raw: Any, param: str) -> list[StoredItem]:
         item = check_object(item, f"{param}[{i}]")
         if "type" not in item and "role" not in item:
             raise RequestError(f"{param}[{i}].type: required", param=f"{param}[{i}].type")
+        if item.get("id") not in (None, ""):  # no id: one is given
+            check_id(item["id"], f"{param}[{i}].id")
     resolved = await input_items(items, ctx.store, ctx.owner) if items else []
     return [StoredItem(str(item["id"]), orjson.dumps(item).decode()) for item in resolved]
 
@@ -71,7 +73,7 @@ async def create_conversation(ctx: RequestContext) -> Response:
 
 
 async def _get(ctx: RequestContext) -> StoredConversation:
-    conversation_id = str(ctx.request.path_params["conversation_id"])
+    conversation_id = path_id(ctx.request, "conversation_id")
     conv = await ctx.store.get_conversation(ctx.owner, conversation_id)
     if conv is None:
         raise not_stored("Conversation", conversation_id)
@@ -97,7 +99,7 @@ async def update_conversation(ctx: RequestContext) -> Response:
 
 @api_route("/v1/conversations/{id}", prefix="conv")
 async def delete_conversation(ctx: RequestContext) -> Response:
-    conversation_id = str(ctx.request.path_params["conversation_id"])
+    conversation_id = path_id(ctx.request, "conversation_id")
     if not await ctx.store.delete_conversation(ctx.owner, conversation_id):
         raise not_stored("Conversation", conversation_id)
     return json_response({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
@@ -117,7 +119,7 @@ async def create_items(ctx: RequestContext) -> Response:
 
 @api_route("/v1/conversations/{id}/items", prefix="conv")
 async def list_items(ctx: RequestContext) -> Response:
-    conversation_id = str(ctx.request.path_params["conversation_id"])
+    conversation_id = path_id(ctx.request, "conversation_id")
     query = list_query(ctx.request)
     store = ctx.store
     page = await read_page(store.list_conversation_items(ctx.owner, conversation_id, **query.kwargs()))
@@ -129,7 +131,7 @@ async def list_items(ctx: RequestContext) -> Response:
 @api_route("/v1/conversations/{id}/items/{item_id}", prefix="conv")
 async def retrieve_item(ctx: RequestContext) -> Response:
     conv = await _get(ctx)
-    item_id = str(ctx.request.path_params["item_id"])
+    item_id = path_id(ctx.request, "item_id")
     item = await ctx.store.get_conversation_item(ctx.owner, conv.id, item_id)
     if item is None:
         raise not_stored("Item", item_id)
@@ -139,7 +141,7 @@ async def retrieve_item(ctx: RequestContext) -> Response:
 @api_route("/v1/conversations/{id}/items/{item_id}", prefix="conv")
 async def delete_item(ctx: RequestContext) -> Response:
     conv = await _get(ctx)
-    item_id = str(ctx.request.path_params["item_id"])
+    item_id = path_id(ctx.request, "item_id")
     if not await ctx.store.delete_conversation_item(ctx.owner, conv.id, item_id):
         raise not_stored("Item", item_id)
     return json_response(_conversation_object(conv))

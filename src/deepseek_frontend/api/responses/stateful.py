@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from deepseek_frontend.api.stored import not_stored
-from deepseek_frontend.api.validation import check_array, check_boolean, check_object, check_string
+from deepseek_frontend.api.validation import check_array, check_boolean, check_id, check_object
 from deepseek_frontend.errors import RequestError
 from deepseek_frontend.state import BrokenChainError, StateStore, StoredItem, StoredResponse, new_id
 
@@ -103,7 +103,7 @@ async def input_items(raw: Any, store: StateStore, owner: str) -> list[dict[str,
     for i, item in enumerate(items):
         item = check_object(item, f"input[{i}]")
         if item.get("type") == "item_reference":
-            ref = check_string(item.get("id"), f"input[{i}].id", non_empty=True)
+            ref = check_id(item.get("id"), f"input[{i}].id")
             if not store.enabled:
                 raise RequestError(
                     f"input[{i}]: item_reference needs stored responses, and this server stores "
@@ -115,6 +115,8 @@ async def input_items(raw: Any, store: StateStore, owner: str) -> list[dict[str,
                 raise not_stored("Item", ref, f"input[{i}].id")
             out.append(orjson.loads(found.data))
         else:
+            if item.get("id") not in (None, ""):  # no id: one is given (normalize_item)
+                check_id(item["id"], f"input[{i}].id")
             out.append(normalize_item(dict(item)))
     return out
 
@@ -132,7 +134,7 @@ async def resolve_stateful(
     enabled = store.enabled
     stored_flag = check_boolean(body.pop("store", None), "store", default=None)
     background = bool(check_boolean(body.pop("background", None), "background", default=False))
-    previous = check_string(body.pop("previous_response_id", None), "previous_response_id", default=None)
+    previous = check_id(body.pop("previous_response_id", None), "previous_response_id", default=None)
     conversation = body.pop("conversation", None)
     stateless = "this server is stateless (--state-store none): send the whole conversation in input"
     if not enabled:
@@ -154,9 +156,9 @@ async def resolve_stateful(
     conversation_id = None
     if conversation is not None:
         if isinstance(conversation, Mapping):
-            conversation_id = check_string(conversation.get("id"), "conversation.id", non_empty=True)
+            conversation_id = check_id(conversation.get("id"), "conversation.id")
         else:
-            conversation_id = check_string(conversation, "conversation", non_empty=True)
+            conversation_id = check_id(conversation, "conversation")
         if previous is not None:
             raise RequestError(
                 "conversation: cannot be used together with previous_response_id", param="conversation"

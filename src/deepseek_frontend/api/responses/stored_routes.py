@@ -15,7 +15,7 @@ import orjson
 from starlette.responses import Response
 from starlette.routing import Route
 
-from deepseek_frontend.api.stored import json_response, list_body, list_query, not_stored, read_page
+from deepseek_frontend.api.stored import json_response, list_body, list_query, not_stored, path_id, read_page
 from deepseek_frontend.edge.request import RequestContext
 from deepseek_frontend.edge.route import api_route
 from deepseek_frontend.errors import RequestError
@@ -26,7 +26,7 @@ __all__ = ["ROUTES"]
 
 
 def _response_id(ctx: RequestContext) -> str:
-    return str(ctx.request.path_params["response_id"])
+    return path_id(ctx.request, "response_id")
 
 
 @api_route("/v1/responses/{id}", prefix="resp")
