@@ -82,12 +82,18 @@ class Server:
         self.stop()
 
 
-def start(args: list[str], health_path: str, *, expect_healthy: bool = True) -> Server:
-    """Run ``deepseek-frontend ARGS`` and wait until ``health_path`` answers (200 unless not expected)."""
+def start(
+    args: list[str], health_path: str, *, expect_healthy: bool = True, env: dict[str, str] | None = None
+) -> Server:
+    """Run ``deepseek-frontend ARGS`` and wait until ``health_path`` answers (200 unless not expected).
+
+    The process gets this process's environment without ``DEEPSEEK_FRONTEND_API_KEY``, plus ``env``."""
     fd, name = tempfile.mkstemp(prefix="dsfe-test-", suffix=".log")
     log_path = Path(name)
+    extra_env = env
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("DEEPSEEK_FRONTEND_API_KEY", None)
+    env.update(extra_env or {})
     module = _COMMANDS[args[0]]
     launcher = (
         "import argparse, importlib, sys\n"
@@ -129,9 +135,10 @@ def start_sim_engine(*extra: str) -> Server:
     return start(["sim-engine", "--port", "0", *extra], "/health")
 
 
-def start_frontend(*extra: str, expect_healthy: bool = True) -> Server:
+def start_frontend(*extra: str, expect_healthy: bool = True, env: dict[str, str] | None = None) -> Server:
     return start(
         ["serve", "--port", "0", *extra],
         "/live" if not expect_healthy else "/health",
         expect_healthy=expect_healthy,
+        env=env,
     )

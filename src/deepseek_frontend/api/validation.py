@@ -111,9 +111,7 @@ def check_id(value: Any, path: str, *, default: D = _REQUIRED) -> str | D:
     if "\x00" in text:
         raise RequestError(f"{path}: ids cannot contain NUL (U+0000)", param=path)
     if len(text) > MAX_ID_CHARS:
-        raise RequestError(
-            f"{path}: ids are at most {MAX_ID_CHARS} characters, got {len(text)}", param=path
-        )
+        raise RequestError(f"{path}: ids are at most {MAX_ID_CHARS} characters, got {len(text)}", param=path)
     return text
 
 

@@ -2,7 +2,8 @@
 
 With keys configured (``--api-key``, ``--keys-file``, or ``keys:`` in ``--config``), every route
 except ``/health``, ``/live`` and ``/metrics`` (probes and scrapers carry no key) needs one, sent
-as ``Authorization: Bearer KEY`` or ``x-api-key: KEY``. The key is checked against the server's
+as ``Authorization: Bearer KEY`` or ``x-api-key: KEY`` -- one key, presented unambiguously
+(:func:`presented_key` states the rule; docs/serving.md, "API keys"). The key is checked against the server's
 current :class:`~deepseek_frontend.keys.tenants.TenantTable` (read per request, so a reload's keys
 apply to the next request) by its SHA-256 digest in constant time; the request then carries its
 ``Tenant`` (``scope["state"]["tenant"]``) and, for its log line, the tenant's name -- never the key.
@@ -24,19 +25,46 @@ from .tracking import log_request_done
 PUBLIC_PATHS = frozenset({"/health", "/live", "/metrics"})
 
 
-def presented_key(headers: Any) -> bytes | None:
-    """The key a request presents (``Authorization: Bearer`` first, else ``x-api-key``), or None.
+class AmbiguousCredentialsError(AuthenticationError):
+    """A request whose credential headers do not name exactly one key (401, naming why)."""
 
-    ``headers`` is the ASGI scope's list of (name, value) byte pairs."""
-    bearer = None
-    api_key = None
+
+def presented_key(headers: Any) -> bytes | None:
+    """The one key a request presents, or None when it sends no credential header.
+
+    The rule, the same wherever a key is read (the auth middleware, the owner of stored objects,
+    ``/health``'s details): a key comes in ``Authorization: Bearer KEY`` or ``x-api-key: KEY``.
+    A header sent twice with the same value counts once. Raises :class:`AmbiguousCredentialsError`
+    when the headers name no single key: an ``Authorization`` header that is not ``Bearer`` and a
+    token (empty, another scheme, a token with spaces), an empty ``x-api-key``, one header sent
+    twice with different values, or both headers with different keys. No credential is ever
+    silently preferred over another: which one a client meant is not ours to guess.
+
+    ``headers`` is the ASGI scope's list of (name, value) byte pairs (names lower-case)."""
+    bearer: bytes | None = None
+    api_key: bytes | None = None
     for name, value in headers:
         if name == b"authorization":
-            scheme, _, token = value.partition(b" ")
-            if scheme.lower() == b"bearer":
-                bearer = token.strip()
-        elif name == b"x-api-key" and api_key is None:
-            api_key = value.strip()
+            scheme, _, token = value.strip().partition(b" ")
+            token = token.strip()
+            if scheme.lower() != b"bearer" or not token or b" " in token or b"\t" in token:
+                raise AmbiguousCredentialsError(
+                    "Malformed Authorization header: expected 'Authorization: Bearer KEY'"
+                )
+            if bearer is not None and token != bearer:
+                raise AmbiguousCredentialsError("Several Authorization headers with different keys")
+            bearer = token
+        elif name == b"x-api-key":
+            key = value.strip()
+            if not key:
+                raise AmbiguousCredentialsError("Empty x-api-key header")
+            if api_key is not None and key != api_key:
+                raise AmbiguousCredentialsError("Several x-api-key headers with different keys")
+            api_key = key
+    if bearer is not None and api_key is not None and bearer != api_key:
+        raise AmbiguousCredentialsError(
+            "Authorization and x-api-key carry different keys: send one key, in one of them"
+        )
     return bearer if bearer is not None else api_key
 
 
@@ -58,7 +86,12 @@ class AuthMiddleware:
         if tenants is None:
             await self.app(scope, receive, send)
             return
-        presented = presented_key(scope["headers"])
+        try:
+            presented = presented_key(scope["headers"])
+        except AmbiguousCredentialsError as exc:
+            presented, message = None, exc.message
+        else:
+            message = "Missing API key" if presented is None else "Incorrect API key provided"
         tenant = tenants.authenticate(presented) if presented is not None else None
         if tenant is not None:
             request_state = scope.setdefault("state", {})
@@ -66,9 +99,8 @@ class AuthMiddleware:
             request_state["api_key_name"] = tenant.name
             await self.app(scope, receive, send)
             return
-        message = "Missing API key" if presented is None else "Incorrect API key provided"
         err = AuthenticationError(
-            f"{message}: send it as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
+            f"{message}: send one key, as 'Authorization: Bearer KEY' or 'x-api-key: KEY'",
         )
         path = scope["path"]
         response = error_response(err, shape_for(path, state.api_shapes).error_body)

@@ -101,8 +101,9 @@ class RequestContext:
     @property
     def owner(self) -> str:
         """The owner of what the request stores or reads: a hash of the API key it presented (the
-        auth middleware has checked it already), or the anonymous owner when the server checks no key;
-        for a request the server makes on a client's behalf, that client's owner."""
+        auth middleware has checked it already, by the same rule: ``auth.presented_key``), or the
+        anonymous owner when the server checks no key; for a request the server makes on a client's
+        behalf, that client's owner."""
         behalf = on_behalf(self.request)
         if behalf is not None:
             return behalf.owner

@@ -308,6 +308,12 @@ class ServerConfig:
 
         aliases = tuple(parse_model_alias(a, served) for a in args.model_alias)
         keys = args.api_key if isinstance(args.api_key, list) else [args.api_key] if args.api_key else []
+        key_file = getattr(args, "api_key_file", None)
+        if key_file:
+            from deepseek_frontend.keys.tenants import read_api_key_file
+
+            keys = [*keys, *read_api_key_file(key_file)]
+        # the environment's key only when no flag gives one
         api_key = keys[0] if keys else os.environ.get(API_KEY_ENV) or None
         # each part in the order its flags were checked before (the first error is the same)
         router = router_config_from_args(args)

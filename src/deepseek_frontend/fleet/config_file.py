@@ -56,6 +56,7 @@ SERVER_DESTS = frozenset(
         "frontend_processes",
         "probe_port",
         "api_key",
+        "api_key_file",
         "max_body_bytes",
         "max_images_per_request",
         "max_image_bytes",

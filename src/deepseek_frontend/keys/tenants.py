@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-__all__ = ["Tenant", "TenantLimits", "TenantTable", "load_keys_file"]
+__all__ = ["Tenant", "TenantLimits", "TenantTable", "load_keys_file", "read_api_key_file"]
 
 _RATE_FIELDS = ("requests_per_minute", "tokens_per_minute", "concurrent_requests")
 #: the Batch APIs' limits of a key (api/batches/): lines and bytes of one batch, batches not finished
@@ -168,6 +168,28 @@ class TenantTable:
 
     def __repr__(self) -> str:
         return f"TenantTable({list(self.names)!r})"
+
+
+def read_api_key_file(path: str | Path) -> list[str]:
+    """The keys of an ``--api-key-file``: one key per line, as a mounted secret holds one (blank
+    lines and lines starting with ``#`` skipped, whitespace around a key dropped). Each is a key
+    like ``--api-key``'s (unnamed, unlimited); names and limits take ``--keys-file``. Raises
+    ValueError naming the file (never a key) when it cannot be read or holds no key."""
+    label = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as e:
+        raise ValueError(f"{label}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"{label}: not UTF-8 text") from None
+    keys = [line.strip() for line in text.splitlines()]
+    keys = [key for key in keys if key and not key.startswith("#")]
+    if not keys:
+        raise ValueError(f"{label}: holds no key (one key per line)")
+    for number, key in enumerate(keys, 1):
+        if any(c.isspace() for c in key):
+            raise ValueError(f"{label}: key {number} holds whitespace (one key per line)")
+    return keys
 
 
 def load_keys_file(path: str | Path) -> TenantTable:

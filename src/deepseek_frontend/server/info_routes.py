@@ -15,7 +15,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from deepseek_frontend.edge.auth import presented_key
+from deepseek_frontend.edge.auth import AmbiguousCredentialsError, presented_key
 from deepseek_frontend.edge.context import FrontendState, get_state
 from deepseek_frontend.fleet.metrics import CONTENT_TYPE, merge_labelled, render_families
 from deepseek_frontend.fleet.served_model import ServedModel
@@ -114,11 +114,15 @@ def _model_health(model: ServedModel) -> dict[str, Any]:
 
 
 def _presents_a_key(request: Request) -> bool:
-    """Whether ``request`` carries a key of the server (True when the server checks none)."""
+    """Whether ``request`` carries a key of the server (True when the server checks none); the
+    same rule as every route (``edge/auth.presented_key``): ambiguous credentials present none."""
     tenants = get_state(request).tenants
     if tenants is None:
         return True
-    key = presented_key(request.scope["headers"])
+    try:
+        key = presented_key(request.scope["headers"])
+    except AmbiguousCredentialsError:
+        return False
     return key is not None and tenants.authenticate(key) is not None
 
 

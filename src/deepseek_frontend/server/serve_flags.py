@@ -399,6 +399,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "default: $DEEPSEEK_FRONTEND_API_KEY if set, else no auth",
     )
     http.add_argument(
+        "--api-key-file",
+        default=None,
+        metavar="PATH",
+        help="require a key read from this file, one key per line (a mounted secret; blank lines and "
+        "'#' lines skipped): like --api-key, without the key on the command line; re-read on SIGHUP; "
+        "with --api-key, both files' and flags' keys are accepted",
+    )
+    http.add_argument(
         "--max-body-bytes",
         type=int,
         default=32 * 1024 * 1024,
