@@ -8,9 +8,16 @@ One event is always one line: the message, every field and a traceback have thei
 characters escaped (``\\n``, ``\\x1b``, ...), because they carry text from clients and workers (an
 engine error message, a model name) that could otherwise forge log lines or terminal escapes.
 
+One event is also a bounded line: whatever a client controls can reach a log line (a model
+name, an error message that quotes the request, a path, a header value, a tool name), so the
+message is cut at :data:`MAX_LOG_MESSAGE_CHARS` characters, every field value at
+:data:`MAX_LOG_FIELD_CHARS` and a traceback at :data:`MAX_LOG_TRACEBACK_CHARS`, each cut marked
+``...[N more characters]`` (:func:`clip`). A 5 MB model name gives a line of a few KB, not 5 MB.
+
 ``configure_logging(fmt="json")`` writes every record as one JSON object per line instead
 (:class:`JsonFormatter`): ``ts``, ``level``, ``logger``, ``message`` and the extra fields under
-their own names. JSON escapes control characters itself, so a line stays one line.
+their own names, cut at the same bounds. JSON escapes control characters itself, so a line stays
+one line.
 """
 
 from __future__ import annotations
@@ -25,6 +32,19 @@ import orjson
 #: characters a log line must not carry raw: C0 controls, DEL, C1 controls, line/paragraph separators
 _UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+#: longest message of a log line, in characters (then cut, see :func:`clip`)
+MAX_LOG_MESSAGE_CHARS = 2048
+#: longest value of one field of a log line
+MAX_LOG_FIELD_CHARS = 512
+#: longest traceback of a log line (the messages in it may quote a request)
+MAX_LOG_TRACEBACK_CHARS = 16384
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` cut at ``limit`` characters, the cut marked with how much was left out."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}...[{len(text) - limit} more characters]"
 
 
 def _escape_char(match: re.Match[str]) -> str:
@@ -52,18 +72,19 @@ class KeyValueFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         ts = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-        parts = [f"{ts}.{int(record.msecs):03d}Z", record.levelname, record.name, escape(record.getMessage())]
+        message = escape(clip(record.getMessage(), MAX_LOG_MESSAGE_CHARS))
+        parts = [f"{ts}.{int(record.msecs):03d}Z", record.levelname, record.name, message]
         for key, value in record.__dict__.items():
             if key in _STANDARD_ATTRS or key.startswith("_"):
                 continue
-            text = str(value)
+            text = clip(str(value), MAX_LOG_FIELD_CHARS)
             if not text or any(c in text for c in ' "='):
                 text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
             parts.append(f"{key}={escape(text)}")
         line = " ".join(parts)
         if record.exc_info:
             # still one line: the traceback's newlines are escaped like any other
-            line += " exc=" + escape(self.formatException(record.exc_info))
+            line += " exc=" + escape(clip(self.formatException(record.exc_info), MAX_LOG_TRACEBACK_CHARS))
         return line
 
 
@@ -80,14 +101,16 @@ class JsonFormatter(logging.Formatter):
             "ts": f"{ts}.{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": clip(record.getMessage(), MAX_LOG_MESSAGE_CHARS),
         }
         for key, value in record.__dict__.items():
             if key in _STANDARD_ATTRS or key.startswith("_"):
                 continue
+            if isinstance(value, str):
+                value = clip(value, MAX_LOG_FIELD_CHARS)
             out[f"extra_{key}" if key in out else key] = value
         if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
+            out["exc"] = clip(self.formatException(record.exc_info), MAX_LOG_TRACEBACK_CHARS)
         return orjson.dumps(out, default=str).decode()
 
 
