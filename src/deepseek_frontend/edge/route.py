@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from deepseek_frontend import _tracing
-from deepseek_frontend.errors import KeyRateLimitError
+from deepseek_frontend.errors import KeyRateLimitError, PayloadTooLargeError
 from deepseek_frontend.keys.rate_limits import Refusal
 from deepseek_frontend.pipeline.offload import release_current_turn
 
@@ -71,17 +71,28 @@ def _begin(request: Request, state: FrontendState, endpoint: str, prefix: str) -
 
 async def _read_body(request: Request, state: FrontendState, tracker: RequestTracker) -> bytes:
     """The body, read whole before admission: a slow one holds a reader slot (per client
-    address), never an admission slot (``edge/body.receive_body``)."""
+    address), never an admission slot (``edge/body.receive_body``). A large body -- read, or
+    refused once past the size limit while being read -- has its memory given back when the
+    request is done (``edge/memory.py``)."""
     if request.method != "POST":
         return b""
     config = state.config
-    body = await receive_body(
-        request,
-        max_bytes=config.server.max_body_bytes,
-        timeout_s=config.limits.body_timeout,
-        readers=state.body_readers,
-    )
     memory = state.memory
+    try:
+        body = await receive_body(
+            request,
+            max_bytes=config.server.max_body_bytes,
+            timeout_s=config.limits.body_timeout,
+            readers=state.body_readers,
+        )
+    except PayloadTooLargeError:
+        declared = request.headers.get("content-length")
+        refused_unread = (
+            declared is not None and declared.isdigit() and int(declared) > config.server.max_body_bytes
+        )
+        if memory is not None and not refused_unread:
+            memory.release_soon()  # refused once past the limit: up to the limit was read
+        raise
     if memory is not None and len(body) >= LARGE_BODY_BYTES:
         memory.started()
         tracker.on_done = memory.finished
