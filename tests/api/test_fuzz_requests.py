@@ -214,7 +214,7 @@ def test_conversations(client: TestClient, conversation: str, raw: bytes, where:
         st.none(), st.sampled_from(["0", "-1", "101", "1e3", "x", "%00", "99999999999999999999"])
     ),
     order=st.one_of(st.none(), st.sampled_from(["asc", "desc", "%00", "sideways"])),
-    which=st.integers(0, 6),
+    which=st.integers(0, 12),
 )
 def test_stored_object_urls(
     client: TestClient,
@@ -225,7 +225,7 @@ def test_stored_object_urls(
     order: str | None,
     which: int,
 ) -> None:
-    """Ids in paths and list cursors of the stored responses and conversations, every method."""
+    """Ids in paths and list cursors of the stored responses, conversations, files and batches."""
     oid = object_id
     query = "&".join(
         f"{name}={value}"
@@ -246,7 +246,13 @@ def test_stored_object_urls(
         ("GET", f"/v1/conversations/{conv}/items?{query}"),
         ("GET", f"/v1/conversations/{conv}/items/{oid}"),
         ("DELETE", f"/v1/conversations/{oid}"),
+        ("GET", f"/v1/files/{oid}"),
+        ("GET", f"/v1/files?after={oid}&purpose={oid}"),
+        ("GET", f"/v1/batches/{oid}"),
+        ("GET", f"/v1/batches?{query}"),
+        ("GET", f"/v1/messages/batches/{oid}"),
+        ("GET", f"/v1/messages/batches?after_id={oid}"),
     ]
     method, url = requests[which]
     r = client.request(method, url)
-    check_answer(r)
+    check_answer(r, anthropic=url.startswith("/v1/messages"))

@@ -53,7 +53,11 @@ def stored(client: TestClient) -> dict[str, str]:
 
 def refused(r: Any, param: str) -> None:
     assert r.status_code == 400, (r.status_code, r.text)
-    error = r.json()["error"]
+    body = r.json()
+    error = body["error"]
+    if body.get("type") == "error":  # Anthropic's shape (/v1/messages/batches): no param field
+        assert error["type"] == "invalid_request_error" and error["message"].startswith(param), error
+        return
     assert error["param"] == param and error["message"].startswith(param), error
 
 
@@ -69,6 +73,17 @@ URLS = [
     ("GET", "/v1/conversations/{conv}/items/i%00", "item_id"),
     ("DELETE", "/v1/conversations/{conv}/items/i%00", "item_id"),
     ("GET", "/v1/responses/" + "r" * (MAX_ID_CHARS + 1), "response_id"),
+    ("GET", "/v1/files/f%00", "file_id"),
+    ("DELETE", "/v1/files/f%00", "file_id"),
+    ("GET", "/v1/files/f%00/content", "file_id"),
+    ("GET", "/v1/files?after=%00", "after"),
+    ("GET", "/v1/files?purpose=batch%00", "purpose"),
+    ("GET", "/v1/batches/b%00", "batch_id"),
+    ("POST", "/v1/batches/b%00/cancel", "batch_id"),
+    ("GET", "/v1/batches?after=b%00", "after"),
+    ("GET", "/v1/messages/batches/b%00", "batch_id"),
+    ("GET", "/v1/messages/batches?after_id=%00", "after_id"),
+    ("GET", "/v1/messages/batches?before_id=%00", "before_id"),
 ]
 
 
@@ -105,6 +120,11 @@ BODIES = [
         "items[0].id",
     ),
     ("/v1/conversations/{conv}", {"metadata": {}}, None),
+    (
+        "/v1/batches",
+        {"input_file_id": "file\x00", "endpoint": "/v1/chat/completions", "completion_window": "24h"},
+        "input_file_id",
+    ),
     (
         "/v1/conversations/{conv}/items",
         {"items": [{"type": "message", "role": "user", "content": "x", "id": "\x00"}]},

@@ -14,7 +14,8 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from deepseek_frontend.api.anthropic.routes import ANTHROPIC
-from deepseek_frontend.api.stored import json_response, not_stored, read_page
+from deepseek_frontend.api.stored import json_response, not_stored, path_id, read_page
+from deepseek_frontend.api.validation import check_id
 from deepseek_frontend.edge.request import RequestContext
 from deepseek_frontend.edge.route import api_route
 from deepseek_frontend.errors import RequestError
@@ -80,7 +81,7 @@ async def create_message_batch(ctx: RequestContext) -> Response:
 
 async def _found(ctx: RequestContext) -> StoredBatch:
     require_store(ctx)
-    batch_id = str(ctx.request.path_params["batch_id"])
+    batch_id = path_id(ctx.request, "batch_id")
     batch = await ctx.store.get_batch(ctx.owner, "anthropic", batch_id)
     if batch is None:
         raise not_stored("Message batch", batch_id, param="message_batch_id")
@@ -103,8 +104,8 @@ async def list_message_batches(ctx: RequestContext) -> Response:
         store.list_batches(
             ctx.owner,
             "anthropic",
-            after=query.get("after_id") or None,
-            before=query.get("before_id") or None,
+            after=check_id(query.get("after_id") or None, "after_id", default=None),
+            before=check_id(query.get("before_id") or None, "before_id", default=None),
             limit=limit,
         )
     )

@@ -15,7 +15,8 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from deepseek_frontend.api.stored import json_response, not_stored, read_page
+from deepseek_frontend.api.stored import json_response, not_stored, path_id, read_page
+from deepseek_frontend.api.validation import check_id
 from deepseek_frontend.edge.request import RequestContext
 from deepseek_frontend.edge.route import api_route
 from deepseek_frontend.errors import RequestError
@@ -36,7 +37,7 @@ JSONL = "application/jsonl"
 
 
 def _file_id(ctx: RequestContext) -> str:
-    return str(ctx.request.path_params["file_id"])
+    return path_id(ctx.request, "file_id")
 
 
 async def _found(ctx: RequestContext) -> StoredFile:
@@ -67,8 +68,8 @@ async def list_files(ctx: RequestContext) -> Response:
     files, more = await read_page(
         ctx.store.list_files(
             ctx.owner,
-            purpose=query.get("purpose") or None,
-            after=query.get("after") or None,
+            purpose=check_id(query.get("purpose") or None, "purpose", default=None),
+            after=check_id(query.get("after") or None, "after", default=None),
             limit=limit,
             order=order,
         )

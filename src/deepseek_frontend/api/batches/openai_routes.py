@@ -13,8 +13,8 @@ import orjson
 from starlette.responses import Response
 from starlette.routing import Route
 
-from deepseek_frontend.api.stored import json_response, not_stored, read_page
-from deepseek_frontend.api.validation import check_metadata, check_object, check_string
+from deepseek_frontend.api.stored import json_response, not_stored, path_id, read_page
+from deepseek_frontend.api.validation import check_id, check_metadata, check_object, check_string
 from deepseek_frontend.edge.request import RequestContext
 from deepseek_frontend.edge.route import api_route
 from deepseek_frontend.errors import RequestError
@@ -71,7 +71,7 @@ async def create_batch(ctx: RequestContext) -> Response:
     """``POST /v1/batches``: a ``validating`` batch of the file's lines."""
     require_store(ctx)
     body = await ctx.json()
-    input_file_id = check_string(body.get("input_file_id"), "input_file_id", non_empty=True)
+    input_file_id = check_id(body.get("input_file_id"), "input_file_id")
     endpoint = check_string(body.get("endpoint"), "endpoint")
     if endpoint not in OPENAI_ENDPOINTS:
         raise RequestError(
@@ -131,7 +131,7 @@ async def create_batch(ctx: RequestContext) -> Response:
 
 
 def _batch_id(ctx: RequestContext) -> str:
-    return str(ctx.request.path_params["batch_id"])
+    return path_id(ctx.request, "batch_id")
 
 
 async def _found(ctx: RequestContext) -> StoredBatch:
@@ -153,7 +153,7 @@ async def list_batches(ctx: RequestContext) -> Response:
     """``GET /v1/batches``: the key's batches, newest first."""
     require_store(ctx)
     limit = query_limit(ctx.request, "limit", DEFAULT_PAGE, MAX_PAGE)
-    after = ctx.request.query_params.get("after") or None
+    after = check_id(ctx.request.query_params.get("after") or None, "after", default=None)
     store = ctx.store
     batches, more = await read_page(
         store.list_batches(ctx.owner, "openai", after=after, before=None, limit=limit)
