@@ -21,6 +21,7 @@ from starlette.requests import Request
 from deepseek_frontend.errors import PayloadTooLargeError, RequestError, RequestTimeoutError
 from deepseek_frontend.pipeline.offload import CURRENT_TURN, LoopTurns, release_current_turn
 
+from .memory import LARGE_BODY_BYTES
 from .turns import WARM_KEY
 
 if TYPE_CHECKING:
@@ -120,24 +121,27 @@ def parse_json_object(raw: bytes, where: str = "request body") -> dict[str, Any]
         raise RequestError(f"{where} is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise RequestError(f"{where} must be a JSON object, got {type(data).__name__}")
-    _check_depth(data, where)
+    _check_depth(data, where, len(raw))
     return data
 
 
-def _check_depth(data: dict[str, Any], where: str) -> None:
+def _check_depth(data: dict[str, Any], where: str, size: int) -> None:
     """``RequestError`` naming the first path deeper than :data:`MAX_BODY_DEPTH` levels, if any.
 
-    The common case costs one orjson encoding (C speed, ~0.6 ms per MB, about a sixth of a walk
-    in Python): the body wrapped in enough lists that it fails exactly when the body is nested more
-    than ``MAX_BODY_DEPTH`` levels. Only then is the body walked, to name the path."""
-    wrapped: Any = data
-    for _ in range(_ORJSON_DEPTH - MAX_BODY_DEPTH):
-        wrapped = [wrapped]
-    try:
-        orjson.dumps(wrapped)
-        return
-    except TypeError:
-        pass
+    A body under :data:`~.memory.LARGE_BODY_BYTES` (``size``) costs one orjson encoding (C speed,
+    about a sixth of a walk in Python): the body wrapped in enough lists that it fails exactly when
+    the body is nested more than ``MAX_BODY_DEPTH`` levels; only then is it walked, to name the
+    path. A larger one is walked at once, over its arrays and objects only (a multi-MB prompt has a
+    handful): encoding it would allocate its size again, and those freed MBs stay in the heap."""
+    if size < LARGE_BODY_BYTES:
+        wrapped: Any = data
+        for _ in range(_ORJSON_DEPTH - MAX_BODY_DEPTH):
+            wrapped = [wrapped]
+        try:
+            orjson.dumps(wrapped)
+            return
+        except TypeError:
+            pass
     stack: list[tuple[Any, str, int]] = [(data, "", 1)]
     while stack:
         node, path, depth = stack.pop()
@@ -147,8 +151,17 @@ def _check_depth(data: dict[str, Any], where: str) -> None:
                 f"{param}: {where} is nested more than {MAX_BODY_DEPTH} levels deep", param=param
             )
         if isinstance(node, dict):
-            stack.extend((v, f"{path}.{k}", depth + 1) for k, v in node.items() if isinstance(v, dict | list))
+            stack.extend(
+                (v, f"{path}.{_shown_key(k)}", depth + 1)
+                for k, v in node.items()
+                if isinstance(v, dict | list)
+            )
         elif isinstance(node, list):
             stack.extend(
                 (v, f"{path}[{i}]", depth + 1) for i, v in enumerate(node) if isinstance(v, dict | list)
             )
+
+
+def _shown_key(key: str) -> str:
+    """An object key in a path of an error message, cut short (keys are the client's)."""
+    return key if len(key) <= 64 else key[:61] + "..."

@@ -70,7 +70,13 @@ def test_auth_accepts_bearer_and_x_api_key_and_rejects_others(client: TestClient
     r = client.post("/v1/chat/completions", json=body, headers={"Authorization": "Bearer nope"})
     assert r.status_code == 401
     assert r.json()["error"]["type"] == "authentication_error"
+    # a credential header that is present must carry the key: an empty Authorization is not ignored
+    # in favour of a correct x-api-key (docs/serving.md, "API keys and limits")
     r = client.post("/v1/chat/completions", json=body, headers={"Authorization": "", "x-api-key": KEY})
+    assert r.status_code == 401 and "Malformed Authorization" in r.json()["error"]["message"]
+    r = client.post(
+        "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}", "x-api-key": KEY}
+    )
     assert r.status_code == 200
     assert client.get("/v1/models", headers={"Authorization": ""}).status_code == 401
     assert client.get("/live", headers={"Authorization": ""}).status_code == 200
