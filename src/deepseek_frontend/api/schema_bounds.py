@@ -45,6 +45,7 @@ __all__ = [
     "MAX_OUTPUT_TOKENS",
     "Demand",
     "check_output_budget",
+    "json_path",
     "output_demands",
 ]
 
@@ -260,6 +261,14 @@ class _Reader:
         return max(chars, by_count)
 
 
+def json_path(base: str, parts: tuple[str | int, ...] | list[str | int]) -> str:
+    """``base`` extended by object keys (``.key``) and array indexes (``[i]``)."""
+    out = [base]
+    for part in parts:
+        out.append(f"[{part}]" if isinstance(part, int) else f".{part}")
+    return "".join(out)
+
+
 def output_demands(schema: Mapping[str, Any]) -> tuple[tuple[str | int, ...], str] | tuple[Demand, ...]:
     """The schema's demands on the output, deepest places first -- or ``(path parts, message)``
     for a limit that holds whatever ``max_tokens`` says. The schema must be valid (api/schemas.py)."""
@@ -278,8 +287,6 @@ def check_output_budget(demands: tuple[Demand, ...], path: str, max_tokens: int,
     """``RequestError`` for the first of ``demands`` (the deepest) that needs more characters than
     ``max_tokens`` tokens can hold; ``path`` is where the schema sits in the request, ``why`` says
     where ``max_tokens`` came from (``"the request's max_tokens"``, ``"the context length"``)."""
-    from deepseek_frontend.api.schemas import json_path
-
     most = max_tokens * MAX_CHARS_PER_TOKEN
     for demand in demands:
         if demand.chars > most:

@@ -43,7 +43,7 @@ from deepseek_frontend.errors import RequestError
 from deepseek_frontend.parsing.constraints import resolve_local_ref
 from deepseek_frontend.parsing.schema_grammar import GrammarTooLargeError, SchemaCompiler
 
-from .schema_bounds import MAX_OUTPUT_TOKENS, Demand, check_output_budget, output_demands
+from .schema_bounds import MAX_OUTPUT_TOKENS, Demand, check_output_budget, json_path, output_demands
 from .validation import check_object
 
 __all__ = ["MAX_SCHEMA_DEPTH", "check_json_schema", "json_path", "resolve_local_ref"]
@@ -56,14 +56,6 @@ _Problem = tuple[tuple[str | int, ...], str]
 #: canonical schema JSON (+ object_root) -> (relative path parts, message) when invalid, else the
 #: schema's demands on the output (api/schema_bounds.py)
 _cache: OrderedDict[tuple[bytes, bool], _Problem | tuple[Demand, ...]] = OrderedDict()
-
-
-def json_path(base: str, parts: tuple[str | int, ...] | list[str | int]) -> str:
-    """``base`` extended by object keys (``.key``) and array indexes (``[i]``)."""
-    out = [base]
-    for part in parts:
-        out.append(f"[{part}]" if isinstance(part, int) else f".{part}")
-    return "".join(out)
 
 
 def check_json_schema(

@@ -371,7 +371,7 @@ def _tool_schema(tool: Mapping[str, Any], param: str) -> dict[str, Any]:
         "parameters": {"type": "object", "properties": {}} if parameters is None else parameters
     }
     if tool.get("strict") is not None:
-        fields["strict"] = bool(tool["strict"])
+        fields["strict"] = check_boolean(tool["strict"], f"{param}.strict")
     return fields
 
 
