@@ -29,7 +29,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.fleet.config import ModelConfig, ServerConfig, ServerOptions
 from deepseek_frontend.fleet.store_config import StateOptions
 from deepseek_frontend.server.app import create_app
 from deepseek_frontend.tokenization import PromptTokenizer
@@ -55,11 +55,12 @@ FUZZ = settings(
 def client(prompt_tokenizer: PromptTokenizer) -> Iterator[TestClient]:
     folder = Path(tempfile.mkdtemp(prefix="dsfe-fuzz-"))
     config = ServerConfig(
-        served_model_name=fuzzing.MODEL,
-        api_key=KEY,
-        context_length=16384,
-        max_body_bytes=2_000_000,
-        state=StateOptions(url=f"sqlite:///{folder / 'state.sqlite3'}"),
+        ModelConfig(served_model_name=fuzzing.MODEL, context_length=16384),
+        server=ServerOptions(
+            api_key=KEY,
+            max_body_bytes=2_000_000,
+            state=StateOptions(url=f"sqlite:///{folder / 'state.sqlite3'}"),
+        ),
     )
     with TestClient(create_app(config, tokenizer=prompt_tokenizer), raise_server_exceptions=False) as c:
         c.headers["Authorization"] = f"Bearer {KEY}"

@@ -15,7 +15,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from deepseek_frontend.api.schema_bounds import MAX_CHARS_PER_TOKEN, MAX_ENUM_VALUES, output_demands
-from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
 from deepseek_frontend.server.app import create_app
 from deepseek_frontend.tokenization import PromptTokenizer
 from tests.support.servers import Server, start_frontend
@@ -28,7 +28,9 @@ BOMB = {"type": "array", "items": {"type": "integer"}, "minItems": 1_000_000_000
 
 @pytest.fixture(scope="module")
 def client(prompt_tokenizer: PromptTokenizer) -> Iterator[TestClient]:
-    with TestClient(create_app(ServerConfig(served_model_name=MODEL), tokenizer=prompt_tokenizer)) as c:
+    with TestClient(
+        create_app(ServerConfig(ModelConfig(served_model_name=MODEL)), tokenizer=prompt_tokenizer)
+    ) as c:
         yield c
 
 

@@ -17,7 +17,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from deepseek_frontend.edge.auth import AmbiguousCredentialsError, presented_key
-from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.fleet.config import ModelConfig, ServerConfig, ServerOptions
 from deepseek_frontend.fleet.store_config import StateOptions
 from deepseek_frontend.server.app import create_app
 from deepseek_frontend.tokenization import PromptTokenizer
@@ -72,9 +72,10 @@ def test_ambiguous_or_malformed_credentials_name_the_problem(case: str) -> None:
 def client(prompt_tokenizer: PromptTokenizer) -> Iterator[TestClient]:
     folder = Path(tempfile.mkdtemp(prefix="dsfe-auth-"))
     config = ServerConfig(
-        served_model_name=MODEL,
-        api_keys=(KEY, OTHER),
-        state=StateOptions(url=f"sqlite:///{folder / 'state.sqlite3'}"),
+        ModelConfig(served_model_name=MODEL),
+        server=ServerOptions(
+            api_keys=(KEY, OTHER), state=StateOptions(url=f"sqlite:///{folder / 'state.sqlite3'}")
+        ),
     )
     with TestClient(create_app(config, tokenizer=prompt_tokenizer)) as c:
         yield c

@@ -408,11 +408,11 @@ def test_a_consumer_that_falls_behind_gets_the_missed_steps_in_one_chunk(prompt_
         assert tokens <= elapsed / itl + 1  # never ahead of the clock
 
 
-def test_a_long_plan_is_written_off_the_event_loop(tokenizer: Any) -> None:
+def test_a_long_plan_is_written_off_the_event_loop(prompt_tokenizer: Any) -> None:
     """Whatever the simulated model writes, the event loop keeps its turns meanwhile: a cold
     100000-word answer is planned on the engine's planning thread, so a ticker coroutine keeps
     running before the first chunk arrives (planned on the loop it could not tick at all)."""
-    engine = SimulatedEngine(tokenizer)
+    engine = SimulatedEngine(prompt_tokenizer)
     ticks = 0
     first_at: list[int] = []
 

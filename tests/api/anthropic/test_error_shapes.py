@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
 from deepseek_frontend.fleet.config_file import Fleet
 from deepseek_frontend.keys.tenants import TenantTable
 from deepseek_frontend.server.app import create_app
@@ -25,7 +25,11 @@ FORBIDDEN = "deepseek-v4-other"
 def client(prompt_tokenizer: PromptTokenizer) -> Iterator[TestClient]:
     tenants = TenantTable.from_entries([{"name": "alice", "key": KEY, "models": [ALLOWED]}], where="keys")
     fleet = Fleet(
-        (ServerConfig(served_model_name=ALLOWED), ServerConfig(served_model_name=FORBIDDEN)), tenants
+        (
+            ServerConfig(ModelConfig(served_model_name=ALLOWED)),
+            ServerConfig(ModelConfig(served_model_name=FORBIDDEN)),
+        ),
+        tenants,
     )
     config = fleet.models[0]
     with TestClient(create_app(config, fleet=fleet, tokenizer=prompt_tokenizer)) as c:

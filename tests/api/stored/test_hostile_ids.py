@@ -16,7 +16,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from deepseek_frontend.api.validation import MAX_ID_CHARS
-from deepseek_frontend.fleet.config import ServerConfig
+from deepseek_frontend.fleet.config import ModelConfig, ServerConfig, ServerOptions
 from deepseek_frontend.fleet.store_config import StateOptions
 from deepseek_frontend.server.app import create_app
 from deepseek_frontend.tokenization import PromptTokenizer
@@ -35,7 +35,9 @@ def client(request: pytest.FixtureRequest, prompt_tokenizer: PromptTokenizer) ->
         url = f"sqlite:///{Path(tempfile.mkdtemp(prefix='dsfe-ids-')) / 'state.sqlite3'}"
     else:
         url = create_database(request.getfixturevalue("postgres_server"))
-    config = ServerConfig(served_model_name=MODEL, state=StateOptions(url=url))
+    config = ServerConfig(
+        ModelConfig(served_model_name=MODEL), server=ServerOptions(state=StateOptions(url=url))
+    )
     with TestClient(create_app(config, tokenizer=prompt_tokenizer)) as c:
         yield c
 
