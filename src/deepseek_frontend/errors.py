@@ -16,6 +16,9 @@ Each class carries the HTTP status and the OpenAI ``error.type`` it maps to, so
     ├── RequestTimeoutError (408 invalid_request_error)  -- the client sent its body too slowly
     ├── OverloadedError (429 rate_limit_error)           -- admission control: retry after ``retry_after_s``
     ├── UnsupportedModelError (400 invalid_request_error) -- detected a family without an encoder
+    ├── StoreUnavailableError (503 service_unavailable) -- the state store cannot be read or written
+    │                                                     (disk full, locked, read-only, database down)
+    ├── StoreBudgetError (413 invalid_request_error)     -- one object larger than the store's whole budget
     └── EngineError (502 engine_error)
         ├── EngineUnavailableError (503 service_unavailable) -- before the first token: retry elsewhere
         │   ├── WorkerSilentError                       -- no response headers in time: retry elsewhere
@@ -148,6 +151,32 @@ class KeyRateLimitError(OverloadedError):
     flight): HTTP 429 with ``Retry-After`` and the protocol's rate-limit headers."""
 
     code = "rate_limit_exceeded"
+
+
+class StoreUnavailableError(FrontendError):
+    """The state store failed to read or write (its disk is full, its file locked or read-only, its
+    database down or unreachable): the server's fault, HTTP 503 with ``Retry-After``.
+
+    ``message`` says what failed in words a client may read (never a host, path or credential);
+    the store logs the cause. ``retry_after_s`` is sent as ``Retry-After``."""
+
+    status_code = 503
+    error_type = "service_unavailable"
+    code = "store_unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: int = 5) -> None:
+        super().__init__(message)
+        self.retry_after_s = max(1, int(retry_after_s))
+
+
+class StoreBudgetError(FrontendError):
+    """One object (a stored response, a conversation, kept reasoning) is larger than the state
+    store's whole size budget (``--state-max-bytes``): it cannot be kept whatever is evicted
+    (HTTP 413; sent with ``store: false`` it is not stored and works)."""
+
+    status_code = 413
+    error_type = "invalid_request_error"
+    code = "store_budget_exceeded"
 
 
 class EngineError(FrontendError):

@@ -19,6 +19,7 @@ from .batch_records import (
 from .batch_store import BatchStore, StoreDisabledError
 from .records import (
     ANONYMOUS_OWNER,
+    FINAL_RESPONSE_STATUSES,
     Page,
     StoredConversation,
     StoredItem,
@@ -35,6 +36,7 @@ __all__ = [
     "ANONYMOUS_OWNER",
     "DEFAULT_DB_NAME",
     "FINAL_BATCH_STATUSES",
+    "FINAL_RESPONSE_STATUSES",
     "MAX_PAGE",
     "BatchCounts",
     "BatchLineRecord",

@@ -9,12 +9,19 @@ than written to.
 
 The SQL is the common subset of SQLite and PostgreSQL: ``TEXT``, ``BIGINT``, ``DOUBLE
 PRECISION``. JSON is kept as ``TEXT`` (not ``jsonb``), byte for byte as written: the prompt a
-stored item renders must be the prompt the same item renders when a client resends it.
+stored item renders must be the prompt the same item renders when a client resends it. A
+migration whose SQL differs per database (triggers) is a mapping from the store's ``kind``
+(``sqlite``, ``postgresql``) to its statements.
 """
 
 from __future__ import annotations
 
-__all__ = ["MIGRATIONS", "SCHEMA_VERSION"]
+from collections.abc import Mapping
+
+__all__ = ["MIGRATIONS", "SCHEMA_VERSION", "USAGE_SHARDS", "Migration", "statements_for"]
+
+#: one migration: its statements, or its statements per store kind
+Migration = tuple[str, ...] | Mapping[str, tuple[str, ...]]
 
 _V1 = (
     """CREATE TABLE responses (
@@ -159,7 +166,64 @@ _V3 = (
     "CREATE INDEX batch_lines_holder ON batch_lines (holder)",
 )
 
+#: rows of ``store_usage`` on PostgreSQL: a writer adds to the row of its connection
+#: (``pg_backend_pid() % USAGE_SHARDS``), so concurrent writers rarely wait on one counter row
+USAGE_SHARDS = 16
+_SIZED = ("responses", "conversations", "reasoning")
+_TOTAL = " + ".join(f"(SELECT COALESCE(SUM(size), 0) FROM {table})" for table in _SIZED)
+
+
+def _sqlite_usage_triggers(table: str) -> tuple[str, ...]:
+    change = "UPDATE store_usage SET bytes = bytes + {} WHERE shard = 0;"
+    return (
+        f"CREATE TRIGGER {table}_usage_insert AFTER INSERT ON {table} BEGIN {change.format('NEW.size')} END",
+        f"CREATE TRIGGER {table}_usage_update AFTER UPDATE OF size ON {table}"
+        f" BEGIN {change.format('NEW.size - OLD.size')} END",
+        f"CREATE TRIGGER {table}_usage_delete AFTER DELETE ON {table} BEGIN {change.format('-OLD.size')} END",
+    )
+
+
+#: the stored bytes the size budget counts (``--state-max-bytes``), kept exact by the database
+#: itself: a trigger on every insert, size update and delete of a sized object adds its change to
+#: ``store_usage``, whatever statement made it (a write, a delete, the purge, an eviction); the
+#: total is the sum of its rows. Read on every write that adds bytes, so the budget holds at once.
+_V4: Migration = {
+    "sqlite": (
+        "CREATE TABLE store_usage (shard INTEGER PRIMARY KEY, bytes BIGINT NOT NULL)",
+        f"INSERT INTO store_usage (shard, bytes) VALUES (0, {_TOTAL})",
+        *(statement for table in _SIZED for statement in _sqlite_usage_triggers(table)),
+    ),
+    "postgresql": (
+        "CREATE TABLE store_usage (shard INTEGER PRIMARY KEY, bytes BIGINT NOT NULL)",
+        "INSERT INTO store_usage (shard, bytes)"
+        f" SELECT g, 0 FROM generate_series(0, {USAGE_SHARDS - 1}) AS g",
+        f"UPDATE store_usage SET bytes = {_TOTAL} WHERE shard = 0",
+        f"""CREATE FUNCTION dsfe_store_usage() RETURNS trigger LANGUAGE plpgsql AS $$
+        DECLARE change BIGINT;
+        BEGIN
+            IF TG_OP = 'INSERT' THEN change := NEW.size;
+            ELSIF TG_OP = 'UPDATE' THEN change := NEW.size - OLD.size;
+            ELSE change := -OLD.size;
+            END IF;
+            UPDATE store_usage SET bytes = bytes + change WHERE shard = pg_backend_pid() % {USAGE_SHARDS};
+            RETURN NULL;
+        END $$""",
+        *(
+            f"CREATE TRIGGER {table}_usage AFTER INSERT OR DELETE OR UPDATE OF size ON {table}"
+            " FOR EACH ROW EXECUTE FUNCTION dsfe_store_usage()"
+            for table in _SIZED
+        ),
+    ),
+}
+
 #: migration n (index n - 1) brings the schema from version n - 1 to n
-MIGRATIONS: tuple[tuple[str, ...], ...] = (_V1, _V2, _V3)
+MIGRATIONS: tuple[Migration, ...] = (_V1, _V2, _V3, _V4)
 #: the version this code writes
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def statements_for(migration: Migration, kind: str) -> tuple[str, ...]:
+    """The statements of ``migration`` for a store of ``kind``."""
+    if isinstance(migration, Mapping):
+        return migration[kind]
+    return migration

@@ -14,6 +14,7 @@ from typing import Literal
 
 __all__ = [
     "ANONYMOUS_OWNER",
+    "FINAL_RESPONSE_STATUSES",
     "ID_RANDOM_HEX",
     "ItemKind",
     "Order",
@@ -29,6 +30,10 @@ __all__ = [
 ID_RANDOM_HEX = 48
 #: the owner of everything stored by a server that checks no API key
 ANONYMOUS_OWNER = "anonymous"
+
+#: the statuses after which a stored response never changes again: the store refuses every
+#: transition out of them (``StateStore.update_response``)
+FINAL_RESPONSE_STATUSES = frozenset({"completed", "incomplete", "failed", "cancelled"})
 
 #: which list of a stored response an item belongs to
 ItemKind = Literal["input", "output"]

@@ -13,16 +13,22 @@ from abc import abstractmethod
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal, TypeVar
 
+from deepseek_frontend.errors import StoreBudgetError
+
 from .batch_sql import BatchSql
-from .migrations import MIGRATIONS, SCHEMA_VERSION
-from .records import ItemKind, Page, StoredConversation, StoredItem, StoredResponse
+from .migrations import MIGRATIONS, SCHEMA_VERSION, statements_for
+from .records import FINAL_RESPONSE_STATUSES, ItemKind, Page, StoredConversation, StoredItem, StoredResponse
 from .store import MAX_PAGE, BrokenChainError, CursorError, Order, StateStore
 from .tx import Tx
 
 __all__ = ["SchemaTooNewError", "SqlStore", "Tx"]
 
-#: objects looked at per round of the size-budget eviction
-_EVICT_BATCH = 256
+#: objects looked at per table and round of the size-budget eviction
+_EVICT_BATCH = 64
+#: rounds of eviction one write may run before it leaves the rest to the next write or the purge
+_EVICT_ROUNDS = 64
+#: the statuses a stored response may still leave (the others are final)
+_RUNNING = "status NOT IN (" + ", ".join(f"'{s}'" for s in sorted(FINAL_RESPONSE_STATUSES)) + ")"
 _ALIVE = "(expires_at IS NULL OR expires_at > ?)"
 #: a stored response's columns in :class:`StoredResponse`'s field order
 _RESPONSE_COLUMNS = (
@@ -44,6 +50,10 @@ class SchemaTooNewError(RuntimeError):
 
 def _items_size(items: Sequence[StoredItem]) -> int:
     return sum(len(item.data) for item in items)
+
+
+#: an object the budget must not evict to make room for itself: (table, id, owner)
+_Keep = tuple[str, str, str] | None
 
 
 class SqlStore(BatchSql, StateStore):
@@ -71,14 +81,65 @@ class SqlStore(BatchSql, StateStore):
             raise SchemaTooNewError(
                 f"the state store is at schema version {version}; this program knows up to {SCHEMA_VERSION}"
             )
-        for statements in MIGRATIONS[version:]:
-            for statement in statements:
+        for migration in MIGRATIONS[version:]:
+            for statement in statements_for(migration, self.kind):
                 await tx.execute(statement)
         if not rows:
             await tx.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
-        elif version != SCHEMA_VERSION:
+        else:
+            # written even when current: a store that cannot be written (a read-only file or
+            # database) fails here, at start-up, not at its first request
             await tx.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
         return SCHEMA_VERSION
+
+    # ---------------------------------------------------------------- the size budget
+    def _refuse_over_budget(self, what: str, size: int) -> None:
+        """Raise :class:`StoreBudgetError` when one object of ``size`` is over the whole budget."""
+        budget = self.retention.max_bytes
+        if budget is not None and size > budget:
+            raise StoreBudgetError(
+                f"{what} takes {size} bytes, more than the state store's whole budget of {budget} bytes"
+                " (--state-max-bytes); it cannot be stored (send it with store: false)"
+            )
+
+    async def _hold_budget(self, tx: Tx, keep: _Keep) -> None:
+        """In the writing transaction ``tx``, after its writes: evict the oldest objects (never
+        ``keep``, the one just written) while the stored bytes exceed the budget."""
+        budget = self.retention.max_bytes
+        if budget is None:
+            return
+        for _ in range(_EVICT_ROUNDS):
+            excess = await _stored_bytes(tx) - budget
+            if excess <= 0 or not await self._evict_oldest(tx, excess, keep):
+                return
+
+    async def _evict_oldest(self, tx: Tx, excess: int, keep: _Keep) -> int:
+        """Delete the oldest objects (responses, conversations, kept reasoning by creation time)
+        until ``excess`` bytes are gone or a round's candidates are; the objects deleted."""
+        candidates: list[tuple[float, str, str, int, str]] = []
+        for table, key in (("responses", "id"), ("conversations", "id"), ("reasoning", "fingerprint")):
+            rows = await tx.fetch(
+                f"SELECT created_at, {key}, size, owner FROM {table} ORDER BY created_at LIMIT ?",
+                (_EVICT_BATCH,),
+            )
+            candidates += [(float(r[0]), table, r[1], int(r[2]), r[3]) for r in rows]
+        candidates.sort(key=lambda c: c[0])
+        deleted = 0
+        for _created, table, object_id, size, owner in candidates:
+            if keep is not None and (table, object_id, owner) == keep:
+                continue
+            if table == "reasoning":
+                gone = await tx.execute(
+                    "DELETE FROM reasoning WHERE owner = ? AND fingerprint = ?", (owner, object_id)
+                )
+            else:
+                gone = await self._delete_object(tx, table, owner, object_id)  # type: ignore[arg-type]
+            if gone:  # another replica may have evicted it first
+                deleted += 1
+                excess -= size
+                if excess <= 0:
+                    break
+        return deleted
 
     # ---------------------------------------------------------------- responses
     async def put_response(
@@ -86,6 +147,7 @@ class SqlStore(BatchSql, StateStore):
     ) -> None:
         size = len(response.body) + len(response.request)
         size += _items_size(input_items) + _items_size(output_items)
+        self._refuse_over_budget("the response", size)
 
         async def op(tx: Tx) -> Any:
             await tx.execute(
@@ -108,6 +170,7 @@ class SqlStore(BatchSql, StateStore):
             )
             await self._insert_response_items(tx, response.owner, response.id, "input", input_items)
             await self._insert_response_items(tx, response.owner, response.id, "output", output_items)
+            await self._hold_budget(tx, ("responses", response.id, response.owner))
 
         return await self.in_transaction(op)
 
@@ -122,26 +185,42 @@ class SqlStore(BatchSql, StateStore):
             )
 
     async def update_response(
-        self, owner: str, response_id: str, status: str, body: str, output_items: list[StoredItem] | None
+        self,
+        owner: str,
+        response_id: str,
+        status: str,
+        body: str,
+        output_items: list[StoredItem] | None,
+        *,
+        renewed_before: float | None = None,
     ) -> bool:
         async def op(tx: Tx) -> Any:
-            row = await self._live_row(tx, "responses", "request", owner, response_id)
-            if row is None:
+            now = self.now()
+            where = f"id = ? AND owner = ? AND {_RUNNING} AND {_ALIVE}"
+            args: list[Any] = [status, body, now, response_id, owner, now]
+            if renewed_before is not None:
+                where += " AND updated_at < ?"
+                args.append(renewed_before)
+            # one conditional statement decides the transition: on PostgreSQL a concurrent one waits
+            # for this row's lock and then finds the status final (READ COMMITTED re-reads the row)
+            if not await tx.execute(
+                f"UPDATE responses SET status = ?, body = ?, updated_at = ? WHERE {where}", args
+            ):
                 return False
             if output_items is not None:
                 await tx.execute(
                     "DELETE FROM response_items WHERE response_id = ? AND kind = 'output'", (response_id,)
                 )
                 await self._insert_response_items(tx, owner, response_id, "output", output_items)
-            inputs = await tx.fetch(
-                "SELECT COALESCE(SUM(LENGTH(data)), 0) FROM response_items WHERE response_id = ?",
-                (response_id,),
+            rows = await tx.fetch(
+                "SELECT (SELECT LENGTH(request) FROM responses WHERE id = ?),"
+                " (SELECT COALESCE(SUM(LENGTH(data)), 0) FROM response_items WHERE response_id = ?)",
+                (response_id, response_id),
             )
-            size = len(body) + len(row[0]) + int(inputs[0][0])
-            await tx.execute(
-                "UPDATE responses SET status = ?, body = ?, size = ?, updated_at = ? WHERE id = ?",
-                (status, body, size, self.now(), response_id),
-            )
+            size = len(body) + int(rows[0][0]) + int(rows[0][1])
+            self._refuse_over_budget("the response", size)
+            await tx.execute("UPDATE responses SET size = ? WHERE id = ?", (size, response_id))
+            await self._hold_budget(tx, ("responses", response_id, owner))
             return True
 
         return await self.in_transaction(op)
@@ -156,8 +235,7 @@ class SqlStore(BatchSql, StateStore):
     async def touch_response(self, owner: str, response_id: str) -> bool:
         async def op(tx: Tx) -> Any:
             changed = await tx.execute(
-                "UPDATE responses SET updated_at = ? WHERE id = ? AND owner = ?"
-                " AND status IN ('queued', 'in_progress')",
+                f"UPDATE responses SET updated_at = ? WHERE id = ? AND owner = ? AND {_RUNNING}",
                 (self.now(), response_id, owner),
             )
             return bool(changed)
@@ -247,6 +325,7 @@ class SqlStore(BatchSql, StateStore):
     # ---------------------------------------------------------------- conversations
     async def put_conversation(self, conversation: StoredConversation, items: list[StoredItem]) -> None:
         c = conversation
+        self._refuse_over_budget("the conversation", len(c.metadata) + _items_size(items))
 
         async def op(tx: Tx) -> Any:
             await tx.execute(
@@ -262,6 +341,7 @@ class SqlStore(BatchSql, StateStore):
                 ),
             )
             await self._insert_conversation_items(tx, c.owner, c.id, 0, items)
+            await self._hold_budget(tx, ("conversations", c.id, c.owner))
 
         return await self.in_transaction(op)
 
@@ -289,16 +369,24 @@ class SqlStore(BatchSql, StateStore):
 
     async def update_conversation(self, owner: str, conversation_id: str, metadata: str) -> bool:
         async def op(tx: Tx) -> Any:
-            row = await self._live_row(tx, "conversations", "metadata", owner, conversation_id)
-            if row is None:
-                return False
-            await tx.execute(
-                "UPDATE conversations SET metadata = ?, size = size + ? WHERE id = ?",
-                (metadata, len(metadata) - len(row[0]), conversation_id),
+            # the size change from the row as it is when locked (SET reads the old metadata)
+            changed = await tx.execute(
+                "UPDATE conversations SET size = size - LENGTH(metadata) + ?, metadata = ?"
+                f" WHERE id = ? AND owner = ? AND {_ALIVE}",
+                (len(metadata), metadata, conversation_id, owner, self.now()),
             )
+            if not changed:
+                return False
+            await self._refuse_conversation_over_budget(tx, conversation_id)
+            await self._hold_budget(tx, ("conversations", conversation_id, owner))
             return True
 
         return await self.in_transaction(op)
+
+    async def _refuse_conversation_over_budget(self, tx: Tx, conversation_id: str) -> None:
+        if self.retention.max_bytes is not None:
+            rows = await tx.fetch("SELECT size FROM conversations WHERE id = ?", (conversation_id,))
+            self._refuse_over_budget("the conversation", int(rows[0][0]))
 
     async def delete_conversation(self, owner: str, conversation_id: str) -> bool:
         return await self.in_transaction(
@@ -332,6 +420,8 @@ class SqlStore(BatchSql, StateStore):
                 (conversation_id,),
             )
             await self._insert_conversation_items(tx, owner, conversation_id, int(rows[0][0]) + 1, items)
+            await self._refuse_conversation_over_budget(tx, conversation_id)
+            await self._hold_budget(tx, ("conversations", conversation_id, owner))
             return True
 
         return await self.in_transaction(op)
@@ -428,6 +518,7 @@ class SqlStore(BatchSql, StateStore):
     # ---------------------------------------------------------------- reasoning continuity
     async def put_reasoning(self, owner: str, key: str, text: str) -> None:
         now = self.now()
+        self._refuse_over_budget("the kept reasoning", len(text) + len(key))
 
         async def op(tx: Tx) -> Any:
             await tx.execute(
@@ -437,6 +528,7 @@ class SqlStore(BatchSql, StateStore):
                 " size = excluded.size",
                 (owner, key, text, now, self.retention.expires_at(now), len(text) + len(key)),
             )
+            await self._hold_budget(tx, ("reasoning", key, owner))
 
         return await self.in_transaction(op)
 
@@ -497,36 +589,12 @@ class SqlStore(BatchSql, StateStore):
         return deleted
 
     async def _evict_batch(self, tx: Tx, budget: int) -> int | None:
-        """Delete up to a batch of the oldest objects while the stored bytes exceed ``budget``;
-        the objects deleted, or None when the budget holds (or nothing is left)."""
+        """Delete a round of the oldest objects while the stored bytes exceed ``budget``; the
+        objects deleted, or None when the budget holds (or nothing is left)."""
         excess = await _stored_bytes(tx) - budget
         if excess <= 0:
             return None
-        oldest = await tx.fetch(
-            "SELECT kind, id, size, owner FROM ("
-            " SELECT 'r' AS kind, id, size, owner, created_at FROM responses"
-            " UNION ALL SELECT 'c', id, size, owner, created_at FROM conversations"
-            " UNION ALL SELECT 'k', fingerprint, size, owner, created_at FROM reasoning"
-            ") AS objects ORDER BY created_at LIMIT ?",
-            (_EVICT_BATCH,),
-        )
-        if not oldest:
-            return None
-        deleted = 0
-        for kind, object_id, size, owner in oldest:
-            if kind == "r":
-                await self._delete_object(tx, "responses", owner, object_id)
-            elif kind == "c":
-                await self._delete_object(tx, "conversations", owner, object_id)
-            else:
-                await tx.execute(
-                    "DELETE FROM reasoning WHERE owner = ? AND fingerprint = ?", (owner, object_id)
-                )
-            deleted += 1
-            excess -= int(size)
-            if excess <= 0:
-                break
-        return deleted
+        return await self._evict_oldest(tx, excess, None) or None
 
     async def stored_bytes(self) -> int:
         async def op(tx: Tx) -> Any:
@@ -536,11 +604,9 @@ class SqlStore(BatchSql, StateStore):
 
 
 async def _stored_bytes(tx: Tx) -> int:
-    rows = await tx.fetch(
-        "SELECT (SELECT COALESCE(SUM(size), 0) FROM responses)"
-        " + (SELECT COALESCE(SUM(size), 0) FROM conversations)"
-        " + (SELECT COALESCE(SUM(size), 0) FROM reasoning)"
-    )
+    """The stored bytes the budget counts: the sum of ``store_usage``, which the database's own
+    triggers keep (state/migrations.py, version 4)."""
+    rows = await tx.fetch("SELECT COALESCE(SUM(bytes), 0) FROM store_usage")
     return int(rows[0][0])
 
 

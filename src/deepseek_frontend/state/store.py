@@ -47,8 +47,9 @@ class Retention:
 
     ``ttl_s``: seconds an object lives after its creation (a conversation: after its last
     change); None keeps objects until deleted or evicted. ``max_bytes``: the size budget of the
-    stored JSON; past it the oldest objects are evicted. ``purge_interval_s``: how often the
-    background purge runs."""
+    stored JSON, held by every write (the oldest objects are evicted to make room; one object over
+    the whole budget is refused with ``StoreBudgetError``). ``purge_interval_s``: how often the
+    background purge of expired objects runs."""
 
     ttl_s: float | None = 30 * 24 * 3600.0
     max_bytes: int | None = 1 << 30
@@ -92,10 +93,22 @@ class StateStore(BatchStore, ABC):
 
     @abstractmethod
     async def update_response(
-        self, owner: str, response_id: str, status: str, body: str, output_items: list[StoredItem] | None
+        self,
+        owner: str,
+        response_id: str,
+        status: str,
+        body: str,
+        output_items: list[StoredItem] | None,
+        *,
+        renewed_before: float | None = None,
     ) -> bool:
-        """Replace a response's status and body (and its output items when given); False when the
-        response is not there. Used for background responses as they progress."""
+        """Move a response that is still ``queued`` or ``in_progress`` to ``status`` with ``body``
+        (and its output items when given), in one transaction; whether it moved. A final status
+        (:data:`~.records.FINAL_RESPONSE_STATUSES`) is final in the store itself: a response that
+        is not there or already final is left as it is (False), so of two transitions racing --
+        a cancel and a completion, a lost lease and a resumed task -- exactly one is written, whole.
+        ``renewed_before``: move it only when its lease was last renewed before that time (a lost
+        task's response is marked failed only if the task did not renew it meanwhile)."""
 
     @abstractmethod
     async def touch_response(self, owner: str, response_id: str) -> bool:
@@ -214,7 +227,14 @@ class NullStore(StateStore):
         return None
 
     async def update_response(
-        self, owner: str, response_id: str, status: str, body: str, output_items: list[StoredItem] | None
+        self,
+        owner: str,
+        response_id: str,
+        status: str,
+        body: str,
+        output_items: list[StoredItem] | None,
+        *,
+        renewed_before: float | None = None,
     ) -> bool:
         return False
 
