@@ -88,7 +88,7 @@ class EventStreamResponse(StreamingResponse):
                     await aclose()
             if self._tracker is not None:
                 if self._tracker.stream_error:
-                    self._tracker.finish(200, self._tracker.stream_error)
+                    self._tracker.finish(self._tracker.stream_status, self._tracker.stream_error)
                 elif self._body_done:
                     self._tracker.finish(200)
                 else:

@@ -44,6 +44,7 @@ class RequestTracker:
         "request_id",
         "started",
         "stream_error",
+        "stream_status",
         "trace",
     )
 
@@ -55,6 +56,10 @@ class RequestTracker:
         self.deferred = False
         #: error type of an in-band error event a stream ended with ('' if none)
         self.stream_error = ""
+        #: the status a stream that ended with an in-band error is counted and logged with: 200 (the
+        #: response's own), or the error's where the stream failed for the server's own reason
+        #: (a state store that could not be written: 503)
+        self.stream_status = 200
         #: the API key's name in logs (api/logs.key_name), '' without API keys
         self.key_name = ""
         self._done = False
@@ -75,6 +80,14 @@ class RequestTracker:
     def release_with(self, release: Callable[[], None]) -> None:
         """Call ``release`` (the model's admission slot) when the request is done."""
         self._release = release
+
+    def hand_over_admission(self) -> Callable[[], None] | None:
+        """The request's admission slot, taken from the tracker (which then no longer gives it back):
+        a background response holds it while its generation runs, after the request that queued
+        it was answered, and calls the returned function once when it ends. None when the request
+        holds no slot."""
+        release, self._release = self._release, None
+        return release
 
     def route(self, model: ServedModel) -> None:
         """The request goes to ``model``: from here on it is counted in that model's metrics."""

@@ -4,7 +4,8 @@ As OpenAI defines them: a conversation is ``{"id": "conv_...", "object": "conver
 "created_at", "metadata"}``; ``POST /v1/conversations`` takes up to 20 initial ``items`` and
 ``metadata`` (at most 16 string pairs, keys up to 64 characters, values up to 512); items are
 Responses input items, given an id when they have none (``item_reference`` items are replaced by
-the stored item); deleting an item answers the conversation. ``conversation`` on
+the stored item) and checked as ``/v1/responses`` checks its input (a 400 naming the item and
+field, nothing stored); deleting an item answers the conversation. ``conversation`` on
 ``/v1/responses`` (api/responses/stateful.py) reads a conversation's items as the history and
 appends the request's input and output items to it. Another API key's conversation is a 404.
 """
@@ -17,6 +18,7 @@ import orjson
 from starlette.responses import Response
 from starlette.routing import Route
 
+from deepseek_frontend.api.responses.convert import check_input_items
 from deepseek_frontend.api.responses.stateful import input_items
 from deepseek_frontend.api.stored import json_response, list_body, list_query, not_stored, path_id, read_page
 from deepseek_frontend.api.validation import check_array, check_id, check_metadata, check_object
@@ -45,7 +47,13 @@ def _disabled(ctx: RequestContext) -> None:
         raise RequestError("conversations need stored state; this server is stateless (--state-store none)")
 
 
-async def _items(ctx: RequestContext, raw: Any, param: str) -> list[StoredItem]:
+async def _items(
+    ctx: RequestContext, raw: Any, param: str, conversation_id: str | None = None
+) -> list[StoredItem]:
+    """The items of a create or add call, checked as ``/v1/responses`` checks its input items (a 400
+    naming ``items[i]`` and the field, before anything is stored: a stored item must be one every
+    later response on the conversation can read), references resolved and ids given. For an add,
+    ``conversation_id``: its stored items come first (an output may answer a call among them)."""
     items = check_array(raw, param)
     if len(items) > MAX_ITEMS_PER_CALL:
         raise RequestError(
@@ -58,6 +66,11 @@ async def _items(ctx: RequestContext, raw: Any, param: str) -> list[StoredItem]:
         if item.get("id") not in (None, ""):  # no id: one is given
             check_id(item["id"], f"{param}[{i}].id")
     resolved = await input_items(items, ctx.store, ctx.owner) if items else []
+    history: list[Any] = []
+    if resolved and conversation_id is not None:
+        stored = await ctx.store.conversation_items(ctx.owner, conversation_id)
+        history = [orjson.loads(item.data) for item in stored or []]
+    check_input_items(history, resolved, param)
     return [StoredItem(str(item["id"]), orjson.dumps(item).decode()) for item in resolved]
 
 
@@ -111,7 +124,7 @@ async def create_items(ctx: RequestContext) -> Response:
     if "items" not in body:
         raise RequestError("items: required", param="items")
     conv = await _get(ctx)
-    items = await _items(ctx, body["items"], "items")
+    items = await _items(ctx, body["items"], "items", conv.id)
     if not await ctx.store.add_conversation_items(ctx.owner, conv.id, items):
         raise not_stored("Conversation", conv.id)
     return json_response(list_body(Page(items, has_more=False)))

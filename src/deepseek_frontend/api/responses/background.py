@@ -5,8 +5,20 @@ The task moves the stored response through ``queued`` -> ``in_progress`` -> ``co
 ``incomplete`` / ``failed``; a cancel marks it ``cancelled`` in the store and cancels the task,
 which closes the engine stream (the engine request is aborted). A cancel that reaches another
 process or replica than the one generating only marks the store: the generating task reads its
-response's status every :data:`CANCEL_POLL_S` seconds and stops when it finds ``cancelled``, so a
-cancellation wins wherever it lands, and a finished task never overwrites it.
+response's status every :data:`CANCEL_POLL_S` seconds and stops when it finds it final.
+
+**Final is final.** ``completed``, ``incomplete``, ``failed`` and ``cancelled`` are final in the
+store itself (``StateStore.update_response`` moves only a response still queued or in progress,
+in one conditional statement), so of a cancel and a completion racing exactly one is written,
+whole: a cancel that lost finds the response finished and is answered as OpenAI answers a
+finished response (400), a completion that lost writes nothing (no output, no conversation
+items), and a task whose response was marked ``failed`` meanwhile (its lease ran out while its
+process was paused) can never overwrite that when it resumes.
+
+**Admission.** A background response holds its request's admission slot of the model
+(``--max-concurrent-requests``) until its generation ends -- the slot the request took at the door
+is handed over to the task (``RequestTracker.hand_over_admission``) -- so background work counts
+in the model's admission gauge and never runs past its limit.
 
 Nothing is left ``in_progress`` for ever. While its task runs, a response's lease is renewed every
 :data:`LEASE_RENEW_S` seconds (``StateStore.touch_response``); a queued or in-progress response whose
@@ -20,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -29,7 +42,7 @@ from deepseek_frontend.edge.context import FrontendState
 from deepseek_frontend.edge.errors import as_frontend_error
 from deepseek_frontend.edge.tracking import KeyCharge
 from deepseek_frontend.fleet.served_model import ServedModel
-from deepseek_frontend.state import StateStore, StoredResponse
+from deepseek_frontend.state import FINAL_RESPONSE_STATUSES, StateStore, StoredResponse
 
 from .events import ResponsesStreamEncoder
 from .stateful import StatefulRequest, save_response, stored_items, stored_output_items
@@ -44,24 +57,30 @@ CANCEL_POLL_S = 1.0
 LEASE_RENEW_S = 5.0
 #: seconds after its last renewal a queued or in-progress response counts as lost
 LEASE_S = 30.0
-#: statuses after which a response never changes again
-TERMINAL = frozenset({"completed", "incomplete", "failed", "cancelled"})
+#: statuses after which a response never changes again (the store refuses any transition out)
+TERMINAL = FINAL_RESPONSE_STATUSES
 LOST_MESSAGE = "the server generating this background response stopped before it finished; create it again"
 SHUTDOWN_MESSAGE = "the server shut down before this background response finished; create it again"
 
 
 async def expire_if_lost(store: StateStore, stored: StoredResponse) -> StoredResponse:
     """``stored``, or -- when it is queued or in progress and its lease ran out (its task's process
-    is gone) -- the same response marked ``failed`` with a ``server_error``, as written to the store."""
+    is gone) -- the same response marked ``failed`` with a ``server_error``, as written to the store.
+    The mark is conditional on the lease still being out of date when it is written: a task that
+    renewed it meanwhile keeps its response."""
     if stored.status in TERMINAL or stored.updated_at is None:
         return stored
-    if store.now() - stored.updated_at <= LEASE_S:
+    stale_before = store.now() - LEASE_S
+    if stored.updated_at >= stale_before:
         return stored
     body: dict[str, Any] = orjson.loads(stored.body)
     body["status"] = "failed"
     body["error"] = {"code": "server_error", "message": LOST_MESSAGE}
-    log.warning("background response %s lost its task (lease expired): marked failed", stored.id)
-    await store.update_response(stored.owner, stored.id, "failed", orjson.dumps(body).decode(), None)
+    body_text = orjson.dumps(body).decode()
+    if await store.update_response(
+        stored.owner, stored.id, "failed", body_text, None, renewed_before=stale_before
+    ):
+        log.warning("background response %s lost its task (lease expired): marked failed", stored.id)
     return await store.get_response(stored.owner, stored.id) or stored
 
 
@@ -72,12 +91,14 @@ async def start_background_response(
     converted: ConvertedChat,
     echo: dict[str, Any],
     charge: KeyCharge | None = None,
+    admission_slot: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Store the response as ``queued``, start its task on ``model`` among the process's background
     tasks (``state.background``, keyed by the response id); the queued response object.
 
     The task holds ``model`` until it ends, so a reload that replaces the model lets it finish,
-    and settles ``charge`` (the request's API key: its concurrency slot and its tokens) then."""
+    and settles ``charge`` (the request's API key: its concurrency slot and its tokens) and gives
+    back ``admission_slot`` (the model's admission slot the request took) then."""
     name = converted.model or model.name
     queued = ResponsesStreamEncoder(model=name, input_tokens=0, echo=echo).snapshot("queued")
     try:
@@ -85,10 +106,18 @@ async def start_background_response(
     except BaseException:
         if charge is not None:
             charge.settle(500, None, model.name)  # nothing runs: the key's slot is free again
+        if admission_slot is not None:
+            admission_slot()
         raise
     model.enter()
     task = state.background.start(queued["id"], _run(state, model, stateful, converted, echo, queued, charge))
-    task.add_done_callback(lambda _t: model.leave())
+
+    def done(_task: object) -> None:
+        model.leave()
+        if admission_slot is not None:
+            admission_slot()
+
+    task.add_done_callback(done)
     return queued
 
 
@@ -119,8 +148,8 @@ async def _run(
             created_at=queued["created_at"],
         )
         running = encoder.snapshot("in_progress")
-        if not await _update_unless_cancelled(state, owner, response_id, running, None):
-            return
+        if not await _transition(state, owner, response_id, running, None):
+            return  # cancelled (or otherwise ended) before it started
         (stream,) = await model.pipeline.start(prepared)
         watcher = asyncio.create_task(_watch_for_cancel(state, owner, response_id, asyncio.current_task()))
         try:
@@ -133,7 +162,7 @@ async def _run(
         final = encoder.response
         if final is None:
             raise RuntimeError("the engine stream ended without a finish")
-        written = await _update_unless_cancelled(state, owner, response_id, final, stored_output_items(final))
+        written = await _transition(state, owner, response_id, final, stored_output_items(final))
         if written and stateful.conversation_id is not None:
             await _append_to_conversation(state, stateful, final)
     except asyncio.CancelledError:
@@ -157,7 +186,7 @@ async def _run(
             "failed", error={"code": err.code or err.error_type, "message": err.message}
         )
         with contextlib.suppress(Exception):
-            await _update_unless_cancelled(state, owner, response_id, failed, None)
+            await _transition(state, owner, response_id, failed, None)
     finally:
         renewer.cancel()
         if charge is not None:
@@ -175,13 +204,11 @@ def _placeholder(queued: dict[str, Any], echo: dict[str, Any]) -> ResponsesStrea
     )
 
 
-async def _update_unless_cancelled(
+async def _transition(
     state: FrontendState, owner: str, response_id: str, response: dict[str, Any], outputs: Any
 ) -> bool:
-    """Write ``response`` unless the stored one was cancelled meanwhile; whether it was written."""
-    current = await state.store.get_response(owner, response_id)
-    if current is None or current.status == "cancelled":
-        return False
+    """Write ``response`` unless the stored one is final already (cancelled, or marked failed when its
+    lease ran out): the store decides, in one statement; whether it was written."""
     return await state.store.update_response(
         owner, response_id, str(response["status"]), orjson.dumps(response).decode(), outputs
     )
@@ -210,10 +237,15 @@ async def _renew_lease(state: FrontendState, owner: str, response_id: str) -> No
 
 
 async def _watch_for_cancel(state: FrontendState, owner: str, response_id: str, task: Any) -> None:
-    """Cancel ``task`` once the stored response reads ``cancelled`` (a cancel served elsewhere)."""
+    """Cancel ``task`` once the stored response is gone or final (a cancel served elsewhere, a lease
+    read as lost while this process was paused): nothing it could write would be kept."""
     while True:
         await asyncio.sleep(CANCEL_POLL_S)
-        current = await state.store.get_response(owner, response_id)
-        if current is None or current.status == "cancelled":
+        try:
+            current = await state.store.get_response(owner, response_id)
+        except Exception as exc:  # the store briefly unavailable: look again at the next poll
+            log.warning("background response %s: status poll failed: %s", response_id, exc)
+            continue
+        if current is None or current.status in TERMINAL:
             task.cancel()
             return

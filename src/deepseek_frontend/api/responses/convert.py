@@ -39,7 +39,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from deepseek_frontend.api.adapters import (
@@ -235,6 +236,42 @@ class _InputBuilder:
         self._pending_reasoning = None
 
 
+def _feed(builder: _InputBuilder, item: Mapping[str, Any], param: str) -> None:
+    """Fold one input item into ``builder``; raises naming ``param`` and the field at fault."""
+    kind = item.get("type", "message" if "role" in item else None)
+    if kind == "message":
+        builder.message(item, param)
+    elif kind == "function_call":
+        builder.function_call(item, param)
+    elif kind == "function_call_output":
+        builder.function_call_output(item, param)
+    elif kind == "reasoning":
+        builder.reasoning(item, param)
+    elif kind == "item_reference":
+        raise RequestError(
+            f"{param}.type: item_reference needs stored responses; this server is stateless -- "
+            "send the items themselves",
+            param=f"{param}.type",
+        )
+    else:
+        raise UnsupportedFeatureError(f"{param}.type: input item type {kind!r} is not supported", param=param)
+
+
+def check_input_items(history: Sequence[Mapping[str, Any]], items: Sequence[Any], param: str) -> None:
+    """Check ``items`` (a conversation's new items, item references already resolved) with the checks
+    ``/v1/responses`` gives its input items, so that an item stored is one a later request can
+    read; raises ``RequestError`` (400) naming ``<param>[i]`` and the field. ``history``: the items
+    stored before them (a ``function_call_output`` may answer a call among them). Image parts are
+    checked as for a model that reads images; whether the model a request goes to does is that
+    request's check."""
+    builder = _InputBuilder(read_images=True)
+    for item in history:  # stored already: only the calls they make count
+        with contextlib.suppress(RequestError):
+            _feed(builder, item, "history")
+    for i, item in enumerate(items):
+        _feed(builder, check_object(item, f"{param}[{i}]"), f"{param}[{i}]")
+
+
 def _convert_input(raw: Any, read_images: bool = False) -> list[ChatMessage]:
     if isinstance(raw, str):
         return [{"role": "user", "content": raw}]
@@ -243,27 +280,7 @@ def _convert_input(raw: Any, read_images: bool = False) -> list[ChatMessage]:
         raise RequestError("input: at least one item is required", param="input")
     builder = _InputBuilder(read_images)
     for i, item in enumerate(items):
-        param = f"input[{i}]"
-        item = check_object(item, param)
-        kind = item.get("type", "message" if "role" in item else None)
-        if kind == "message":
-            builder.message(item, param)
-        elif kind == "function_call":
-            builder.function_call(item, param)
-        elif kind == "function_call_output":
-            builder.function_call_output(item, param)
-        elif kind == "reasoning":
-            builder.reasoning(item, param)
-        elif kind == "item_reference":
-            raise RequestError(
-                f"{param}.type: item_reference needs stored responses; this server is stateless -- "
-                "send the items themselves",
-                param=f"{param}.type",
-            )
-        else:
-            raise UnsupportedFeatureError(
-                f"{param}.type: input item type {kind!r} is not supported", param=param
-            )
+        _feed(builder, check_object(item, f"input[{i}]"), f"input[{i}]")
     messages = builder.messages
     if not messages:
         raise RequestError("input: no message to answer", param="input")

@@ -25,13 +25,15 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from deepseek_frontend.api.adapters import respond_with_events
+from deepseek_frontend.api.event_stream import frame_events
 from deepseek_frontend.api.openai.chat_response import logprobs_content
 from deepseek_frontend.api.stored import json_response
 from deepseek_frontend.edge.log_once import FirstSeen
 from deepseek_frontend.edge.request import RequestContext
 from deepseek_frontend.edge.route import api_route
 from deepseek_frontend.edge.streaming import EventStreamResponse
-from deepseek_frontend.errors import RequestError
+from deepseek_frontend.edge.tracking import RequestTracker
+from deepseek_frontend.errors import FrontendError, RequestError
 from deepseek_frontend.images import family_reads_images
 from deepseek_frontend.routing.session import session_from_headers
 
@@ -136,9 +138,17 @@ async def create_response(ctx: RequestContext) -> Response:
     if stateful.background:
         if converted.stream:
             raise RequestError("background: streaming a background response is not supported", param="stream")
+        tracker = ctx.tracker
         return json_response(
             await start_background_response(
-                state, model, stateful, converted, echo, ctx.tracker.hand_over_key_charge()
+                state,
+                model,
+                stateful,
+                converted,
+                echo,
+                tracker.hand_over_key_charge(),
+                # the request's admission slot goes with the generation: background work counts
+                admission_slot=tracker.hand_over_admission(),
             )
         )
     encoders: list[ResponsesStreamEncoder] = []
@@ -164,7 +174,7 @@ async def create_response(ctx: RequestContext) -> Response:
     if stateful.store:
         if isinstance(response, EventStreamResponse):
             response.body_iterator = _saving_stream(
-                response.body_iterator, state.store, stateful, encoders[0]
+                response.body_iterator, state.store, stateful, encoders[0], ctx.tracker
             )
         elif encoders and encoders[0].response is not None:
             # stored before the client has the answer: what it was given can be continued
@@ -173,16 +183,34 @@ async def create_response(ctx: RequestContext) -> Response:
 
 
 async def _saving_stream(
-    frames: AsyncIterator[bytes], store: Any, stateful: StatefulRequest, encoder: ResponsesStreamEncoder
+    frames: AsyncIterator[bytes],
+    store: Any,
+    stateful: StatefulRequest,
+    encoder: ResponsesStreamEncoder,
+    tracker: RequestTracker,
 ) -> AsyncIterator[bytes]:
     """``frames``, with the response stored before the frame carrying ``response.completed`` (or
-    ``response.incomplete``) goes out; a stream that fails or is abandoned stores nothing."""
+    ``response.incomplete``) goes out; a stream that fails or is abandoned stores nothing.
+
+    A store that fails the write (disk full, database down: ``StoreUnavailableError``; an object
+    over the whole budget: ``StoreBudgetError``) ends the stream with the Responses ``error``
+    event in place of that frame -- the client never reads ``response.completed`` for a response
+    that was not stored -- and the request is logged with the error's status (503: the server's
+    fault), not as a client that went away."""
     saved = False
     try:
         async for frame in frames:
             if encoder.response is not None and not saved:
                 saved = True
-                await save_response(store, stateful, encoder.response)
+                try:
+                    await save_response(store, stateful, encoder.response)
+                except FrontendError as exc:
+                    tracker.stream_error, tracker.stream_status = exc.error_type, exc.status_code
+                    log.warning(
+                        "stored stream ended: %s", exc.message, extra={"request_id": tracker.request_id}
+                    )
+                    yield frame_events(encoder.error(exc))
+                    return
             yield frame
     finally:
         aclose = getattr(frames, "aclose", None)

@@ -70,8 +70,10 @@ async def list_input_items(ctx: RequestContext) -> Response:
 async def cancel_response(ctx: RequestContext) -> Response:
     """``POST /v1/responses/{id}/cancel``: stop a background response; the response object after.
 
-    A response already cancelled is returned as it is; one that ended otherwise, or that was not
-    created with ``background: true``, is a 400."""
+    The store decides (one conditional write, ``StateStore.update_response``): a cancel answered 200
+    is the cancel that moved the response to ``cancelled``, and nothing overwrites it after. A
+    response already cancelled is returned as it is; one that finished first (its completion won
+    the race), or that was not created with ``background: true``, is a 400, as OpenAI answers."""
     response_id = _response_id(ctx)
     store, owner = ctx.store, ctx.owner
     stored = await store.get_response(owner, response_id)
@@ -80,15 +82,17 @@ async def cancel_response(ctx: RequestContext) -> Response:
     stored = await expire_if_lost(store, stored)
     if not orjson.loads(stored.request).get("background"):
         raise RequestError("Only responses created with background: true can be cancelled.")
-    if stored.status != "cancelled":
-        if stored.status in TERMINAL:
-            raise RequestError(f"Cannot cancel a response with status '{stored.status}'.")
+    if stored.status not in TERMINAL:
         body: dict[str, Any] = orjson.loads(stored.body)
         body["status"] = "cancelled"
         # the store first: a task on another process or replica stops when it reads this
-        await store.update_response(owner, response_id, "cancelled", orjson.dumps(body).decode(), None)
-        await ctx.state.background.cancel(response_id)
-        stored = await store.get_response(owner, response_id) or stored
+        if await store.update_response(owner, response_id, "cancelled", orjson.dumps(body).decode(), None):
+            await ctx.state.background.cancel(response_id)
+        stored = await store.get_response(owner, response_id)
+        if stored is None:  # deleted meanwhile
+            raise not_stored("Response", response_id)
+    if stored.status != "cancelled":
+        raise RequestError(f"Cannot cancel a response with status '{stored.status}'.")
     return json_response(stored.body)
 
 
