@@ -9,11 +9,14 @@ it ``serve`` keeps a SQLite file in ``--state-dir`` (default: the XDG state dire
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import re
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
+from deepseek_frontend.errors import StoreUnavailableError
 from deepseek_frontend.state import (
     DEFAULT_DB_NAME,
     NullStore,
@@ -26,6 +29,7 @@ from deepseek_frontend.state import (
 __all__ = [
     "StateOptions",
     "add_state_arguments",
+    "check_state_store",
     "open_state_store",
     "state_options_from_args",
 ]
@@ -95,8 +99,8 @@ def add_state_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_MAX_BYTES,
         metavar="BYTES",
-        help="size budget of the stored JSON; past it the oldest objects are evicted by the background "
-        "purge; 0: no budget (default: 1 GiB)",
+        help="size budget of the stored JSON, held by every write: the oldest objects are evicted to make "
+        "room, one object larger than the whole budget is refused (413); 0: no budget (default: 1 GiB)",
     )
     group.add_argument(
         "--responses-store-default",
@@ -135,7 +139,7 @@ async def open_state_store(options: StateOptions, store: StateStore) -> StateSto
     fails stops the start-up; serve's default file that cannot be created gives a stateless server."""
     try:
         await store.open()
-    except (OSError, sqlite3.Error) as exc:
+    except (OSError, sqlite3.Error, StoreUnavailableError) as exc:
         if options.explicit:
             raise
         log.warning(
@@ -146,3 +150,33 @@ async def open_state_store(options: StateOptions, store: StateStore) -> StateSto
         )
         return NullStore(options.retention())
     return store
+
+
+def _redacted(url: str) -> str:
+    """``url`` without the password a PostgreSQL URL may carry."""
+    return re.sub(r"(://[^:/@]+):[^@]*@", r"\1:***@", url)
+
+
+def check_state_store(options: StateOptions) -> str | None:
+    """Open, migrate (which writes) and close the store ``options`` name, before the server starts;
+    the one-line error that should stop ``serve`` (None: fine). An explicit ``--state-store`` that
+    cannot be opened for writing -- a read-only file or folder, a database that refuses writes or
+    cannot be reached -- stops the start-up; serve's default file is left to the start-up, which
+    runs stateless with a warning when it cannot be opened."""
+    if options.url == "none" or not options.explicit:
+        return None
+    store = options.build()
+
+    async def probe() -> None:
+        try:
+            await store.open()
+        finally:
+            await store.close()
+
+    try:
+        asyncio.run(probe())
+    except Exception as exc:
+        cause = exc.__cause__ if isinstance(exc, StoreUnavailableError) and exc.__cause__ else exc
+        reason = f"{type(cause).__name__}: {cause}"  # the operator's own terminal: the cause as it is
+        return f"--state-store {_redacted(options.url)} cannot be opened for writing: {reason}"
+    return None

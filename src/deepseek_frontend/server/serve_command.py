@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
     from deepseek_frontend._tracing import check_env as check_tracing_env
     from deepseek_frontend.errors import FrontendError
     from deepseek_frontend.fleet.config_file import fleet_from_args
+    from deepseek_frontend.fleet.store_config import check_state_store
     from deepseek_frontend.keys.limit_state import SharedLimitState
 
     from .acceptor import FrontendServer
@@ -92,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"deepseek-frontend serve: {exc}", file=sys.stderr)
         return 2
     config = fleet.models[0]  # the server-wide settings (every model shares them)
+    store_error = check_state_store(config.server.state)  # before binding, forking or loading anything
+    if store_error is not None:
+        print(f"deepseek-frontend serve: {store_error}", file=sys.stderr)
+        return 2
     for model in fleet.models:
         if model.engine.uses_builtin_sim:
             log.warning("%s: %s", model.model.served_model_name, SIM_NOTICE)
