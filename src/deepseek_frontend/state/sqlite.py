@@ -282,7 +282,8 @@ class SqliteStore(SqlStore):
         try:
             if conn.execute("PRAGMA freelist_count").fetchone()[0] < VACUUM_PAGES:
                 return
-            conn.execute("PRAGMA incremental_vacuum")
+            # executescript steps it to its end (execute would free one page: one step)
+            conn.executescript("PRAGMA incremental_vacuum;")
             conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
         except sqlite3.Error as exc:
             log.debug("incremental vacuum skipped: %s", exc)
