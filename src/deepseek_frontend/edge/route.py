@@ -10,8 +10,11 @@ the request is counted and logged (``edge/tracking.py``), any error is answered 
 (:func:`_answer_error`), and the response gets ``x-request-id`` and the key's rate-limit headers
 (:func:`_stamp`).
 
-Two kinds of request skip steps. A route that ``streams_body`` (a file upload) reads its body
-itself, in pieces, and does no model work: no whole-body read, no model admission. A request the
+Some requests skip steps. A route that ``streams_body`` (a file upload) reads its body itself, in
+pieces, and does no model work: no whole-body read, no model admission. A route that does not
+``generate`` (reading, cancelling or deleting a stored response, the conversations) takes no model
+admission slot either: the slots are the model's generations -- background responses hold theirs
+until they end -- and a client must be able to poll or cancel them while every slot is taken. A request the
 server makes on a client's behalf (``request.OnBehalf``: a batch line) is not charged to its key's
 rate limits -- batches have limits of their own -- and carries its priority to admission.
 """
@@ -181,6 +184,7 @@ def api_route(
     *,
     selects_model: bool = False,
     streams_body: bool = False,
+    generates: bool = True,
 ) -> Callable[[Handler], Callable[[Request], Awaitable[Response]]]:
     """Decorate ``async def handler(ctx: RequestContext) -> Response`` into a Starlette endpoint.
 
@@ -188,7 +192,8 @@ def api_route(
     own); a ``FrontendError`` (or any exception) becomes an error response in ``api``'s shape.
     ``selects_model``: the request goes to the model its body's ``model`` names, else to the
     server's first. ``streams_body``: the handler reads the body itself (``edge/body_stream.py``),
-    and the request takes no model admission slot. See the module docstring for the steps.
+    and the request takes no model admission slot; nor does it without ``generates`` (no model work).
+    See the module docstring for the steps.
     """
 
     def decorate(fn: Handler) -> Callable[[Request], Awaitable[Response]]:
@@ -212,7 +217,7 @@ def api_route(
                 priority = DEFAULT_PRIORITY if behalf is None else behalf.priority
                 if behalf is None:
                     rate_headers = _admit_key(state, tenant, api, tracker)
-                if not streams_body:
+                if generates and not streams_body:
                     await _admit_to_model(model, api, tracker, priority)
                 ctx = RequestContext(
                     request, tracker.request_id, state, api, tracker, model, tenant, body, parsed, priority

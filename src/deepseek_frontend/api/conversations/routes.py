@@ -74,7 +74,7 @@ async def _items(
     return [StoredItem(str(item["id"]), orjson.dumps(item).decode()) for item in resolved]
 
 
-@api_route("/v1/conversations", prefix="conv")
+@api_route("/v1/conversations", prefix="conv", generates=False)
 async def create_conversation(ctx: RequestContext) -> Response:
     _disabled(ctx)
     body = check_object(await ctx.json(), "body")
@@ -93,12 +93,12 @@ async def _get(ctx: RequestContext) -> StoredConversation:
     return conv
 
 
-@api_route("/v1/conversations/{id}", prefix="conv")
+@api_route("/v1/conversations/{id}", prefix="conv", generates=False)
 async def retrieve_conversation(ctx: RequestContext) -> Response:
     return json_response(_conversation_object(await _get(ctx)))
 
 
-@api_route("/v1/conversations/{id}", prefix="conv")
+@api_route("/v1/conversations/{id}", prefix="conv", generates=False)
 async def update_conversation(ctx: RequestContext) -> Response:
     body = check_object(await ctx.json(), "body")
     if "metadata" not in body:
@@ -110,7 +110,7 @@ async def update_conversation(ctx: RequestContext) -> Response:
     return json_response(_conversation_object(await _get(ctx)))
 
 
-@api_route("/v1/conversations/{id}", prefix="conv")
+@api_route("/v1/conversations/{id}", prefix="conv", generates=False)
 async def delete_conversation(ctx: RequestContext) -> Response:
     conversation_id = path_id(ctx.request, "conversation_id")
     if not await ctx.store.delete_conversation(ctx.owner, conversation_id):
@@ -118,7 +118,7 @@ async def delete_conversation(ctx: RequestContext) -> Response:
     return json_response({"id": conversation_id, "object": "conversation.deleted", "deleted": True})
 
 
-@api_route("/v1/conversations/{id}/items", prefix="conv")
+@api_route("/v1/conversations/{id}/items", prefix="conv", generates=False)
 async def create_items(ctx: RequestContext) -> Response:
     body = check_object(await ctx.json(), "body")
     if "items" not in body:
@@ -130,7 +130,7 @@ async def create_items(ctx: RequestContext) -> Response:
     return json_response(list_body(Page(items, has_more=False)))
 
 
-@api_route("/v1/conversations/{id}/items", prefix="conv")
+@api_route("/v1/conversations/{id}/items", prefix="conv", generates=False)
 async def list_items(ctx: RequestContext) -> Response:
     conversation_id = path_id(ctx.request, "conversation_id")
     query = list_query(ctx.request)
@@ -141,7 +141,7 @@ async def list_items(ctx: RequestContext) -> Response:
     return json_response(list_body(page))
 
 
-@api_route("/v1/conversations/{id}/items/{item_id}", prefix="conv")
+@api_route("/v1/conversations/{id}/items/{item_id}", prefix="conv", generates=False)
 async def retrieve_item(ctx: RequestContext) -> Response:
     conv = await _get(ctx)
     item_id = path_id(ctx.request, "item_id")
@@ -151,7 +151,7 @@ async def retrieve_item(ctx: RequestContext) -> Response:
     return json_response(item.data)
 
 
-@api_route("/v1/conversations/{id}/items/{item_id}", prefix="conv")
+@api_route("/v1/conversations/{id}/items/{item_id}", prefix="conv", generates=False)
 async def delete_item(ctx: RequestContext) -> Response:
     conv = await _get(ctx)
     item_id = path_id(ctx.request, "item_id")

@@ -29,7 +29,7 @@ def _response_id(ctx: RequestContext) -> str:
     return path_id(ctx.request, "response_id")
 
 
-@api_route("/v1/responses/{id}", prefix="resp")
+@api_route("/v1/responses/{id}", prefix="resp", generates=False)
 async def retrieve_response(ctx: RequestContext) -> Response:
     """``GET /v1/responses/{id}``: the stored response object."""
     if ctx.request.query_params.get("stream") in ("true", "1"):
@@ -42,7 +42,7 @@ async def retrieve_response(ctx: RequestContext) -> Response:
     return json_response((await expire_if_lost(store, stored)).body)
 
 
-@api_route("/v1/responses/{id}", prefix="resp")
+@api_route("/v1/responses/{id}", prefix="resp", generates=False)
 async def delete_response(ctx: RequestContext) -> Response:
     """``DELETE /v1/responses/{id}`` (a background response still running is cancelled first)."""
     response_id = _response_id(ctx)
@@ -55,7 +55,7 @@ async def delete_response(ctx: RequestContext) -> Response:
     return json_response({"id": response_id, "object": "response", "deleted": True})
 
 
-@api_route("/v1/responses/{id}/input_items", prefix="resp")
+@api_route("/v1/responses/{id}/input_items", prefix="resp", generates=False)
 async def list_input_items(ctx: RequestContext) -> Response:
     """``GET /v1/responses/{id}/input_items``: the request's own input items, paged."""
     response_id = _response_id(ctx)
@@ -66,7 +66,7 @@ async def list_input_items(ctx: RequestContext) -> Response:
     return json_response(list_body(page))
 
 
-@api_route("/v1/responses/{id}/cancel", prefix="resp")
+@api_route("/v1/responses/{id}/cancel", prefix="resp", generates=False)
 async def cancel_response(ctx: RequestContext) -> Response:
     """``POST /v1/responses/{id}/cancel``: stop a background response; the response object after.
 
