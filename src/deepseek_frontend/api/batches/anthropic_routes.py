@@ -39,7 +39,7 @@ async def _answer(ctx: RequestContext, batch: StoredBatch) -> Response:
     return json_response(message_batch(batch, counts[batch.id], str(ctx.request.base_url)))
 
 
-@api_route("/v1/messages/batches", ANTHROPIC, prefix="msgbatch")
+@api_route("/v1/messages/batches", ANTHROPIC, prefix="msgbatch", generates=False)
 async def create_message_batch(ctx: RequestContext) -> Response:
     """``POST /v1/messages/batches``: an ``in_progress`` batch of the body's requests."""
     require_store(ctx)
@@ -88,12 +88,12 @@ async def _found(ctx: RequestContext) -> StoredBatch:
     return batch
 
 
-@api_route("/v1/messages/batches/{id}", ANTHROPIC, prefix="msgbatch")
+@api_route("/v1/messages/batches/{id}", ANTHROPIC, prefix="msgbatch", generates=False)
 async def retrieve_message_batch(ctx: RequestContext) -> Response:
     return await _answer(ctx, await _found(ctx))
 
 
-@api_route("/v1/messages/batches", ANTHROPIC, prefix="msgbatch")
+@api_route("/v1/messages/batches", ANTHROPIC, prefix="msgbatch", generates=False)
 async def list_message_batches(ctx: RequestContext) -> Response:
     """``GET /v1/messages/batches``: the key's message batches, newest first."""
     require_store(ctx)
@@ -122,7 +122,7 @@ async def list_message_batches(ctx: RequestContext) -> Response:
     )
 
 
-@api_route("/v1/messages/batches/{id}/cancel", ANTHROPIC, prefix="msgbatch")
+@api_route("/v1/messages/batches/{id}/cancel", ANTHROPIC, prefix="msgbatch", generates=False)
 async def cancel_message_batch(ctx: RequestContext) -> Response:
     """``POST .../cancel``: ``canceling`` now; the requests in flight are stopped (their engine
     requests aborted) and the rest end ``canceled``. A batch that has ended is answered as it is."""
@@ -140,7 +140,7 @@ def _ended(batch: StoredBatch) -> bool:
     return batch.status in ("completed", "failed", "expired", "cancelled")
 
 
-@api_route("/v1/messages/batches/{id}", ANTHROPIC, prefix="msgbatch")
+@api_route("/v1/messages/batches/{id}", ANTHROPIC, prefix="msgbatch", generates=False)
 async def delete_message_batch(ctx: RequestContext) -> Response:
     """``DELETE /v1/messages/batches/{id}``: an ended batch and its results (one still processing
     must be canceled first)."""
@@ -151,7 +151,7 @@ async def delete_message_batch(ctx: RequestContext) -> Response:
     return json_response({"id": batch.id, "type": "message_batch_deleted"})
 
 
-@api_route("/v1/messages/batches/{id}/results", ANTHROPIC, prefix="msgbatch")
+@api_route("/v1/messages/batches/{id}/results", ANTHROPIC, prefix="msgbatch", generates=False)
 async def message_batch_results(ctx: RequestContext) -> Response:
     """``GET .../results``: one JSON line per request, in request order (``results.py``)."""
     batch = await _found(ctx)

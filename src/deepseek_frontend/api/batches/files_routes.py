@@ -56,7 +56,7 @@ async def create_file(ctx: RequestContext) -> Response:
     return json_response(file_object(await receive_upload(ctx)))
 
 
-@api_route("/v1/files", prefix="file")
+@api_route("/v1/files", prefix="file", generates=False)
 async def list_files(ctx: RequestContext) -> Response:
     """``GET /v1/files``: the key's files, newest first unless ``order=asc``."""
     require_store(ctx)
@@ -85,12 +85,12 @@ async def list_files(ctx: RequestContext) -> Response:
     )
 
 
-@api_route("/v1/files/{id}", prefix="file")
+@api_route("/v1/files/{id}", prefix="file", generates=False)
 async def retrieve_file(ctx: RequestContext) -> Response:
     return json_response(file_object(await _found(ctx)))
 
 
-@api_route("/v1/files/{id}", prefix="file")
+@api_route("/v1/files/{id}", prefix="file", generates=False)
 async def delete_file(ctx: RequestContext) -> Response:
     """``DELETE /v1/files/{id}``. A batch still reading the input file fails; one that has read it
     runs on (its lines are its own)."""
@@ -122,7 +122,7 @@ async def stream_results(store: StateStore, batch_id: str, outcomes: list[str]) 
         after = rows[-1][0]
 
 
-@api_route("/v1/files/{id}/content", prefix="file")
+@api_route("/v1/files/{id}/content", prefix="file", generates=False)
 async def file_content(ctx: RequestContext) -> Response:
     """``GET /v1/files/{id}/content``: the file's bytes (an output or error file: its batch's
     results, one JSON line each)."""

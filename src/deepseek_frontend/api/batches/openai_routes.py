@@ -66,7 +66,7 @@ async def _answer(ctx: RequestContext, batch: StoredBatch) -> Response:
     return json_response(openai_batch(batch, counts[batch.id]))
 
 
-@api_route("/v1/batches", prefix="batch")
+@api_route("/v1/batches", prefix="batch", generates=False)
 async def create_batch(ctx: RequestContext) -> Response:
     """``POST /v1/batches``: a ``validating`` batch of the file's lines."""
     require_store(ctx)
@@ -143,12 +143,12 @@ async def _found(ctx: RequestContext) -> StoredBatch:
     return batch
 
 
-@api_route("/v1/batches/{id}", prefix="batch")
+@api_route("/v1/batches/{id}", prefix="batch", generates=False)
 async def retrieve_batch(ctx: RequestContext) -> Response:
     return await _answer(ctx, await _found(ctx))
 
 
-@api_route("/v1/batches", prefix="batch")
+@api_route("/v1/batches", prefix="batch", generates=False)
 async def list_batches(ctx: RequestContext) -> Response:
     """``GET /v1/batches``: the key's batches, newest first."""
     require_store(ctx)
@@ -171,7 +171,7 @@ async def list_batches(ctx: RequestContext) -> Response:
     )
 
 
-@api_route("/v1/batches/{id}/cancel", prefix="batch")
+@api_route("/v1/batches/{id}/cancel", prefix="batch", generates=False)
 async def cancel_batch(ctx: RequestContext) -> Response:
     """``POST /v1/batches/{id}/cancel``: ``cancelling`` now, ``cancelled`` once its lines in flight
     are stopped (their engine requests aborted) and the rest are reported ``batch_cancelled``.
