@@ -2,13 +2,15 @@
 PostgreSQL, and a store that cannot be written is refused when it is opened.
 
 The failures are real: SQLite's own "database or disk is full" (``PRAGMA max_page_count`` caps the
-file where it is), a file the kernel will not let anyone write (``chattr +i``, which binds root
-too), and a PostgreSQL server stopped under an open store.
+file where it is), a file another connection keeps locked past the busy timeout, a file the kernel
+will not let anyone write (``chattr +i``, which binds root too), and a PostgreSQL server stopped
+under an open store.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -56,6 +58,31 @@ def test_sqlite_disk_full_is_store_unavailable_and_reads_go_on(tmp_path: Path) -
             assert "full" in err.value.message
             assert await store.get_conversation(OWNER, kept.id) is not None
         finally:
+            await store.close()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_file_locked_past_the_busy_timeout_is_store_unavailable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from deepseek_frontend.state import sqlite as sqlite_module
+
+    monkeypatch.setattr(sqlite_module, "BUSY_TIMEOUT_MS", 50)  # not the 10 s a test would wait
+    path = tmp_path / "s.sqlite3"
+
+    async def main() -> None:
+        store = await open_store_url(f"sqlite:///{path}")
+        other = sqlite3.connect(path, isolation_level=None)
+        try:
+            kept = _conversation()
+            await store.put_conversation(kept, [])
+            other.execute("BEGIN IMMEDIATE")  # another process holds the write lock
+            with pytest.raises(StoreUnavailableError, match="locked"):
+                await store.put_conversation(_conversation(), [])
+            assert await store.get_conversation(OWNER, kept.id) is not None  # reads go on
+        finally:
+            other.close()
             await store.close()
 
     asyncio.run(asyncio.wait_for(main(), 60))
