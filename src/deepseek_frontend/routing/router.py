@@ -195,9 +195,9 @@ class _Sink:
         block_size: int,
     ) -> None:
         ours = self.index.stored(source, engine_hashes, parent_engine_hash, token_ids, block_size)
-        if ours:
+        if ours and self.swa.gated(source):
             # a stored run ends at a prompt's end after its prefill or a finished sequence's live tail
-            self.swa.mark(source, ours[-1:])
+            self.swa.mark(source, ours[-self.swa.window_pages(source) :])
 
     def removed(self, source: SourceKey, engine_hashes: Iterable[Hashable]) -> None:
         self.swa.forget(source, self.index.removed(source, engine_hashes))

@@ -90,6 +90,11 @@ class SwaLive:
     def gated(self, source: SourceKey) -> bool:
         return source in self._settings
 
+    def window_pages(self, source: SourceKey) -> int:
+        """Pages of live window a hit needs before its boundary (and a finished sequence keeps)."""
+        settings = self._settings.get(source)
+        return max(1, -(-settings.window // self.page_size)) if settings is not None else 1
+
     def pages(self, source: SourceKey) -> int:
         return len(self._live.get(source, ()))
 
@@ -115,7 +120,7 @@ class SwaLive:
         live = self._live.get(source)
         if live is None:
             return overlap  # not gated
-        need = max(1, -(-self._settings[source].window // self.page_size))
+        need = self.window_pages(source)
         floor = max(0, overlap - MAX_SCAN_PAGES)
         j = overlap
         while j > floor:
