@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-import zmq
 
 from deepseek_frontend.routing.events import BlockStored, decode_batch
 from tests.support.servers import Server, start_sim_engine

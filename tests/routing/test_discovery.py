@@ -26,7 +26,12 @@ def plan(info: dict[str, object], url: str = "http://10.0.0.5:30000", **override
 def test_the_descriptor_gives_one_source_per_rank_at_the_workers_host() -> None:
     p = plan(
         {
-            "kv_events": {**REAL_DESCRIPTOR, "dp_size": 3, "block_size": 256, "replay_endpoint_port_base": 5600},
+            "kv_events": {
+                **REAL_DESCRIPTOR,
+                "dp_size": 3,
+                "block_size": 256,
+                "replay_endpoint_port_base": 5600,
+            },
             "kv_events_config": '{"publisher": "zmq", "endpoint": "tcp://*:9999"}',  # the descriptor wins
         }
     )

@@ -115,7 +115,8 @@ def test_deepseek_v4_hits_are_capped_where_the_sliding_window_is_not_live() -> N
 def test_load_stats_are_sglangs_tagged_arrays() -> None:
     payload = msgpack.packb(["LoadStat", 3, 5, 9000, 100_000, 2, 4096, 12_000, 256, 1, 2])
     stat = decode_load_stat(payload)
-    assert (stat.running, stat.waiting, stat.tokens, stat.max_tokens, stat.dp_rank) == (3, 5, 9000, 100_000, 2)
+    counts = (stat.running, stat.waiting, stat.tokens, stat.max_tokens, stat.dp_rank)
+    assert counts == (3, 5, 9000, 100_000, 2)
     assert stat.waiting_uncached_tokens == 4096
     short = decode_load_stat(msgpack.packb(["LoadStat", 1, 0, 10, 100, None]))  # an older worker
     assert short.waiting_uncached_tokens == 0
@@ -132,7 +133,8 @@ def test_a_ranks_published_load_steers_the_choice() -> None:
         pub.bind(f"tcp://127.0.0.1:{port}")
         descriptor = {
             "publisher": "zmq", "endpoint_host": "127.0.0.1", "endpoint_port_base": free_port(),
-            "topic": "", "block_size": PAGE, "dp_size": 2, "load_endpoint_port_base": port, "load_topic": "load",
+            "topic": "", "block_size": PAGE, "dp_size": 2, "load_endpoint_port_base": port,
+            "load_topic": "load",
         }  # fmt: skip
         r = Router(RouterConfig(mode="kv-approx", page_size=PAGE))
         r.worker_added("http://127.0.0.1:1", WorkerCapabilities(extra={"kv_events": descriptor}))
