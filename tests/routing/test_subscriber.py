@@ -286,3 +286,34 @@ def test_a_flood_of_events_is_applied_in_bounded_slices_between_other_work() -> 
         assert index.stored_count(SRC) <= 3000 and index.names_count(SRC) == index.stored_count(SRC)
 
     run(scenario)
+
+
+def test_a_first_batch_lost_while_the_subscriber_joined_is_replayed() -> None:
+    """The replay at start found nothing: the publisher's first batch is sequence 0, so a first live
+    batch numbered later means some were lost on the way in (a PUB drops what it sends before a SUB
+    has joined), and they are replayed -- else a shared prefix's root would never reach the index."""
+
+    async def scenario() -> None:
+        pub = KvEventPublisher(*endpoints())
+        pub.start()
+        cache = SimKvCache(PAGE * 100, page_size=PAGE, publisher=pub)
+        index = KvIndex()
+        sub = KvEventSubscriber(index, KvEventSource(SRC[0], 0, pub.endpoint, pub.replay_endpoint))
+        sub.start()
+        try:
+            await asyncio.wait_for(sub.ready.wait(), 10)
+            pub.drop_live.add(0)  # the first batch never reaches the subscriber live
+            root = ids(PAGE * 3, 1)
+            cache.insert(root)
+            for n in range(200):
+                cache.insert([*root, *ids(PAGE, 100 + n)])  # later batches, until one arrives
+                if sub.stats.batches:
+                    break
+                await asyncio.sleep(0.02)
+            await until(lambda: held(index, root) == 3, "the lost root batch was replayed")
+            assert sub.stats.gaps >= 1 and sub.stats.replays >= 2
+        finally:
+            await sub.aclose()
+            await pub.aclose()
+
+    run(scenario)

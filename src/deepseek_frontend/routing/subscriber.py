@@ -8,6 +8,8 @@ Ordering and recovery:
 
 * At start the subscriber asks the replay socket for everything from sequence 0, so a router
   that starts after the workers still learns what they cache (up to the publisher's buffer).
+  An empty answer means the publisher has sent nothing yet: its first live batch must then be
+  sequence 0, and a later one is a gap (the batches sent while the SUB socket was joining).
 * A live batch whose sequence is the next expected one is applied. One ahead of a gap asks
   for a replay of the missing range; if the replay cannot fill it (no replay socket, a
   timeout, or the publisher's buffer no longer reaches back that far) the source's blocks are
@@ -172,8 +174,11 @@ class KvEventSubscriber:
         sub.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
         sub.connect(self.source.endpoint)
         try:
-            if self.source.replay_endpoint:
-                await self._replay(0)
+            if self.source.replay_endpoint and await self._replay(0) and self._next_seq is None:
+                # the publisher's buffer is empty: it has sent nothing yet, so its first batch is
+                # sequence 0 -- a later first batch means batches were lost while the SUB socket
+                # joined (ZMQ drops what a PUB sends before a subscriber has joined): a gap
+                self._next_seq = 0
             self.ready.set()
             while True:
                 frames = await sub.recv_multipart()
