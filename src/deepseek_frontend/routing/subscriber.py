@@ -67,7 +67,7 @@ REPLAY_TIMEOUT_S = 2.0
 #: blocks applied per event-loop turn before the subscriber yields (about 1 ms of hashing)
 BLOCKS_PER_TURN = 256
 #: batches ZMQ queues for a subscriber that has fallen behind (then it drops, and a gap follows)
-RECEIVE_HWM = 10_000
+RECEIVE_HWM = 1_000
 #: the medium of device blocks (absent in a batch means device too)
 DEVICE_MEDIUMS = (None, "GPU")
 
