@@ -141,9 +141,10 @@ def test_kv_routing_over_attention_dp_workers_sends_a_follow_up_to_the_rank_that
     (worker, rank) with routed_dp_rank, and sends each follow-up back to the rank holding it."""
     config = json.dumps({"publisher": "zmq", "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0"})
     dp = ["--attn-dp-size", "4", "--kv-cache-tokens", "200000", "--kv-page-size", str(PAGE)]
-    with start_sim_engine(*dp, "--kv-events-config", config) as a, start_sim_engine(
-        *dp, "--kv-events-config", config
-    ) as b:
+    with (
+        start_sim_engine(*dp, "--kv-events-config", config) as a,
+        start_sim_engine(*dp, "--kv-events-config", config) as b,
+    ):
         args = ["--worker", a.url, "--worker", b.url, "--router-mode", "kv", "--health-check-interval", "300"]
         with start_frontend(*args) as frontend:
             wait_until(
