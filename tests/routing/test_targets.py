@@ -168,3 +168,17 @@ def test_eagle_bigram_token_ids_hash_like_plain_pages() -> None:
     r.worker_added("a")
     r._sink.stored(("a", 0), event.block_hashes, None, event.token_ids, PAGE)  # type: ignore[union-attr]
     assert r.index.overlap(("a", 0), block_hashes(prompt, PAGE)) == 2
+
+
+def test_new_prompts_on_one_worker_rotate_over_its_idle_ranks() -> None:
+    """A prefill leg is pinned to its worker: new conversations still spread over the worker's ranks."""
+    r = Router(RouterConfig(mode="kv", page_size=PAGE), clock=lambda: 0.0)
+    r.worker_added("p", WorkerCapabilities(extra={"attn_dp_size": 4}))
+    ranks = []
+    for n in range(4):
+        request = req(ids(PAGE * 4, n), f"n{n}")
+        r.choose([W("p")], request)
+        ticket = r.begin("p", request)
+        ranks.append(ticket.rank)
+        ticket.end()  # each finished before the next: every rank idle each time
+    assert sorted(ranks) == [0, 1, 2, 3]

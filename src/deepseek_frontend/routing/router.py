@@ -217,6 +217,7 @@ class Router:
             raise ValueError(f"unknown router mode {self.mode!r} (expected one of {', '.join(ROUTER_MODES)})")
         self._clock = clock
         self._rr = 0
+        self._target_rr = 0
         self._rng = random.Random(0)
         self._workers: dict[str, _Worker] = {}
         self._sessions: OrderedDict[str, tuple[str, int | None]] = OrderedDict()
@@ -483,7 +484,9 @@ class Router:
                 best = [t for t in best if t[0].in_flight == least]
                 fewest = min(t[4] for t in best)
                 best = [t for t in best if t[4] == fewest]
-                chosen = best[self._rr % len(best)]
+                # its own rotation: a leg pinned to one worker still spreads new prompts over its ranks
+                self._target_rr += 1
+                chosen = best[self._target_rr % len(best)]
         w, rank, _, overlap, _ = chosen
         if session is not None:
             self._stick(session, (w.url, rank))
