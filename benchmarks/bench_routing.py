@@ -29,6 +29,15 @@ What runs (all in this process, on one event loop):
 * **Control trace**: the same number of requests with no reuse at all (fresh random prompts of the
   agentic trace's mean length), the same concurrency and think time.
 
+* **Follow-up trace** (``--followups``): the agentic shape that decides whether KV events pay off --
+  ``--fu-sessions`` (12) concurrent sessions x ``--fu-turns`` (6) turns on 4 workers, each turn
+  resending the conversation plus ``--fu-new-tokens`` (1,500) new tokens; workers publish KV events
+  as SGLang does (a prompt's after its prefill, a finished request's at the next prefill or after
+  40 decode steps). It reports the **follow-up** first-token p50 (turns 2..N) of ``kv``,
+  ``kv-approx`` and ``least-outstanding`` side by side and as a ratio to least-outstanding, over
+  ``--repeats`` interleaved repeats (the modes' order rotates each repeat), and with
+  ``--busy-cores N`` the same while N other processes spin on the machine's CPU.
+
 Metrics: TTFT p50 / p99 (request handed to the pool -> first chunk), throughput (requests/s over
 the wall time of the run), cache-hit tokens (``cached_tokens`` the workers reported / prompt
 tokens), rejections (429s from the pool's per-worker limit ``--max-in-flight-per-worker`` after
@@ -66,6 +75,7 @@ class BenchWorker(EngineClient):
     """A simulated worker: the sim KV cache model for prefill, then fixed-rate decode (see docstring)."""
 
     def __init__(self, name: str, kv: SimKvCache, output_tokens: int, itl_s: float) -> None:
+        kv.flush_s = 40 * itl_s  # SGLang flushes a finished request's events after 40 decode steps
         self.name = name
         self.kv = kv
         self.output_tokens = output_tokens
@@ -89,7 +99,7 @@ class BenchWorker(EngineClient):
             )
             if not last:
                 await asyncio.sleep(self.itl_s * step)
-        self.kv.finished([*prompt, *out])
+        self.kv.finished([*prompt, *out], len(prompt))
 
     async def abort(self, request_id: str) -> None:
         return None
@@ -101,6 +111,8 @@ class BenchWorker(EngineClient):
 @dataclass
 class Result:
     ttfts: list[float] = field(default_factory=list)
+    #: first-token times of turns after a session's first
+    followups: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0
     done: int = 0
@@ -137,6 +149,8 @@ async def one_request(
         async for chunk in pool.generate(request):
             if first:
                 result.ttfts.append(time.perf_counter() - sent)
+                if not rid.endswith("-t0"):
+                    result.followups.append(result.ttfts[-1])
                 result.cached_tokens += chunk.cached_tokens or 0
                 first = False
             out.extend(chunk.token_ids)
@@ -274,6 +288,98 @@ def routing_cost() -> tuple[float, float]:
     return statistics.median(extend), statistics.median(cold)
 
 
+async def followup_session(
+    pool: WorkerPool, s: int, system: list[int], args: argparse.Namespace, result: Result
+) -> None:
+    """One session of the follow-up trace: each turn resends the conversation plus new tokens."""
+    if args.fu_session_header:
+        use_session(f"fu-{s}")
+    rng = random.Random(9000 + s)
+    prompt = [*system, *random_ids(rng, PAGE), *text_ids(rng, args.fu_new_tokens - PAGE)]
+    await asyncio.sleep(rng.random() * args.fu_think_ms / 1000)
+    for turn in range(args.fu_turns):
+        out = await one_request(pool, prompt, f"fu{s}-t{turn}", args, result)
+        await asyncio.sleep(args.fu_think_ms / 1000 * rng.uniform(0.5, 1.5))
+        prompt = [*prompt, *out, *text_ids(rng, args.fu_new_tokens)]
+
+
+async def run_followups(mode: str, args: argparse.Namespace) -> Result:
+    """The follow-up trace on 4 workers publishing SGLang-timed KV events (see module docstring)."""
+    publishers: list[KvEventPublisher] = []
+    workers: list[BenchWorker] = []
+    endpoints: dict[str, str] = {}
+    for w in range(args.workers):
+        publisher = KvEventPublisher("tcp://127.0.0.1:0", "tcp://127.0.0.1:0") if mode == "kv" else None
+        if publisher is not None:
+            publisher.start()
+            publishers.append(publisher)
+        kv = SimKvCache(
+            args.kv_cache_tokens, page_size=PAGE, prefill_us_per_token=args.fu_prefill_us, publisher=publisher
+        )
+        name = f"http://worker-{w}"
+        workers.append(BenchWorker(name, kv, args.output_tokens, args.itl_ms / 1000))
+        if publisher is not None:
+            endpoints[name] = f"{publisher.endpoint};{publisher.replay_endpoint}"
+    router = Router(RouterConfig(mode=mode, page_size=PAGE, kv_event_endpoints=endpoints))  # type: ignore[arg-type]
+    limits = StreamLimits(first_token_timeout_s=None, idle_timeout_s=None, request_timeout_s=None)
+    pool = WorkerPool(workers, router=router, limits=limits, health_interval_s=0)
+    await pool.start()
+    for subs in router.subscribers().values():
+        for sub in subs:
+            await asyncio.wait_for(sub.ready.wait(), 10)
+    result = Result()
+    system = random_ids(random.Random(8), args.fu_system_tokens)
+    started = time.perf_counter()
+    await asyncio.gather(*(followup_session(pool, s, system, args, result) for s in range(args.fu_sessions)))
+    result.wall_s = time.perf_counter() - started
+    await pool.aclose()
+    for publisher in publishers:
+        await publisher.aclose()
+    return result
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+def followup_table(args: argparse.Namespace) -> None:
+    """Follow-up first-token p50 per mode over interleaved repeats, and its ratio to least-outstanding."""
+    import multiprocessing
+
+    modes = ["kv", "kv-approx", "least-outstanding"]
+    busy = [multiprocessing.Process(target=_spin, daemon=True) for _ in range(args.busy_cores)]
+    for proc in busy:
+        proc.start()
+    try:
+        p50s: dict[str, list[float]] = {m: [] for m in modes}
+        hits: dict[str, list[float]] = {m: [] for m in modes}
+        for rep in range(args.repeats):
+            for mode in modes[rep % len(modes) :] + modes[: rep % len(modes)]:
+                r = asyncio.run(run_followups(mode, args))
+                p50s[mode].append(percentile(r.followups, 0.5))
+                hits[mode].append(r.cached_tokens / r.prompt_tokens if r.prompt_tokens else 0.0)
+    finally:
+        for proc in busy:
+            proc.kill()
+    base = p50s["least-outstanding"]
+    print(
+        f"follow-up trace: {args.workers} workers, {args.fu_sessions} sessions x {args.fu_turns} turns, "
+        f"+{args.fu_new_tokens} tokens per turn, prefill {args.fu_prefill_us:g} us/token, "
+        f"{args.repeats} interleaved repeats, {args.busy_cores} busy processes"
+    )
+    print()
+    print("| router | follow-up TTFT p50 (ms), per repeat | ratio to least-outstanding | cache-hit tokens |")
+    print("| --- | --- | --- | --- |")
+    for mode in modes:
+        ratios = [a / b for a, b in zip(p50s[mode], base, strict=True) if b]
+        print(
+            f"| {mode} | {' / '.join(f'{v * 1000:.0f}' for v in p50s[mode])} "
+            f"| {' / '.join(f'{x:.2f}' for x in ratios)} | {statistics.mean(hits[mode]):.1%} |",
+            flush=True,
+        )
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -300,7 +406,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-in-flight-per-worker", type=int, default=24)
     parser.add_argument("--capacity-wait-s", type=float, default=5.0)
     parser.add_argument("--skip-cost", action="store_true", help="skip the 1M-token routing-cost measurement")
+    parser.add_argument("--followups", action="store_true", help="run the follow-up trace only")
+    parser.add_argument("--fu-sessions", type=int, default=12)
+    parser.add_argument("--fu-turns", type=int, default=6)
+    parser.add_argument("--fu-new-tokens", type=int, default=1500)
+    parser.add_argument("--fu-system-tokens", type=int, default=512)
+    parser.add_argument("--fu-think-ms", type=float, default=500.0)
+    parser.add_argument("--fu-prefill-us", type=float, default=20.0)
+    parser.add_argument("--fu-session-header", action="store_true", help="sessions send a session id")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--busy-cores", type=int, default=0, help="processes spinning on the CPU meanwhile")
     args = parser.parse_args(argv)
+    if args.followups:
+        followup_table(args)
+        return 0
     if args.quick:
         args.sessions, args.turns = 32, 10
 

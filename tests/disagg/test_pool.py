@@ -8,6 +8,7 @@ its end, no leg may still run on any worker (``open == 0`` everywhere).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -329,7 +330,7 @@ async def routed_pd(
             await f.close()
 
 
-def test_kv_routing_sends_a_conversation_back_to_the_prefill_and_decode_workers_that_cache_it() -> None:
+def test_kv_routing_sends_a_conversation_back_to_the_prefill_worker_that_caches_it() -> None:
     async def scenario() -> None:
         async with routed_pd("kv-approx") as (pool, pre, dec):
             conversations = {name: [name * 7 + i for i in range(640)] for name in (1, 2, 3)}
@@ -337,11 +338,12 @@ def test_kv_routing_sends_a_conversation_back_to_the_prefill_and_decode_workers_
                 for name, prompt in conversations.items():
                     prompt.extend(range(5000 + turn * 10, 5000 + turn * 10 + 64))  # the next turn extends it
                     assert await collect(pool, request(f"c{name}-t{turn}", prompt=prompt)) == TOKENS
-            for role in (pre, dec):
-                for name in conversations:
-                    served = {f.url for f in role for b in f.bodies if b["rid"].startswith(f"c{name}-")}
-                    assert len(served) == 1, f"conversation {name} moved between {served}"
-            # and the conversations were spread over both workers of each role
+            for name in conversations:
+                served = {f.url for f in pre for b in f.bodies if b["rid"].startswith(f"c{name}-")}
+                assert len(served) == 1, f"conversation {name} moved between {served}"
+            # a PD decode worker keeps no radix cache (SGLang 0.5.23 pd_disaggregation_hook.py): the
+            # decode choice is by load alone, and the conversations were spread over both workers of
+            # each role
             assert all(f.bodies for f in (*pre, *dec))
 
     run(scenario)
@@ -369,11 +371,12 @@ def test_dp_rank_hints_name_the_prefill_rank_that_caches_the_prompt() -> None:
             router = pool.prefill.router
             assert router is not None
             router.mode = "kv"  # the index is filled by hand below, as KV events would
-            router._sources[p.url] = [(p.url, 0), (p.url, 1)]
-            page = router.page_size
+            from deepseek_frontend.generation import WorkerCapabilities
             from deepseek_frontend.routing.hashing import block_hashes
 
-            router.index.record((p.url, 1), block_hashes(PROMPT, page)[:1], 0.0)
+            router.worker_added(p.url, WorkerCapabilities(extra={"attn_dp_size": 2}))  # two DP ranks
+            page = router.page_size
+            router.index.record((p.url, 1), block_hashes(PROMPT, page)[:1], router._clock())
             pre_req, dec_req = pool.sglang_legs(request(), p.url, d.url, 42)
             assert pre_req.extra_fields is not None and dec_req.extra_fields is not None
             assert pre_req.extra_fields["routed_dp_rank"] == 1
@@ -381,6 +384,44 @@ def test_dp_rank_hints_name_the_prefill_rank_that_caches_the_prompt() -> None:
             assert dec_req.extra_fields["disagg_prefill_dp_rank"] == 1
             assert "routed_dp_rank" not in dec_req.extra_fields  # the decode router knows no ranks
             assert dec_req.extra_fields["bootstrap_room"] == 42
+
+    run(scenario)
+
+
+def test_with_attention_dp_both_legs_carry_the_ranks_sglang_expects() -> None:
+    """Prefill: routed_dp_rank and disagg_prefill_dp_rank (the same rank: without the second, SGLang's
+    follow_bootstrap_room check fails the room when the rank differs from room % N); decode: the prefill
+    rank as disagg_prefill_dp_rank and its own rank, chosen by load, as routed_dp_rank."""
+
+    async def scenario() -> None:
+        rv = Rendezvous()
+        p, d = FakeSGLangPd("prefill", rv), FakeSGLangPd("decode", rv)
+        p.dp_size = d.dp_size = 2
+        for f in (p, d):
+            await f.start()
+        pool = DisaggregatedPool(sglang_pool([p.url], "kv-approx"), sglang_pool([d.url], "kv-approx"))
+        try:
+            await pool.start()
+            d.mode, d.itl_s = "slow", 5.0
+            first = asyncio.create_task(collect(pool, request("r1", prompt=list(range(1000, 1400)))))
+            await wait_until(lambda: d.open == 1)
+            d.mode = "ok"
+            assert await collect(pool, request("r2", prompt=list(range(2000, 2400)))) == TOKENS
+            first.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await first
+            pre = {b["rid"]: b for b in p.bodies}
+            dec = {b["rid"]: b for b in d.bodies}
+            for rid in ("r1", "r2"):
+                assert pre[rid]["routed_dp_rank"] == pre[rid]["disagg_prefill_dp_rank"]
+                assert dec[rid]["disagg_prefill_dp_rank"] == pre[rid]["routed_dp_rank"]
+                assert pre[rid]["bootstrap_room"] == dec[rid]["bootstrap_room"]
+            # r1 was still decoding on its rank when r2 came: the decode router chose the other rank
+            assert {dec["r1"]["routed_dp_rank"], dec["r2"]["routed_dp_rank"]} == {0, 1}
+        finally:
+            await pool.aclose()
+            for f in (p, d):
+                await f.close()
 
     run(scenario)
 

@@ -100,3 +100,72 @@ def test_a_prompt_that_continues_the_models_own_answer_is_recognised() -> None:
     assert split_continuation([*prompt, 40, 99], assistant, planner) is None, "not its own output"
     assert split_continuation(prompt, assistant, planner) is None, "a plain prompt"
     assert split_continuation([1, 2], assistant, planner) is None
+
+
+# ----------------------------------------------------------------------- DeepSeek-V4's sliding window
+
+
+def swa_cache(pages: int = 100, ratio: float = 0.5) -> SimKvCache:
+    # a 16-token page with an 8-token window: one live page before a boundary is a live window
+    return SimKvCache(PAGE * pages, page_size=PAGE, swa_ratio=ratio, window=8)
+
+
+def test_a_follow_up_that_extends_prompt_and_output_hits_at_the_live_tail() -> None:
+    cache = swa_cache()
+    prompt, output = ids(PAGE * 4 + 3, 1), ids(PAGE * 6, 2)
+    cache.insert(prompt)  # after its prefill: the prompt's pages have live SWA
+    cache.finished([*prompt, *output], len(prompt))
+    follow_up = [*prompt, *output, *ids(PAGE * 2, 3)]
+    # the whole sequence is in the full cache, and its last page (the tail) is live
+    assert cache.lookup(follow_up) == (len(prompt) + len(output)) // PAGE * PAGE
+
+
+def test_a_prompt_that_leaves_the_output_early_falls_back_to_the_prompts_end() -> None:
+    """The output's SWA is tombstoned except its tail: a match ending inside it does not hit, the
+    prompt's last page boundary does (SGLang's SWA validator)."""
+    cache = swa_cache()
+    prompt, output = ids(PAGE * 4, 1), ids(PAGE * 6, 2)
+    cache.insert(prompt)
+    cache.finished([*prompt, *output], len(prompt))
+    diverging = [*prompt, *output[: PAGE * 3], *ids(PAGE * 3, 4)]  # edits the output's fourth page
+    assert cache.lookup(diverging) == PAGE * 4
+    plain = SimKvCache(PAGE * 100, page_size=PAGE)  # without the SWA model the full prefix would hit
+    plain.insert(prompt)
+    plain.finished([*prompt, *output], len(prompt))
+    assert plain.lookup(diverging) == PAGE * 7
+
+
+def test_sliding_window_eviction_drops_hits_while_the_full_pages_stay() -> None:
+    cache = swa_cache(pages=100, ratio=0.1)  # 10 pages of live window
+    first = ids(PAGE * 6, 1)
+    cache.insert(first)
+    assert cache.lookup([*first, 1]) == PAGE * 6
+    for n in range(3):  # 12 more live pages: the first prompt's window goes
+        cache.insert(ids(PAGE * 4, 10 + n))
+    assert cache.used_tokens == PAGE * 18, "no full page was evicted"
+    assert cache.lookup([*first, 1]) == 0
+    assert cache.stats()["kv_swa_live_tokens"] == PAGE * 10
+
+
+def test_prompt_events_go_out_after_the_prefill_and_a_finished_requests_at_the_next_flush() -> None:
+    published: list[list[object]] = []
+
+    class Recorder:
+        def publish(self, events: list[object]) -> None:
+            published.append(list(events))
+
+    async def scenario() -> None:
+        cache = SimKvCache(PAGE * 100, page_size=PAGE, prefill_us_per_token=100.0, flush_s=60.0)
+        cache.publisher = Recorder()  # type: ignore[assignment]
+        prompt = ids(PAGE * 10, 1)
+        task = asyncio.create_task(cache.prefill(prompt))
+        await asyncio.sleep(0.005)  # the prefill (16 ms) is under way
+        assert published == [], "SGLang publishes a prompt's blocks after its prefill batch"
+        await task
+        assert len(published) == 1
+        cache.finished([*prompt, *ids(PAGE * 2, 2)], len(prompt))
+        assert len(published) == 1, "a finished request's blocks wait for a flush"
+        await cache.prefill(ids(PAGE, 3))  # the next prefill batch flushes them with its own
+        assert len(published) == 2 and len(published[1]) == 2
+
+    asyncio.run(scenario())

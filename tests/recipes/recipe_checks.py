@@ -80,7 +80,9 @@ SGLANG_FLAGS: frozenset[str] = frozenset(
         "--cuda-graph-max-bs-decode",
         # KV cache events for the frontend's KV-aware router (srt/arg_groups/fields/observability.py)
         "--kv-events-config",
+        "--load-publish-endpoint",
         # DeepSeek-V4-Pro prefill/decode recipe: DP-attention, DeepEP, the PD role and its KV transfer
+        "--attn-dp-size",
         "--dp-size",
         "--enable-dp-attention",
         "--moe-a2a-backend",

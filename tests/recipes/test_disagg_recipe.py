@@ -50,8 +50,7 @@ OPERATOR_MULTINODE_FLAGS = ("--dist-init-addr", "--nnodes", "--node-rank")
 #: SGLang's H200 DeepSeek-V4-Pro PD cell (cookbook), spelled in full, plus the token protocol flags
 H200_PD_FLAGS: dict[str, str | None] = {
     "--tensor-parallel-size": "16",
-    "--dp-size": "16",
-    "--enable-dp-attention": None,
+    "--attn-dp-size": "16",
     "--moe-a2a-backend": "deepep",
     "--cuda-graph-max-bs": "128",
     "--mem-fraction-static": "0.9",
@@ -208,7 +207,7 @@ def test_both_roles_agree_on_what_the_kv_transfer_depends_on() -> None:
     for flag in (
         "--model-path",
         "--tensor-parallel-size",
-        "--dp-size",
+        "--attn-dp-size",
         "--disaggregation-transfer-backend",
         "--disaggregation-ib-device",
         "--page-size",
@@ -228,13 +227,32 @@ def test_mooncake_over_infiniband_gets_rdma_devices_and_may_pin_memory() -> None
 
 
 def test_kv_event_ports_of_all_data_parallel_ranks_do_not_collide() -> None:
-    """SGLang binds rank r's publisher on endpoint + r and its replay socket on replay + r."""
+    """SGLang binds rank r's publisher on endpoint + r, its replay socket on replay + r and, with
+    --load-publish-endpoint auto, its load publisher on endpoint + ranks + r (kv_events.py:140)."""
+    worker = _workers()["prefill"]
+    dp = int(worker.flag_value("--attn-dp-size") or 1)
+    endpoint, replay = _kv_event_ports(worker)
+    events, replays = set(range(endpoint, endpoint + dp)), set(range(replay, replay + dp))
+    assert not events & replays, worker.source
+    assert worker.flag_value("--load-publish-endpoint") == "auto"
+    assert not set(range(endpoint + dp, endpoint + 2 * dp)) & replays, "load ports collide with replay"
+    ports = set(container_port_numbers(worker.container).values())
+    assert {endpoint, replay} <= ports, worker.source
+
+
+def test_the_deprecated_dp_attention_spelling_is_gone() -> None:
     for worker in _workers().values():
-        dp = int(worker.flag_value("--dp-size") or 1)
-        endpoint, replay = _kv_event_ports(worker)
-        assert not set(range(endpoint, endpoint + dp)) & set(range(replay, replay + dp)), worker.source
-        ports = set(container_port_numbers(worker.container).values())
-        assert {endpoint, replay} <= ports, worker.source
+        assert "--enable-dp-attention" not in worker.argv and "--dp-size" not in worker.argv, worker.source
+
+
+def test_the_decode_worker_publishes_no_kv_events() -> None:
+    """A PD decode worker keeps no radix cache, so its publisher would send nothing (SGLang 0.5.23
+    pd_disaggregation_hook.py, unified_radix_cache.py); on DeepSeek-V4 the decode radix cache needs the
+    HIP-only unified KV layout (kv_cache_builder.py)."""
+    decode = _workers()["decode"]
+    assert "--kv-events-config" not in decode.argv
+    assert "--disaggregation-decode-enable-radix-cache" not in decode.argv
+    assert not {5557, 5600} & set(container_port_numbers(decode.container).values())
 
 
 def test_port_collision_check_catches_the_single_rank_layout() -> None:

@@ -133,3 +133,48 @@ def test_a_worker_breaking_mid_stream_is_replaced_without_the_client_noticing() 
             failed = httpx.get(flaky.url + "/sim/stats").json()["failed"] - failed_before
             assert failed >= 1
             assert metric(frontend, "deepseek_frontend_migrations_total")[""] == failed
+
+
+def test_kv_routing_over_attention_dp_workers_sends_a_follow_up_to_the_rank_that_holds_it() -> None:
+    """Two ``sim-engine --attn-dp-size 4`` workers (4 caches and publishers each): the frontend reads
+    each worker's kv_events descriptor, follows 8 event streams, routes every conversation to a
+    (worker, rank) with routed_dp_rank, and sends each follow-up back to the rank holding it."""
+    config = json.dumps({"publisher": "zmq", "endpoint": "tcp://*:0", "replay_endpoint": "tcp://*:0"})
+    dp = ["--attn-dp-size", "4", "--kv-cache-tokens", "200000", "--kv-page-size", str(PAGE)]
+    with (
+        start_sim_engine(*dp, "--kv-events-config", config) as a,
+        start_sim_engine(*dp, "--kv-events-config", config) as b,
+    ):
+        args = ["--worker", a.url, "--worker", b.url, "--router-mode", "kv", "--health-check-interval", "300"]
+        with start_frontend(*args) as frontend:
+            wait_until(
+                lambda: len(metric(frontend, "deepseek_frontend_kv_events_total")) == 8,
+                "the frontend follows every rank's events",
+            )
+            client = openai.OpenAI(base_url=frontend.url + "/v1", api_key="unused", max_retries=0, timeout=30)
+            names = [f"agent-{n}" for n in range(6)]
+            conversations = {
+                n: [{"role": "system", "content": f"You are {n}. " + "Mind the rules. " * 120}] for n in names
+            }
+            cached: dict[str, list[int]] = {n: [] for n in names}
+            for turn in range(2):
+                for name, messages in conversations.items():
+                    messages.append({"role": "user", "content": f"{name} turn {turn}: " + "data " * 60})
+                    before = kv_events_seen(frontend)
+                    r = client.chat.completions.create(
+                        model="deepseek-v4-flash", messages=messages, temperature=0
+                    )
+                    messages.append({"role": "assistant", "content": r.choices[0].message.content or "ok"})
+                    assert r.usage is not None and r.usage.prompt_tokens_details is not None
+                    cached[name].append(r.usage.prompt_tokens_details.cached_tokens or 0)
+                    wait_until(lambda b=before: kv_events_seen(frontend) > b, "the rank's events arrived")
+            # every follow-up hit the cache of the rank that served its first turn (no other rank has
+            # it: each rank's cache is its own), and the first turns were spread over the ranks
+            assert all(turns[0] == 0 and turns[1] > 400 for turns in cached.values()), cached
+            ranks_used = []
+            for worker in (a, b):
+                ranks = httpx.get(worker.url + "/sim/stats").json()["ranks"]
+                ranks_used += [r for r in ranks if r["kv_prompt_tokens"] > 0]
+                for r in ranks:  # a rank that served a conversation served both its turns
+                    assert r["kv_cached_tokens"] == 0 or r["kv_prompt_tokens"] > r["kv_cached_tokens"]
+            assert len(ranks_used) >= 4, "conversations spread over several ranks"

@@ -88,7 +88,7 @@ def test_sglang_batches_decode_to_the_events_they_carry() -> None:
     assert batch.ts == 1.25 and batch.dp_rank == 3
     assert batch.events == (
         BlockStored((11, 12), None, tuple(range(8)), 4),
-        BlockStored((13,), 12, (8, 9, 10, 11), 4),
+        BlockStored((13,), 12, (8, 9, 10, 11), 4, "GPU"),
         BlockRemoved((11,)),
         AllBlocksCleared(),
     )
@@ -101,7 +101,7 @@ def test_vllm_batches_with_bytes_hashes_and_no_rank_decode() -> None:
     )
     batch = decode_batch(payload)
     assert batch.dp_rank is None
-    assert batch.events == (BlockStored((h1, h2), None, tuple(range(32)), 16),)
+    assert batch.events == (BlockStored((h1, h2), None, tuple(range(32)), 16, "GPU"),)
     # a batch without its optional trailing field at all
     assert decode_batch(msgpack.packb([2.0, []])).dp_rank is None
 

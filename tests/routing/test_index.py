@@ -104,3 +104,36 @@ def test_overlap_binary_search_agrees_with_a_linear_scan(n_blocks: int) -> None:
         index.clear(("w", 0))
         index.record(("w", 0), hashes[:held], now=0.0)
         assert index.overlap(("w", 0), hashes) == held
+
+
+def test_the_stored_layer_is_capped_with_its_names_and_evicts_leaves_first() -> None:
+    """Both maps (our hashes and the engine's names) are capped together; eviction takes the least
+    recently stored leaves, so every block left still has its prefix (the binary search stays exact)."""
+    index = KvIndex(max_stored=64)
+    src = ("w", 0)
+    chains = [ids(PAGE * 12, seed) for seed in range(20)]
+    for n, prompt in enumerate(chains):
+        names = [f"c{n}-{k}" for k in range(12)]
+        index.stored(src, names, None, prompt, PAGE)
+    assert index.stored_count(src) <= 64 and index.names_count(src) == index.stored_count(src)
+    newest = chains[-1]
+    assert index.overlap(src, block_hashes(newest, PAGE)) == 12, "the newest chain is whole"
+    for prompt in chains:
+        hashes = block_hashes(prompt, PAGE)
+        present = [index.overlap(src, [h]) == 1 for h in hashes]  # block by block
+        # what is left of an older chain is a prefix of it: no block survives without its parent
+        assert present == sorted(present, reverse=True)
+        assert index.overlap(src, hashes) == sum(present)
+
+
+def test_predictions_count_until_events_remove_them() -> None:
+    index = KvIndex(ttl_s=60.0)
+    src = ("w", 0)
+    prompt = ids(PAGE * 4, 1)
+    hashes = block_hashes(prompt, PAGE)
+    index.record(src, hashes, now=0.0)
+    assert index.overlap(src, hashes, now=1.0) == 4, "a routed prompt counts before its events"
+    index.stored(src, ["a", "b", "c", "d"], None, prompt, PAGE)
+    index.removed(src, ["d"])
+    assert index.overlap(src, hashes, now=1.0) == 3, "the engine evicted the leaf: the prediction goes too"
+    assert index.overlap(src, hashes, now=100.0) == 3, "stored blocks do not expire"

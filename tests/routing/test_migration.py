@@ -72,7 +72,7 @@ async def _with_one_flaky_worker(
         # session affinity pins the test's session to the flaky worker
         router = Router(RouterConfig(mode="session"))
         pool = from_urls("sglang", [bad, good], router=router, migration_limit=limit, health_interval_s=0)
-        pool.router._sessions["pinned"] = bad  # type: ignore[union-attr]
+        pool.router._sessions["pinned"] = (bad, None)  # type: ignore[union-attr]
         from deepseek_frontend.routing.session import use_session
 
         use_session("pinned")

@@ -247,3 +247,73 @@ def test_sources_come_from_sglangs_kv_events_config() -> None:
     assert sources_from_config("http://h:1", '{"publisher": "null"}') == []
     with pytest.raises(ValueError):
         sources_from_config("http://h:1", "[1, 2]")
+
+
+def test_a_flood_of_events_is_applied_in_bounded_slices_between_other_work() -> None:
+    """A worker storing blocks faster than the frontend applies them must not hold the event loop:
+    at most BLOCKS_PER_TURN blocks per turn, other tasks run between slices, memory stays capped."""
+    from deepseek_frontend.routing.events import BlockStored, EventBatch
+    from deepseek_frontend.routing.subscriber import BLOCKS_PER_TURN
+
+    async def scenario() -> None:
+        index = KvIndex(max_stored=3000)
+        sub = KvEventSubscriber(index, KvEventSource(SRC[0], 0, "tcp://127.0.0.1:9"))
+        ticks = 0
+        stop = False
+
+        async def ticker() -> None:  # another task on the loop: counts the turns it gets
+            nonlocal ticks
+            while not stop:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        prompt = ids(PAGE * 5000, 1)
+        giant = BlockStored(tuple(range(5000)), None, tuple(prompt), PAGE)  # one 5,000-block event
+        small = [
+            EventBatch(0.0, tuple(BlockStored((10_000 + 8 * n + k,), None, tuple(ids(PAGE, n * 8 + k)), PAGE)
+                                  for k in range(8)))
+            for n in range(500)
+        ]  # fmt: skip
+        await sub.handle(0, EventBatch(0.0, (giant,)))
+        for seq, batch in enumerate(small, start=1):
+            await sub.handle(seq, batch)
+        stop = True
+        await task
+        total = 5000 + 500 * 8
+        assert sub.stats.max_turn_blocks <= BLOCKS_PER_TURN
+        assert ticks >= total // BLOCKS_PER_TURN, f"the loop turned {ticks} times for {total} blocks"
+        assert index.stored_count(SRC) <= 3000 and index.names_count(SRC) == index.stored_count(SRC)
+
+    run(scenario)
+
+
+def test_a_first_batch_lost_while_the_subscriber_joined_is_replayed() -> None:
+    """The replay at start found nothing: the publisher's first batch is sequence 0, so a first live
+    batch numbered later means some were lost on the way in (a PUB drops what it sends before a SUB
+    has joined), and they are replayed -- else a shared prefix's root would never reach the index."""
+
+    async def scenario() -> None:
+        pub = KvEventPublisher(*endpoints())
+        pub.start()
+        cache = SimKvCache(PAGE * 100, page_size=PAGE, publisher=pub)
+        index = KvIndex()
+        sub = KvEventSubscriber(index, KvEventSource(SRC[0], 0, pub.endpoint, pub.replay_endpoint))
+        sub.start()
+        try:
+            await asyncio.wait_for(sub.ready.wait(), 10)
+            pub.drop_live.add(0)  # the first batch never reaches the subscriber live
+            root = ids(PAGE * 3, 1)
+            cache.insert(root)
+            for n in range(200):
+                cache.insert([*root, *ids(PAGE, 100 + n)])  # later batches, until one arrives
+                if sub.stats.batches:
+                    break
+                await asyncio.sleep(0.02)
+            await until(lambda: held(index, root) == 3, "the lost root batch was replayed")
+            assert sub.stats.gaps >= 1 and sub.stats.replays >= 2
+        finally:
+            await sub.aclose()
+            await pub.aclose()
+
+    run(scenario)

@@ -50,7 +50,16 @@ def sglang_legs(
     decode_url: str,
     room: int,
 ) -> tuple[GenerateRequest, GenerateRequest]:
-    """The two legs' requests: the same body plus the bootstrap trio and DP rank hints."""
+    """The two legs' requests: the same body plus the bootstrap trio and DP rank hints.
+
+    Rank hints (SGLang 0.5.23, engine-facts C2) when a role's router places requests on ranks (kv
+    modes, a worker with several DP ranks): the prefill leg carries ``routed_dp_rank`` = the prefill
+    rank and ``disagg_prefill_dp_rank`` = the same rank -- without the latter the prefill's
+    ``follow_bootstrap_room`` check fails the room whenever ``routed_dp_rank != bootstrap_room % N``
+    (``disaggregation/common/conn.py:2109-2183``); the decode leg carries ``disagg_prefill_dp_rank``
+    = the prefill rank (where its KV is) and ``routed_dp_rank`` = the decode router's rank. Without
+    a prefill rank neither leg names one and SGLang derives it from the room on both sides.
+    """
     common: dict[str, Any] = {
         "bootstrap_host": urlsplit(prefill_url).hostname or "",
         "bootstrap_port": bootstrap_port(prefill, config, prefill_url),
@@ -58,12 +67,12 @@ def sglang_legs(
     }
     prefill_fields, decode_fields = dict(common), common
     p_router, d_router = prefill.router, decode.router
-    p_rank = p_router.best_rank(prefill_url, request) if p_router is not None else None
+    p_rank = p_router.rank_for(prefill_url, request) if p_router is not None else None
     if p_rank is not None:
         prefill_fields["routed_dp_rank"] = p_rank
         prefill_fields["disagg_prefill_dp_rank"] = p_rank
         decode_fields["disagg_prefill_dp_rank"] = p_rank
-    d_rank = d_router.best_rank(decode_url, request) if d_router is not None else None
+    d_rank = d_router.rank_for(decode_url, request) if d_router is not None else None
     if d_rank is not None:
         decode_fields["routed_dp_rank"] = d_rank
     return (

@@ -43,7 +43,7 @@ from deepseek_frontend.generation import ConstraintKind, EngineChunk, GenerateRe
 if TYPE_CHECKING:
     from deepseek_frontend.routing.router import Router
 
-__all__ = ["SETTLE_TIMEOUT_S", "Dispatch", "OutputChecker", "settle"]
+__all__ = ["SETTLE_TIMEOUT_S", "Dispatch", "OutputChecker", "settle", "with_rank"]
 
 #: the pool's log lines keep one logger name, whichever of its modules holds the code
 logger = logging.getLogger("deepseek_frontend.engines.pool")
@@ -64,6 +64,15 @@ async def settle(stream: AsyncIterator[EngineChunk]) -> None:
     with contextlib.suppress(Exception):
         async with asyncio.timeout(SETTLE_TIMEOUT_S):
             await anext(stream)
+
+
+def with_rank(request: GenerateRequest, rank: int | None) -> GenerateRequest:
+    """``request`` with the data-parallel rank the router chose as SGLang's ``routed_dp_rank``
+    (``managers/io_struct.py``), unless it names one already (a prefill/decode leg's hints)."""
+    extra = request.extra_fields
+    if rank is None or (extra is not None and "routed_dp_rank" in extra):
+        return request
+    return dataclasses.replace(request, extra_fields={**(extra or {}), "routed_dp_rank": rank})
 
 
 class OutputChecker:
@@ -263,7 +272,7 @@ class Dispatch:
             worker.in_flight += 1
             worker.requests += 1
             self._total_in_flight += 1
-            stream = worker.client.generate(request)
+            stream = worker.client.generate(with_rank(request, ticket.rank if ticket is not None else None))
             started = False
             if limits.watched:
                 self._watch(watch)

@@ -97,7 +97,16 @@ _EAGLE_ALGORITHMS = frozenset({"EAGLE", "EAGLE3", "NEXTN", "FROZEN_KV_MTP"})
 _EXTRA_FIELDS = (
     "kv_events_config",
     "kv_events",
-    "dp_size",  # routing: one KV event publisher per data-parallel rank
+    # routing: one radix cache, scheduler and KV event publisher per data-parallel rank
+    "dp_size",
+    "attn_dp_size",
+    "enable_dp_attention",
+    # routing: DeepSeek-V4's sliding-window cache gates prefix hits (routing/swa.py)
+    "attention_backend",
+    "swa_full_tokens_ratio",
+    "max_total_num_tokens",
+    "enable_decoder_swa_bounded_replay",
+    "disaggregation_decode_enable_radix_cache",  # a PD decode worker caches nothing without it
     "disaggregation_mode",  # "null", "prefill" or "decode": PD serving checks each worker's role
     "disaggregation_bootstrap_port",  # where a prefill worker's bootstrap server listens
     "speculative_algorithm",

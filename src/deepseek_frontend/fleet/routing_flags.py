@@ -35,9 +35,20 @@ def add_routing_arguments(parser: argparse.ArgumentParser) -> None:
         "--kv-events-endpoint",
         action="append",
         default=[],
-        metavar="WORKER=ENDPOINT[;REPLAY]",
+        metavar="WORKER[#RANK]=ENDPOINT[;REPLAY]",
         help="the ZMQ KV event endpoint of a worker (e.g. http://10.0.0.5:30000=tcp://10.0.0.5:5557;"
-        "tcp://10.0.0.5:5558); default: read from the worker's /server_info kv_events_config; repeatable",
+        "tcp://10.0.0.5:5558); with #RANK, where ranks from RANK on publish (port + rank - RANK), for "
+        "workers whose ranks run on several nodes; default: read from the worker's /server_info "
+        "(kv_events, else kv_events_config); repeatable",
+    )
+    group.add_argument(
+        "--kv-index-max-mb",
+        type=float,
+        default=defaults.index_bytes_per_worker / (1 << 20),
+        metavar="MB",
+        help="kv: memory the KV-event index may hold per worker, its DP ranks together; past it the "
+        "least recently stored or used leaf blocks are forgotten first "
+        f"(default {defaults.index_bytes_per_worker >> 20})",
     )
     group.add_argument(
         "--kv-overlap-weight",
@@ -94,13 +105,21 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
     for spec in getattr(args, "kv_events_endpoint", []) or []:
         worker, sep, endpoint = spec.rpartition("=")
         if not sep or not worker or not endpoint.startswith(("tcp://", "ipc://")):
-            raise ValueError(f"--kv-events-endpoint {spec!r}: expected WORKER_URL=tcp://HOST:PORT[;REPLAY]")
-        endpoints[worker.rstrip("/")] = endpoint
+            raise ValueError(
+                f"--kv-events-endpoint {spec!r}: expected WORKER_URL[#RANK]=tcp://HOST:PORT[;REPLAY]"
+            )
+        url, _, rank = worker.partition("#")
+        if rank and not rank.isdigit():
+            raise ValueError(f"--kv-events-endpoint {spec!r}: #RANK must be a rank number")
+        endpoints[url.rstrip("/") + (f"#{rank}" if rank else "")] = endpoint
     page = getattr(args, "kv_page_size", None)
     if page is not None and page < 1:
         raise ValueError("--kv-page-size must be >= 1")
     if getattr(args, "migration_limit", 0) < 0:
         raise ValueError("--migration-limit must be >= 0")
+    index_mb = getattr(args, "kv_index_max_mb", None)
+    if index_mb is not None and index_mb <= 0:
+        raise ValueError("--kv-index-max-mb must be > 0")
     defaults = RouterConfig()
     return RouterConfig(
         mode=getattr(args, "router_mode", defaults.mode),
@@ -112,6 +131,7 @@ def router_config_from_args(args: argparse.Namespace) -> RouterConfig:
         session_tolerance=getattr(args, "session_tolerance", defaults.session_tolerance),
         approx_ttl_s=getattr(args, "kv_approx_ttl", defaults.approx_ttl_s),
         kv_event_endpoints=endpoints,
+        index_bytes_per_worker=int(index_mb * (1 << 20)) if index_mb else defaults.index_bytes_per_worker,
     )
 
 

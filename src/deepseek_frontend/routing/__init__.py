@@ -3,9 +3,12 @@
 ::
 
     hashing.py     chained block hashes of prompt ids; PrefixHashCache (incremental, per conversation)
-    index.py       KvIndex: which worker / DP rank holds which blocks (events or approximate)
+    index.py       KvIndex: which worker / DP rank holds which blocks (events and predictions), capped
+    discovery.py   a worker's ranks, event and load endpoints, block size, SWA gating from /server_info
     events.py      SGLang / vLLM KV event batches on the wire (msgpack), decode + encode
-    subscriber.py  ZMQ subscriber per worker rank: ordering, gaps, replay, restarts
+    subscriber.py  ZMQ subscriber per worker rank: ordering, gaps, replay, restarts, bounded slices
+    load.py        SGLang's per-rank load publisher (LoadStat)
+    swa.py         DeepSeek-V4's sliding-window cache: which hits are real
     session.py     the agent session from request headers (context variable + ASGI middleware)
     router.py      Router: --router-mode kv | kv-approx | session | least-outstanding | round-robin
     migration.py   continuing a broken stream on another worker

@@ -13,11 +13,21 @@ Batch shapes accepted:
   map ``{"ts": ..., "events": [...], "data_parallel_rank": ...}``.
 
 Events are tagged maps ``{"type": "BlockStored", "block_hashes": [...], "parent_block_hash":
-h | None, "token_ids": [...], "block_size": n, ...}``, ``{"type": "BlockRemoved",
+h | None, "token_ids": [...], "block_size": n, "medium": ..., ...}``, ``{"type": "BlockRemoved",
 "block_hashes": [...]}``, ``{"type": "AllBlocksCleared"}``; the tag-first array form
 (``["BlockStored", hashes, parent, token_ids, block_size, ...]``) is accepted too. Block hashes
 may be integers or bytes (vLLM's ``ExternalBlockHash``). Unknown event types are skipped
 (an engine may add new ones); malformed payloads raise :class:`KvEventDecodeError`.
+
+EAGLE: with EAGLE-family speculative decoding SGLang keys its radix tree by bigrams
+(``mem_cache/radix_cache.py:153`` ``maybe_to_bigram_view``) and publishes ``token_ids`` as pairs
+``[t_j, t_{j+1}]`` (``mem_cache/events.py:245``). Page ``k`` of the bigram key holds the pairs
+starting at tokens ``k*size .. k*size+size-1``, so the first element of each pair is exactly the
+page's token ids: a pair list is read as its first elements, and such a block hashes like the
+same page of a worker without EAGLE.
+
+``medium`` (SGLang: ``"GPU"``, ``"CPU_PINNED"``, ``"DISK"``, ``"EXTERNAL"``; absent = device) is
+kept: only device blocks serve a prefix without a load-back, so the subscriber indexes those.
 """
 
 from __future__ import annotations
@@ -56,11 +66,13 @@ class BlockStored:
     parent_block_hash: Hashable | None
     token_ids: tuple[int, ...]
     block_size: int
+    medium: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class BlockRemoved:
     block_hashes: tuple[Hashable, ...]
+    medium: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,18 +111,22 @@ def encode_sglang_batch(ts: float, events: Sequence[KvEvent], dp_rank: int) -> b
     encoded: list[dict[str, Any]] = []
     for event in events:
         if isinstance(event, BlockStored):
-            encoded.append(
-                {
-                    "type": "BlockStored",
-                    "block_hashes": list(event.block_hashes),
-                    "parent_block_hash": event.parent_block_hash,
-                    "token_ids": list(event.token_ids),
-                    "block_size": event.block_size,
-                    "lora_id": None,
-                }
-            )
+            stored: dict[str, Any] = {
+                "type": "BlockStored",
+                "block_hashes": list(event.block_hashes),
+                "parent_block_hash": event.parent_block_hash,
+                "token_ids": list(event.token_ids),
+                "block_size": event.block_size,
+                "lora_id": None,
+            }
+            if event.medium is not None:
+                stored["medium"] = event.medium
+            encoded.append(stored)
         elif isinstance(event, BlockRemoved):
-            encoded.append({"type": "BlockRemoved", "block_hashes": list(event.block_hashes)})
+            removed: dict[str, Any] = {"type": "BlockRemoved", "block_hashes": list(event.block_hashes)}
+            if event.medium is not None:
+                removed["medium"] = event.medium
+            encoded.append(removed)
         else:
             encoded.append({"type": "AllBlocksCleared"})
     return msgpack.packb([ts, encoded, dp_rank], use_bin_type=True)
@@ -144,8 +160,8 @@ def decode_batch(payload: bytes) -> EventBatch:
 
 
 _ARRAY_FIELDS = {
-    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size"),
-    "BlockRemoved": ("block_hashes",),
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium"),
+    "BlockRemoved": ("block_hashes", "medium"),
     "AllBlocksCleared": (),
 }
 
@@ -170,13 +186,30 @@ def _decode_event(item: object, index: int) -> KvEvent | None:
                 raise TypeError("token_ids must be an array")
             # not checked id by id (this is the per-token hot path): a non-integer id can only
             # produce a block hash no prompt matches
-            token_ids = tuple(raw_ids)
+            if raw_ids and isinstance(raw_ids[0], list | tuple):
+                # EAGLE's bigram pages: the first element of each pair is the page's token id
+                token_ids = tuple(
+                    pair[0] if isinstance(pair, list | tuple) and pair else pair for pair in raw_ids
+                )
+            else:
+                token_ids = tuple(raw_ids)
             block_size = int(fields["block_size"])
             if block_size < 1:
                 raise ValueError("block_size must be positive")
-            return BlockStored(hashes, None if parent is None else _block_name(parent), token_ids, block_size)
+            medium = fields.get("medium")
+            return BlockStored(
+                hashes,
+                None if parent is None else _block_name(parent),
+                token_ids,
+                block_size,
+                medium if isinstance(medium, str) else None,
+            )
         if kind == "BlockRemoved":
-            return BlockRemoved(tuple(_block_name(h) for h in fields["block_hashes"]))
+            medium = fields.get("medium")
+            return BlockRemoved(
+                tuple(_block_name(h) for h in fields["block_hashes"]),
+                medium if isinstance(medium, str) else None,
+            )
         return AllBlocksCleared()
     except (KeyError, TypeError, ValueError) as exc:
         raise KvEventDecodeError(f"events[{index}] ({kind}) is malformed: {exc!r}") from exc

@@ -1,12 +1,15 @@
-"""Subscribing to a worker's KV events over ZMQ (I/O), feeding a :class:`KvIndex`.
+"""Subscribing to a worker's KV events over ZMQ (I/O), feeding a :class:`KvIndex` (or another sink).
 
 One :class:`KvEventSubscriber` per source (worker URL + data-parallel rank): a SUB socket on
 the publisher's endpoint and, when the worker has one, a DEALER socket on its replay endpoint.
+Where each rank publishes comes from :mod:`deepseek_frontend.routing.discovery`.
 
 Ordering and recovery:
 
 * At start the subscriber asks the replay socket for everything from sequence 0, so a router
   that starts after the workers still learns what they cache (up to the publisher's buffer).
+  An empty answer means the publisher has sent nothing yet: its first live batch must then be
+  sequence 0, and a later one is a gap (the batches sent while the SUB socket was joining).
 * A live batch whose sequence is the next expected one is applied. One ahead of a gap asks
   for a replay of the missing range; if the replay cannot fill it (no replay socket, a
   timeout, or the publisher's buffer no longer reaches back that far) the source's blocks are
@@ -15,21 +18,33 @@ Ordering and recovery:
 * A batch numbered below what was already applied, outside a replay's overlap, means the
   publisher restarted (its counter starts again at 0): a restarted worker has an empty cache,
   so the source's blocks are dropped before the batch is applied.
+
+Bounded work per loop turn: events are applied on the frontend's event loop, so a flood (a
+worker storing 100K blocks a second, a replay of 10,000 batches) must not hold the loop. The
+subscriber applies at most :data:`BLOCKS_PER_TURN` blocks (stored or removed; a long
+``BlockStored`` is cut into slices of that many) and then yields to the loop before the next
+slice, so requests and probes (``/live``) are served between slices; ``stats.max_turn_blocks``
+records the most it applied in one turn. Past what the subscriber keeps up with, ZMQ's receive
+queue (``RECEIVE_HWM`` batches) drops batches, and the gap is handled as above.
+
+Only device blocks are indexed: a ``BlockStored`` or ``BlockRemoved`` whose ``medium`` names a host
+tier (SGLang HiCache's ``CPU_PINNED``, ``DISK``, ``EXTERNAL``) is counted and skipped, because such a
+block serves a prefix only after a load-back.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
+from typing import Protocol
 
 import zmq
 import zmq.asyncio
 
 from deepseek_frontend._tasks import cancel_and_wait
+from deepseek_frontend.routing.discovery import EventSource, config_sources
 from deepseek_frontend.routing.events import (
     END_SEQUENCE,
     AllBlocksCleared,
@@ -41,70 +56,52 @@ from deepseek_frontend.routing.events import (
     decode_sequence,
     encode_sequence,
 )
-from deepseek_frontend.routing.index import KvIndex, SourceKey
+from deepseek_frontend.routing.index import SourceKey
 
-__all__ = ["KvEventSource", "KvEventSubscriber", "SubscriberStats", "sources_from_config"]
+__all__ = ["KvEventSink", "KvEventSource", "KvEventSubscriber", "SubscriberStats", "sources_from_config"]
 
 logger = logging.getLogger(__name__)
 
 #: seconds a replay may take before the gap is treated as unrecoverable
 REPLAY_TIMEOUT_S = 2.0
-_WILDCARD_HOSTS = ("*", "0.0.0.0", "::", "[::]")
+#: blocks applied per event-loop turn before the subscriber yields (about 1 ms of hashing)
+BLOCKS_PER_TURN = 256
+#: batches ZMQ queues for a subscriber that has fallen behind (then it drops, and a gap follows)
+RECEIVE_HWM = 1_000
+#: the medium of device blocks (absent in a batch means device too)
+DEVICE_MEDIUMS = (None, "GPU")
+
+KvEventSource = EventSource
+"""Where one data-parallel rank of a worker publishes its KV events (:class:`EventSource`)."""
 
 
-@dataclass(frozen=True, slots=True)
-class KvEventSource:
-    """Where one data-parallel rank of a worker publishes its KV events."""
+class KvEventSink(Protocol):
+    """Where a subscriber applies events: :class:`~deepseek_frontend.routing.index.KvIndex` or the
+    router's wrapper around it."""
 
-    worker: str
-    dp_rank: int
-    endpoint: str
-    replay_endpoint: str | None = None
-    topic: str = ""
+    def stored(
+        self,
+        source: SourceKey,
+        engine_hashes: Sequence[Hashable],
+        parent_engine_hash: Hashable | None,
+        token_ids: Sequence[int],
+        block_size: int,
+    ) -> object: ...
 
-    @property
-    def key(self) -> SourceKey:
-        return (self.worker, self.dp_rank)
+    def removed(self, source: SourceKey, engine_hashes: Iterable[Hashable]) -> object: ...
 
-
-def _offset(endpoint: str, rank: int, host: str) -> str:
-    """The rank's endpoint: the port offset by ``rank`` (both engines' convention), a wildcard
-    bind address replaced by the worker's host so a remote router can connect."""
-    if not endpoint.startswith("tcp://"):
-        return endpoint if rank == 0 else f"{endpoint}_dp{rank}"
-    address, _, port = endpoint[len("tcp://") :].rpartition(":")
-    if address in _WILDCARD_HOSTS:
-        address = f"[{host}]" if ":" in host else host
-    return f"tcp://{address}:{int(port) + rank}"
+    def clear(self, source: SourceKey) -> None: ...
 
 
 def sources_from_config(
     worker_url: str, config: str | Mapping[str, object], dp_size: int = 1
-) -> list[KvEventSource]:
+) -> list[EventSource]:
     """The sources of a worker started with ``--kv-events-config CONFIG`` (SGLang's JSON form).
 
     ``config`` is the JSON string (as ``/server_info`` reports it) or its parsed form. Returns
     ``[]`` when the publisher is not ``zmq``. Raises ``ValueError`` for a malformed config.
     """
-    data = json.loads(config) if isinstance(config, str) else dict(config)
-    if not isinstance(data, dict):
-        raise ValueError("kv_events_config must be a JSON object")
-    if data.get("publisher", "null") != "zmq":
-        return []
-    endpoint = str(data.get("endpoint") or "tcp://*:5557")
-    replay = data.get("replay_endpoint")
-    topic = str(data.get("topic") or "")
-    host = urlsplit(worker_url).hostname or "127.0.0.1"
-    return [
-        KvEventSource(
-            worker_url,
-            rank,
-            _offset(endpoint, rank, host),
-            _offset(str(replay), rank, host) if replay else None,
-            topic,
-        )
-        for rank in range(max(1, dp_size))
-    ]
+    return config_sources(worker_url, config, max(1, dp_size))
 
 
 @dataclass(slots=True)
@@ -117,27 +114,35 @@ class SubscriberStats:
     restarts: int = 0
     clears: int = 0
     decode_errors: int = 0
+    #: events skipped because they name a host tier (HiCache), not the device
+    host_tier_events: int = 0
+    #: the most blocks applied in one event-loop turn (bounded by BLOCKS_PER_TURN)
+    max_turn_blocks: int = 0
     extra: dict[str, int] = field(default_factory=dict)
 
 
 class KvEventSubscriber:
     """Apply one source's event stream to ``index`` (see module docstring).
 
-    ``on_clear(source_key, reason)`` is called whenever the source's blocks are dropped.
+    ``blocks_per_turn``: blocks applied before yielding to the event loop.
     """
 
     def __init__(
         self,
-        index: KvIndex,
-        source: KvEventSource,
+        index: KvEventSink,
+        source: EventSource,
         *,
         context: zmq.asyncio.Context | None = None,
         replay_timeout_s: float = REPLAY_TIMEOUT_S,
+        blocks_per_turn: int = BLOCKS_PER_TURN,
     ) -> None:
         self.index = index
         self.source = source
         self.stats = SubscriberStats()
         self.replay_timeout_s = replay_timeout_s
+        self.blocks_per_turn = max(1, blocks_per_turn)
+        #: blocks applied since the subscriber last yielded to the loop
+        self._turn = 0
         self._ctx = context or zmq.asyncio.Context.instance()
         self._next_seq: int | None = None
         #: live batches below this were also delivered by the last replay (duplicates, not a
@@ -165,11 +170,15 @@ class KvEventSubscriber:
     async def _run(self) -> None:
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
         sub.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
         sub.connect(self.source.endpoint)
         try:
-            if self.source.replay_endpoint:
-                await self._replay(0)
+            if self.source.replay_endpoint and await self._replay(0) and self._next_seq is None:
+                # the publisher's buffer is empty: it has sent nothing yet, so its first batch is
+                # sequence 0 -- a later first batch means batches were lost while the SUB socket
+                # joined (ZMQ drops what a PUB sends before a subscriber has joined): a gap
+                self._next_seq = 0
             self.ready.set()
             while True:
                 frames = await sub.recv_multipart()
@@ -222,7 +231,7 @@ class KvEventSubscriber:
                     seq - 1,
                 )
                 self._clear("sequence gap")
-        self._apply(batch)
+        await self._apply(batch)
         self._next_seq = seq + 1
 
     async def _replay(self, start: int) -> bool:
@@ -253,7 +262,7 @@ class KvEventSubscriber:
                 if self._next_seq is not None and seq > self._next_seq:
                     filled = False
                 try:
-                    self._apply(decode_batch(frames[2]))
+                    await self._apply(decode_batch(frames[2]))
                 except KvEventDecodeError:
                     self.stats.decode_errors += 1
                     filled = False
@@ -267,17 +276,45 @@ class KvEventSubscriber:
             dealer.close(linger=0)
         return filled
 
-    def _apply(self, batch: EventBatch) -> None:
+    async def _spend(self, blocks: int) -> None:
+        """Count ``blocks`` of work in this loop turn; yield to the loop once the turn's budget is spent."""
+        self._turn += blocks
+        if self._turn > self.stats.max_turn_blocks:
+            self.stats.max_turn_blocks = self._turn
+        if self._turn >= self.blocks_per_turn:
+            self._turn = 0
+            await asyncio.sleep(0)
+
+    async def _apply(self, batch: EventBatch) -> None:
         key = self.source.key
         self.stats.batches += 1
+        await self._spend(1)  # a batch costs its decoding even when it holds nothing
         for event in batch.events:
             self.stats.events += 1
             if isinstance(event, BlockStored):
-                self.index.stored(
-                    key, event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size
-                )
+                if event.medium not in DEVICE_MEDIUMS:
+                    self.stats.host_tier_events += 1
+                    continue
+                names, size, parent = event.block_hashes, event.block_size, event.parent_block_hash
+                done = 0
+                while done < len(names):
+                    part = names[done : done + self.blocks_per_turn - self._turn]
+                    ids = event.token_ids[done * size : (done + len(part)) * size]
+                    self.index.stored(key, part, parent, ids, size)
+                    parent = part[-1]
+                    done += len(part)
+                    await self._spend(len(part))
             elif isinstance(event, BlockRemoved):
-                self.index.removed(key, event.block_hashes)
+                if event.medium not in DEVICE_MEDIUMS:
+                    self.stats.host_tier_events += 1
+                    continue
+                names = event.block_hashes
+                done = 0
+                while done < len(names):
+                    part = names[done : done + self.blocks_per_turn - self._turn]
+                    self.index.removed(key, part)
+                    done += len(part)
+                    await self._spend(len(part))
             elif isinstance(event, AllBlocksCleared):
                 self._clear("AllBlocksCleared")
 

@@ -7,7 +7,8 @@
     server.py    the engine behind SGLang's HTTP protocol (/generate, /abort_request, /health, ...)
     prompts.py   a /generate body's ids parsed, packed and page-hashed once per shared prefix
     behavior.py  what real engines refuse and report, per preset
-    kv.py        the KV cache model and its events; resume.py: continuing its own output
+    kv.py        the KV cache model (per DP rank, SWA) and its events; resume.py: continuing its own output
+    kv_publish.py  SGLang's KV event publishers, one per DP rank
     clock.py     the decode-step clock, held by prefill chunks (prefill interference)
     disagg.py    PD rooms: a prefill worker's bootstrap port, a decode worker's KV fetch
     pd_roles.py  /generate on a prefill or decode worker, as SGLang's PD mode answers it

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import uvicorn
+import zmq
 
 from deepseek_frontend._descriptors import reserve_descriptor_table
 from deepseek_frontend.engines.sim.behavior import PRESETS, SimBehavior
@@ -32,7 +33,7 @@ from deepseek_frontend.engines.sim.engine import (
     SimulatedEngine,
     load_sim_tokenizer,
 )
-from deepseek_frontend.engines.sim.kv import add_kv_arguments, kv_cache_from_args
+from deepseek_frontend.engines.sim.kv import add_kv_arguments, kv_caches_from_args
 from deepseek_frontend.engines.sim.pd_roles import SimDisagg
 from deepseek_frontend.engines.sim.server import FAIL_MODES, SimFaults, build_sim_app
 
@@ -244,11 +245,14 @@ def behavior_from_args(args: argparse.Namespace) -> SimBehavior:
 
 async def _serve(args: argparse.Namespace) -> int:
     try:
-        kv = kv_cache_from_args(args)
+        kvs, publishers = kv_caches_from_args(args)
         disagg = disagg_from_args(args)
     except ValueError as exc:
         print(f"deepseek-frontend sim-engine: {exc}", file=sys.stderr)
         return 2
+    except zmq.ZMQError as exc:  # a KV event port is taken
+        print(f"deepseek-frontend sim-engine: KV event publisher: {exc}", file=sys.stderr)
+        return 1
     engine = SimulatedEngine(
         load_sim_tokenizer(args.tokenizer or (args.model_path if Path(args.model_path).exists() else None)),
         ttft_ms=args.ttft_ms,
@@ -258,13 +262,19 @@ async def _serve(args: argparse.Namespace) -> int:
         seed=args.seed,
         name=f"sim-engine:{args.port}",
         behavior=behavior_from_args(args),
-        kv=kv,
+        kvs=kvs,
         chunked_prefill_size=getattr(args, "chunked_prefill_size", DEFAULT_CHUNKED_PREFILL_SIZE),
         enable_mixed_chunk=getattr(args, "enable_mixed_chunk", False),
     )
     faults = SimFaults(args.fail_after, args.fail_mode)
     app = build_sim_app(
-        engine, model_path=args.model_path, cumulative=args.cumulative, faults=faults, disagg=disagg
+        engine,
+        model_path=args.model_path,
+        cumulative=args.cumulative,
+        faults=faults,
+        disagg=disagg,
+        attn_dp_size=getattr(args, "attn_dp_size", 1),
+        kv_publishers=publishers,
     )
     if disagg is not None:
         try:
@@ -289,13 +299,16 @@ async def _serve(args: argparse.Namespace) -> int:
     if server.started:
         host = f"[{args.host}]" if family == socket.AF_INET6 else args.host
         print(f"sim-engine listening on http://{host}:{port}", flush=True)
-        if kv is not None and kv.publisher is not None:
-            print(f"sim-engine KV events on {kv.publisher.endpoint}", flush=True)
+        if publishers is not None:
+            for pub in publishers.publishers:
+                print(f"sim-engine KV events of rank {pub.dp_rank} on {pub.endpoint}", flush=True)
         if disagg is not None and disagg.bootstrap is not None:
             print(f"sim-engine bootstrap port {disagg.bootstrap.port}", flush=True)
     await serving
     if disagg is not None:
         await disagg.aclose()
+    if publishers is not None:
+        await publishers.aclose()
     return 0 if server.started else 1
 
 

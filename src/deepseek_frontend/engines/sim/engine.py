@@ -255,6 +255,7 @@ class SimulatedEngine(EngineClient, Engine):
         name: str = "sim",
         behavior: SimBehavior | None = None,
         kv: SimKvCache | None = None,
+        kvs: Sequence[SimKvCache] = (),
         chunked_prefill_size: int = DEFAULT_CHUNKED_PREFILL_SIZE,
         enable_mixed_chunk: bool = False,
     ) -> None:
@@ -277,9 +278,11 @@ class SimulatedEngine(EngineClient, Engine):
         self.behavior = behavior
         self.stats = SimStats()
         self.prefix_cache = PrefixCache(page_size)
-        #: the KV cache model (engines/sim/kv.py): cached_tokens, prefill time and KV events come
-        #: from it when set, else from the unbounded-time ``prefix_cache``
-        self.kv = kv
+        #: the KV cache models, one per data-parallel rank (engines/sim/kv.py): cached_tokens, prefill
+        #: time and KV events come from them when set, else from the unbounded-time ``prefix_cache``
+        self.kvs: list[SimKvCache] = list(kvs) or ([kv] if kv is not None else [])
+        #: rank 0's cache model (the only one without data parallelism)
+        self.kv = self.kvs[0] if self.kvs else None
         self._plans: OrderedDict[tuple[object, ...], list[int]] = OrderedDict()
         #: the one thread plans are written on (one at a time: the memo tables are shared)
         self._planner = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"{name}-plan")
@@ -466,8 +469,11 @@ class SimulatedEngine(EngineClient, Engine):
         *,
         transferred_cached: int | None = None,
         transferred_plan: Sequence[int] | None = None,
+        dp_rank: int | None = None,
     ) -> AsyncIterator[EngineChunk]:
         """Stream the planned output of ``request`` (see :class:`EngineClient`).
+
+        ``dp_rank``: the data-parallel rank that serves it (its cache model; rank 0 when None).
 
         ``prompt``: the request's ids as :class:`RecentPrompts` read them from a body (their packed
         bytes and known page hashes); read here when not given. ``transferred_cached``: the prompt's
@@ -507,9 +513,10 @@ class SimulatedEngine(EngineClient, Engine):
         # as SGLang reports it: every image placeholder expanded to the image's tokens
         prompt_tokens = len(request.input_ids) + image_tokens
         cached = 0
+        kv = self.kvs[dp_rank] if dp_rank is not None and 0 <= dp_rank < len(self.kvs) else self.kv
         if transferred_cached is not None:
             cached = transferred_cached
-        elif self.kv is None:
+        elif kv is None:
             cached = self.prefix_cache.lookup_and_insert(request.input_ids, prompt=prompt)
         rid = request.request_id
         self.stats.started += 1
@@ -521,8 +528,8 @@ class SimulatedEngine(EngineClient, Engine):
         try:
             if transferred_cached is not None:
                 pass
-            elif self.kv is not None:
-                cached = await self.kv.prefill(request.input_ids, self.ttft_s, self._occupy)
+            elif kv is not None:
+                cached = await kv.prefill(request.input_ids, self.ttft_s, self._occupy)
             elif self.ttft_s:
                 await asyncio.sleep(self.ttft_s)
             decoding = True
@@ -580,8 +587,8 @@ class SimulatedEngine(EngineClient, Engine):
                 if last:
                     done = True
                     self.stats.finished += 1
-                    if self.kv is not None:
-                        self.kv.finished([*request.input_ids, *ids])
+                    if kv is not None:
+                        kv.finished([*request.input_ids, *ids], len(request.input_ids))
                     # written out: no longer held up by prefills (a prefill leg waits here for its
                     # decode worker with nothing left to write)
                     decoding = False
@@ -607,6 +614,9 @@ class SimulatedEngine(EngineClient, Engine):
             self._running.discard(rid)
             self._abort_requested.discard(rid)
             self.stats.running -= 1
+            if not self.stats.running:
+                for cache in self.kvs:  # an idle scheduler flushes its KV events
+                    cache.flush()
             if rid in self._failed:
                 self._failed.discard(rid)
             elif not done:

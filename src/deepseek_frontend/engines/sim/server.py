@@ -53,6 +53,7 @@ from deepseek_frontend._tasks import DisconnectWatch
 from deepseek_frontend.engines.sim.behavior import PRESETS, SimBehavior, SimRefusal
 from deepseek_frontend.engines.sim.disagg import DEFAULT_BOOTSTRAP_PORT, KvArrival
 from deepseek_frontend.engines.sim.engine import INPUT_IDS_ERROR, SimulatedEngine
+from deepseek_frontend.engines.sim.kv_publish import RankPublishers
 from deepseek_frontend.engines.sim.pd_roles import PdLeg, SimDisagg
 from deepseek_frontend.engines.sim.prompts import RecentPrompts, SimPrompt
 from deepseek_frontend.errors import EngineError, EngineUnavailableError, RequestError
@@ -202,15 +203,23 @@ def _refusal_events(rid: str, refusal: SimRefusal, prompt_tokens: int) -> list[b
     return [b"data: " + event + b"\n\n", b"data: [DONE]\n\n"]
 
 
-def _dp_rank_refusal(body: dict[str, Any]) -> SimRefusal | None:
-    """SGLang's tokenizer-manager check of ``routed_dp_rank`` (or its deprecated alias
-    ``data_parallel_rank``) on a worker with one DP rank: 0 is ignored, anything else refused."""
+def _routed_rank(body: dict[str, Any]) -> int | None:
+    """``routed_dp_rank``, or its deprecated alias ``data_parallel_rank`` (``managers/io_struct.py``
+    ``normalize_batch_and_arguments`` copies the alias over when the field is unset)."""
     rank = body.get("routed_dp_rank")
     if rank is None:
         rank = body.get("data_parallel_rank")
-    if rank is None or rank == 0 or not isinstance(rank, int):
+    return rank if isinstance(rank, int) and not isinstance(rank, bool) else None
+
+
+def _dp_rank_refusal(body: dict[str, Any], ranks: int = 1) -> SimRefusal | None:
+    """SGLang's tokenizer-manager check of the routed rank (``managers/tokenizer_manager.py:915-924``):
+    with one DP rank, 0 is ignored; any rank outside ``[0, ranks)`` is a ValueError -- HTTP 400, or
+    an in-stream error event -- ``routed_dp_rank=R out of range [0, N)``."""
+    rank = _routed_rank(body)
+    if rank is None or (ranks <= 1 and rank == 0) or 0 <= rank < ranks:
         return None
-    return SimRefusal("error", f"routed_dp_rank={rank} out of range [0, 1)")
+    return SimRefusal("error", f"routed_dp_rank={rank} out of range [0, {ranks})")
 
 
 def _sampling_from(body: dict[str, Any]) -> SamplingParams:
@@ -315,13 +324,22 @@ def build_sim_app(
     faults: SimFaults | None = None,
     behavior: SimBehavior | None = None,
     disagg: SimDisagg | None = None,
+    attn_dp_size: int | None = None,
+    kv_publishers: RankPublishers | None = None,
 ) -> Starlette:
     """The Starlette app serving ``engine`` over SGLang's protocol (see module docstring).
 
     ``behavior``: what the worker refuses and reports (default: ``engine.behavior``, else ``ideal``).
     ``disagg``: a prefill or decode role (engines/sim/pd_roles.py); None for an aggregated worker.
+    ``attn_dp_size``: data-parallel ranks (default: one per cache model of the engine). A request
+    goes to its ``routed_dp_rank``, else to the next rank in turn (SGLang's DP controller:
+    ``maybe_external_dp_rank_routing``, then ``round_robin``, the ``auto`` load-balance method of an
+    aggregated worker; ``managers/data_parallel_controller.py:865, 880``). ``kv_publishers``: the
+    ranks' KV event publishers, described in ``/server_info`` as SGLang describes them.
     """
     faults = faults or SimFaults()
+    ranks = max(1, attn_dp_size or len(getattr(engine, "kvs", ()) or ()) or 1)
+    next_rank = [0]
     behavior = behavior or getattr(engine, "behavior", None) or PRESETS["ideal"]
     prompts = RecentPrompts()
     #: the trace context of recent generate requests (what a traced frontend sent), newest last
@@ -356,7 +374,7 @@ def build_sim_app(
         except (RequestError, ValueError, TypeError) as exc:
             return _bad_request(str(exc))
         rid = str(body.get("rid") or uuid.uuid4().hex)
-        refusal = _dp_rank_refusal(body) or behavior.refusal(len(ids), sampling)
+        refusal = _dp_rank_refusal(body, ranks) or behavior.refusal(len(ids), sampling)
         if refusal is not None:
             if not body.get("stream", False):
                 return JSONResponse({"error": {"message": refusal.message}}, status_code=refusal.status_code)
@@ -377,7 +395,15 @@ def build_sim_app(
             return await disagg.generate(body, gen_request, _pd_leg(rid, prompt, sampling.logprobs))
         # the engine's own fault setting is off; faults are applied here, per mode
         fail_after, fail_mode = faults.fail_after, faults.fail_mode
-        stream = engine.generate(gen_request, prompt)
+        rank = _routed_rank(body)
+        if rank is None or ranks == 1:
+            rank = next_rank[0] % ranks
+            next_rank[0] += 1
+        stream = (
+            engine.generate(gen_request, prompt, dp_rank=rank)
+            if ranks > 1
+            else engine.generate(gen_request, prompt)
+        )
         try:
             first = await anext(stream)
         except RequestError as exc:
@@ -536,7 +562,14 @@ def build_sim_app(
         info = behavior.server_info(model_path=model_path, cumulative=cumulative)
         info["internal_states"] = [{"num_reqs": engine.stats.running}]
         if getattr(engine, "kv", None) is not None:
-            info.update(engine.kv.server_info())  # page_size, kv_events_config (engines/sim/kv.py)
+            info.update(engine.kv.server_info())  # page_size, max_total_num_tokens (engines/sim/kv.py)
+        # SGLang's resolved DP args: --attn-dp-size N reports attn_dp_size N and dp_size 1
+        info["dp_size"], info["attn_dp_size"] = 1, ranks
+        info["kv_events"] = None
+        if kv_publishers is not None:
+            page = engine.kv.page_size if getattr(engine, "kv", None) is not None else 256
+            info["kv_events"] = kv_publishers.descriptor(page)
+            info["kv_events_config"] = kv_publishers.config_json()  # a JSON string, as SGLang reports it
         info["chunked_prefill_size"] = getattr(engine, "chunked_prefill_size", None)
         info["enable_mixed_chunk"] = getattr(engine, "enable_mixed_chunk", False)
         # SGLang's PD keys: "null" and the default port on an aggregated worker
@@ -550,9 +583,14 @@ def build_sim_app(
         return JSONResponse({"num_reqs": engine.stats.running, "num_waiting_reqs": 0})
 
     async def stats(_: Request) -> Response:
-        kv = getattr(engine, "kv", None)
+        kvs = getattr(engine, "kvs", None) or []
         memo = {"prompts_reused": prompts.reused, "prompts_read_whole": prompts.read_whole}
-        cache = kv.stats() if kv is not None else {}
+        cache: dict[str, Any] = {}
+        for kv in kvs:  # every rank's counters summed; per rank under "ranks"
+            for key, value in kv.stats().items():
+                cache[key] = cache.get(key, 0) + value
+        if len(kvs) > 1:
+            cache["ranks"] = [kv.stats() for kv in kvs]
         pd = disagg.stats() if disagg is not None else {}
         trace = {"trace_headers": list(traced)}
         return JSONResponse({**engine.stats.as_dict(), **memo, **cache, **pd, **trace})
