@@ -85,11 +85,15 @@ def check_anthropic_stream(ctx: SuiteContext) -> str:
         "message_delta not just before stop",
     )
     open_blocks: dict[int, str] = {}
+    started: list[str] = []  # block types in the order they started
     json_parts: dict[int, list[str]] = {}
     for event in events:
         if event.type == "content_block_start":
-            expect(event.index not in open_blocks, f"block {event.index} started twice")
+            # the SDK files a block's deltas under content[index]: indexes run 0, 1, 2, ...
+            expect(event.index == len(started), f"block {event.index} started as block {len(started)}")
+            expect(not open_blocks, f"block {event.index} started while {sorted(open_blocks)} open")
             open_blocks[event.index] = event.content_block.type
+            started.append(event.content_block.type)
         elif event.type == "content_block_delta":
             expect(event.index in open_blocks, f"delta for block {event.index} before its start")
             if event.delta.type == "input_json_delta":
@@ -99,6 +103,12 @@ def check_anthropic_stream(ctx: SuiteContext) -> str:
         elif event.type == "content_block_stop":
             expect(open_blocks.pop(event.index, None) is not None, f"stop for unopened block {event.index}")
     expect(not open_blocks, f"blocks never stopped: {sorted(open_blocks)}")
+    answered = [i for i, kind in enumerate(started) if kind not in _THINKING_BLOCKS]
+    thought = [i for i, kind in enumerate(started) if kind in _THINKING_BLOCKS]
+    expect(
+        not answered or not thought or max(thought) < min(answered),
+        f"a thinking block follows a text or tool_use block: {started}",
+    )
     delta = events[-2]
     expect(delta.delta.stop_reason == "tool_use", f"stop_reason {delta.delta.stop_reason!r}")
     expect(json_parts, "no input_json_delta for the tool_use block")
@@ -107,6 +117,7 @@ def check_anthropic_stream(ctx: SuiteContext) -> str:
     return f"{len(events)} events"
 
 
+_THINKING_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 _ANTHROPIC_WIRE_EVENTS = frozenset(
     {
         "message_start",

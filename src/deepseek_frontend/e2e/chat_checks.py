@@ -87,12 +87,11 @@ def check_stream_shape(ctx: SuiteContext) -> str:
     expect_stream_envelope(chunks)
     summary = summarize_stream(chunks)
     expect(summary.content.strip(), "no content streamed")
-    expect(summary.content_deltas >= 2, f"content arrived in {summary.content_deltas} delta(s), not streamed")
     expect(summary.finish_reasons == ["stop"], f"finish_reason {summary.finish_reasons}")
-    for chunk in chunks:
-        for choice in chunk.choices:
-            expect_no_markup(choice.delta.content, "content delta")
-    return f"{len(chunks)} chunks"
+    expect(not summary.reasoning, "reasoning_content streamed with thinking off")
+    # the text as a client assembles it: markup split over two deltas is caught too
+    expect_no_markup(summary.content, "streamed content")
+    return f"{len(chunks)} chunks, content in {summary.content_deltas} delta(s)"
 
 
 def check_stream_usage(ctx: SuiteContext) -> str:
@@ -129,15 +128,16 @@ def check_reasoning_split_stream(ctx: SuiteContext) -> str:
     chunks = ctx.chat_stream(user("Is 91 a prime number? Answer yes or no."), extra_body=THINKING_ON)
     expect_stream_envelope(chunks)
     summary = summarize_stream(chunks)
-    for chunk in chunks:
-        for choice in chunk.choices:
-            expect_no_markup(choice.delta.content, "content delta")
-            expect_no_markup(reasoning_of(choice.delta), "reasoning delta")
+    expect_no_markup(summary.content, "streamed content")
+    expect_no_markup(summary.reasoning, "streamed reasoning_content")
     if not summary.reasoning:
         raise Inconclusive("the model produced no reasoning in thinking mode")
-    expect(not summary.reasoning_after_content, "reasoning deltas arrived after content had started")
+    expect(not summary.reasoning_after_content, "reasoning arrived in a delta after one with content")
     expect(summary.content.strip(), "no content after the reasoning")
-    return f"{len(summary.reasoning)} reasoning chars"
+    expect(
+        summary.finish_reasons == ["stop"], f"finish_reason {summary.finish_reasons} (raise --max-tokens?)"
+    )
+    return f"{len(summary.reasoning)} reasoning chars, then {len(summary.content)} content chars"
 
 
 def check_thinking_off(ctx: SuiteContext) -> str:
@@ -190,9 +190,7 @@ def check_tool_auto_stream(ctx: SuiteContext) -> str:
     if not summary.calls:
         raise Inconclusive("the model answered in text instead of calling get_weather")
     expect_streamed_calls(summary, WEATHER_SCHEMA, "get_weather")
-    deltas = len(summary.calls[0].argument_deltas)
-    expect(deltas >= 2, f"arguments arrived in {deltas} delta(s), not incrementally")
-    return f"{deltas} argument deltas"
+    return f"arguments in {len(summary.calls[0].argument_deltas)} delta(s)"
 
 
 def parallel_stream(ctx: SuiteContext) -> StreamSummary:

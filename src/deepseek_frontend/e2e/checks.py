@@ -66,7 +66,7 @@ def all_checks() -> list[Check]:
         ("plain_chat", "non-streaming chat: shape, finish stop, usage, no markup", check_plain_chat),
         (
             "stream_chunk_shape",
-            "streamed chat: one id, role first, one finish, content in deltas",
+            "streamed chat: one id, role first, content, one finish, last",
             check_stream_shape,
         ),
         (
@@ -81,14 +81,14 @@ def all_checks() -> list[Check]:
         ),
         (
             "reasoning_split_stream",
-            "thinking on, streamed: reasoning deltas precede content",
+            "thinking on, streamed: reasoning never follows content",
             check_reasoning_split_stream,
         ),
         ("thinking_off", "thinking off (two spellings): no reasoning, content only", check_thinking_off),
         ("tool_required", "tool_choice required: a call with schema-valid arguments", check_tool_required),
         (
             "tool_auto_stream",
-            "tool_choice auto, streamed: incremental arguments, name once",
+            "tool_choice auto, streamed: id and name once, first; arguments assemble",
             check_tool_auto_stream,
         ),
         (
@@ -124,7 +124,7 @@ def all_checks() -> list[Check]:
         ),
         (
             "anthropic_stream_events",
-            "/v1/messages streamed: event order, input_json_delta is valid JSON",
+            "/v1/messages streamed: event and block order, input_json_delta is valid JSON",
             check_anthropic_stream,
         ),
         ("image_chat", "an image_url part reaches the model; usage counts its tokens", check_image_chat),

@@ -74,6 +74,8 @@ class StreamedCall:
     ids: list[str] = field(default_factory=list)
     names: list[str] = field(default_factory=list)
     argument_deltas: list[str] = field(default_factory=list)
+    #: an id or a name arrived after argument text had (a client cannot file the arguments it holds)
+    named_late: bool = False
 
     @property
     def arguments(self) -> str:
@@ -82,12 +84,20 @@ class StreamedCall:
 
 @dataclass
 class StreamSummary:
-    """A streamed chat completion reassembled, plus the shape facts the checks assert on."""
+    """A streamed chat completion reassembled, plus the ordering facts the checks assert on.
+
+    How many deltas a text took is not one of them: a server may merge engine output that is
+    already waiting into one delta (and a fast engine makes that the rule), and a client's
+    reassembly does not depend on it. ``content_deltas`` is kept for the checks' detail text.
+    """
 
     chunks: list[Any]
     content: str
     reasoning: str
     content_deltas: int
+    #: reasoning arrived in a delta after one that carried content. A delta carrying both is in
+    #: order: its ``reasoning_content`` is read before its ``content`` (the reasoning ended inside
+    #: that delta), as every client that renders both does.
     reasoning_after_content: bool
     finish_reasons: list[str]
     calls: dict[int, StreamedCall]
@@ -103,18 +113,20 @@ def summarize_stream(chunks: list[Any]) -> StreamSummary:
     for chunk in chunks:
         for choice in chunk.choices:
             delta = choice.delta
-            if delta.content:
-                content.append(delta.content)
             if text := reasoning_of(delta):
                 reasoning.append(text)
-                reasoning_after_content |= bool(content)
+                reasoning_after_content |= bool(content)  # content of an earlier delta
+            if delta.content:
+                content.append(delta.content)
             for tc in delta.tool_calls or []:
                 call = calls.setdefault(tc.index, StreamedCall(tc.index))
                 if tc.id:
                     call.ids.append(tc.id)
+                    call.named_late |= bool(call.argument_deltas)
                 if tc.function is not None:
                     if tc.function.name:
                         call.names.append(tc.function.name)
+                        call.named_late |= bool(call.argument_deltas)
                     if tc.function.arguments:
                         call.argument_deltas.append(tc.function.arguments)
             if choice.finish_reason:
@@ -154,8 +166,9 @@ def expect_stream_envelope(chunks: list[Any]) -> None:
 
 
 def expect_streamed_calls(summary: StreamSummary, schema: dict[str, Any], name: str) -> list[dict[str, Any]]:
-    """Streamed tool calls are well-formed: indexes 0..n-1, one id and one name each (sent once, before
-    the arguments), unique ids, arguments that concatenate to schema-valid JSON; finish ``tool_calls``."""
+    """Streamed tool calls assemble: indexes 0..n-1, one id and one name each (sent once, before any
+    argument text), unique ids, argument deltas -- however many -- that concatenate to schema-valid
+    JSON without markup; finish ``tool_calls``."""
     calls = [summary.calls[i] for i in sorted(summary.calls)]
     expect([c.index for c in calls] == list(range(len(calls))), f"tool call indexes {sorted(summary.calls)}")
     parsed = []
@@ -163,9 +176,9 @@ def expect_streamed_calls(summary: StreamSummary, schema: dict[str, Any], name: 
         where = f"call {call.index}"
         expect(len(call.ids) == 1, f"{where}: id sent {len(call.ids)} times")
         expect(call.names == [name], f"{where}: names {call.names}, expected [{name!r}] once")
+        expect(not call.named_late, f"{where}: its id or name arrived after argument text")
         parsed.append(parse_arguments(call.arguments, schema, where))
-        for delta in call.argument_deltas:
-            expect_no_markup(delta, f"{where} argument delta")
+        expect_no_markup(call.arguments, f"{where} arguments")
     ids = [c.ids[0] for c in calls]
     expect(len(set(ids)) == len(ids), f"tool call ids repeat: {ids}")
     expect(
