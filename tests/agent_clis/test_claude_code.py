@@ -18,10 +18,12 @@ TaskList's schema into that tool result and the model calls it ("Loaded tools" r
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 
 import pytest
 
 from tests.support.logging_proxy import Exchange, LoggingProxy
+from tests.support.servers import Server, start_frontend
 
 from .conftest import API_KEY, claude_path, offline_env, run_cli
 
@@ -31,18 +33,26 @@ MODEL = "claude-sonnet-4-5"
 TIMEOUT_S = 180
 
 
-def claude_env(sandbox: dict, proxy: LoggingProxy) -> dict[str, str]:
-    """Claude Code's environment: the proxy as its API, every model name the alias, no telemetry."""
+def claude_env(
+    sandbox: dict, proxy: LoggingProxy, *, model: str | None = MODEL, key: str = API_KEY
+) -> dict[str, str]:
+    """Claude Code's environment: the proxy as its API, every model name ``model`` (None: Claude
+    Code's own defaults), no telemetry; ``IS_SANDBOX=1`` lets it skip permission prompts as root."""
     env = offline_env(sandbox["home"])
+    if model is not None:
+        env.update(
+            {
+                "ANTHROPIC_MODEL": model,
+                "ANTHROPIC_SMALL_FAST_MODEL": model,
+                "ANTHROPIC_DEFAULT_HAIKU_MODEL": model,
+                "ANTHROPIC_DEFAULT_SONNET_MODEL": model,
+                "ANTHROPIC_DEFAULT_OPUS_MODEL": model,
+            }
+        )
     env.update(
         {
             "ANTHROPIC_BASE_URL": proxy.url,
-            "ANTHROPIC_API_KEY": API_KEY,
-            "ANTHROPIC_MODEL": MODEL,
-            "ANTHROPIC_SMALL_FAST_MODEL": MODEL,
-            "ANTHROPIC_DEFAULT_HAIKU_MODEL": MODEL,
-            "ANTHROPIC_DEFAULT_SONNET_MODEL": MODEL,
-            "ANTHROPIC_DEFAULT_OPUS_MODEL": MODEL,
+            "ANTHROPIC_API_KEY": key,
             "CLAUDE_CONFIG_DIR": str(sandbox["home"] / ".claude"),
             "DISABLE_TELEMETRY": "1",
             "DISABLE_ERROR_REPORTING": "1",
@@ -57,9 +67,12 @@ def claude_env(sandbox: dict, proxy: LoggingProxy) -> dict[str, str]:
     return env
 
 
-def run_task_list(claude_bin: str, proxy: LoggingProxy, sandbox: dict, **extra_env: str) -> tuple[list, str]:
-    """``claude -p TaskList`` to the end: its stream-json events and the failure context."""
-    env = claude_env(sandbox, proxy)
+def run_task_list(
+    claude_bin: str, proxy: LoggingProxy, sandbox: dict, env: dict[str, str] | None = None, **extra_env: str
+) -> tuple[list, str]:
+    """``claude -p TaskList`` to the end (in ``env``, default :func:`claude_env`): its stream-json
+    events and the failure context."""
+    env = dict(env if env is not None else claude_env(sandbox, proxy))
     env.update(extra_env)
     proc, context = run_cli(
         "claude",
@@ -90,7 +103,7 @@ def tool_uses(events: list) -> list[dict]:
 
 def assert_task_list_loop(events: list, proxy: LoggingProxy, context: str) -> None:
     """TaskList was called and ran, its result went back, the run ended in success, every
-    request got 200 and every answer echoes the alias."""
+    request got 200 and every answer echoes the model name its request sent."""
     # the model's call, executed by Claude Code, and its result accepted as the next turn's input
     calls = tool_uses(events)
     assert any(c["name"] == "TaskList" for c in calls), context
@@ -118,11 +131,12 @@ def assert_task_list_loop(events: list, proxy: LoggingProxy, context: str) -> No
         if block.get("type") == "tool_result"
     ]
     assert {b["tool_use_id"] for b in sent_back} & call_ids, context
-    # every answer echoes the alias Claude Code asked for (else it drops thinking blocks)
+    # every answer echoes the name Claude Code asked for (else it drops thinking blocks)
     assert all(
-        f'"model":"{MODEL}"' in e.response_text or f'"model": "{MODEL}"' in e.response_text
+        f'"model":"{e.body["model"]}"' in e.response_text
+        or f'"model": "{e.body["model"]}"' in e.response_text
         for e in messages
-        if e.body and e.body.get("model") == MODEL
+        if e.body and e.body.get("model") and e.path.split("?")[0] == "/v1/messages"
     ), context
 
 
@@ -182,3 +196,42 @@ def test_claude_code_tool_search_loads_and_calls_a_deferred_tool(
     # the model then called the loaded tool, and no request fell back to removing the references
     assert any(c["name"] == "TaskList" for c in calls[1:]), context
     assert not any("Tool references removed" in json.dumps(e.body) for e in posts), context
+
+
+@pytest.fixture(scope="module")
+def quick_start() -> Iterator[Server]:
+    """``deepseek-frontend serve`` as the README's quick start runs it: no flags at all (no alias,
+    no key, the default served name), on a free port."""
+    server = start_frontend()
+    yield server
+    server.stop()
+
+
+def test_claude_code_with_its_own_model_names_works_against_the_quick_start_server(
+    claude_bin: str, quick_start: Server, sandbox: dict
+) -> None:
+    """What docs/clients.md tells a new user to run against ``serve`` with no flags: Claude Code
+    sends its own model names (no ``ANTHROPIC_MODEL``: each release picks its default, with its
+    own tool set, so the prompt needs no tool), which the simulated engine's server answers
+    without ``--model-alias``; the key is any placeholder (the server checks none)."""
+    proxy = LoggingProxy(quick_start.url).start()
+    try:
+        env = claude_env(sandbox, proxy, model=None, key="sk-local")
+        proc, context = run_cli(
+            "claude",
+            [claude_path(claude_bin), "-p", "Reply with exactly: quick start ok", "--output-format", "json"],
+            sandbox["work"],
+            env,
+            proxy,
+            TIMEOUT_S,
+        )
+        assert proc.returncode == 0, context
+        result = json.loads(proc.stdout)
+        assert result["subtype"] == "success" and result["result"] == "quick start ok", context
+        posts = message_posts(proxy)
+        assert posts and all(e.status == 200 for e in posts), context
+        sent = {(e.body or {}).get("model") for e in posts}
+        assert all(str(name).startswith("claude-") for name in sent), context
+        assert all(f'"model":"{e.body["model"]}"' in e.response_text for e in posts if e.body), context
+    finally:
+        proxy.stop()

@@ -36,16 +36,25 @@ from .store_config import StateOptions, state_options_from_args
 
 __all__ = [
     "API_KEY_ENV",
+    "SIM_MODEL_ALIASES",
     "ModelAlias",
     "ModelConfig",
     "ServerConfig",
     "ServerOptions",
     "ServingLimits",
     "parse_model_alias",
+    "unknown_model_error",
 ]
 
 #: Environment variable read when --api-key is not given.
 API_KEY_ENV = "DEEPSEEK_FRONTEND_API_KEY"
+#: The names ``serve`` answers by default when the built-in simulated engine serves its one model
+#: and no ``--model-alias`` is given: agent CLIs and SDK examples send their vendor's model names
+#: (Claude Code ``claude-sonnet-...``, OpenAI examples ``gpt-...``), and a zero-configuration
+#: development server should answer them. Real workers get none by default: there a name a client
+#: sends for another vendor's model is more likely a mistake, which deserves the 404 that lists
+#: the served names, than a request meant for DeepSeek.
+SIM_MODEL_ALIASES = ("claude-*", "gpt-*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,10 +189,11 @@ class ModelConfig:
         for alias in self.model_aliases:
             if alias.matches(name):
                 return alias.target
-        raise ModelNotFoundError(
-            f"The model {name!r} does not exist; this server serves {self.served_model_name!r}",
-            param="model",
-        )
+        raise unknown_model_error(name, self.listed_model_names(), self.glob_aliases())
+
+    def glob_aliases(self) -> list[str]:
+        """The glob aliases (``claude-*``): answered, not listed."""
+        return [alias.pattern for alias in self.model_aliases if alias.is_glob]
 
     def listed_model_names(self) -> list[str]:
         """The names ``GET /v1/models`` lists: the served name, then every exact (non-glob) alias in flag
@@ -222,8 +232,12 @@ class ServerConfig:
     limits: ServingLimits = field(default_factory=ServingLimits)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ServerConfig:
+    def from_args(cls, args: argparse.Namespace, *, sim_aliases: bool = False) -> ServerConfig:
         """Resolve the ``serve`` flags (see ``serve_command.add_arguments``).
+
+        ``sim_aliases``: the flags are ``serve``'s own command line (not a ``--config`` file's
+        model entry), so with the in-process simulated engine and no ``--model-alias`` the model
+        also answers :data:`SIM_MODEL_ALIASES`.
 
         Raises ``UnsupportedModelError`` for a family without an encoder (V4.1) and
         ``ValueError`` for contradictory flags.
@@ -306,7 +320,10 @@ class ServerConfig:
             expected = "release or prerelease" if family == "deepseek_v41" else "preview or official"
             raise ValueError(f"--reasoning-effort-profile {profile}: a {family} checkpoint takes {expected}")
 
-        aliases = tuple(parse_model_alias(a, served) for a in args.model_alias)
+        alias_specs = list(args.model_alias)
+        if sim_aliases and not alias_specs and engine == "sim":
+            alias_specs = list(SIM_MODEL_ALIASES)
+        aliases = tuple(parse_model_alias(a, served) for a in alias_specs)
         keys = args.api_key if isinstance(args.api_key, list) else [args.api_key] if args.api_key else []
         key_file = getattr(args, "api_key_file", None)
         if key_file:
@@ -402,6 +419,26 @@ def _sim_behave(name: str) -> str:
     if name not in PRESETS:
         raise ValueError(f"--sim-behave {name!r}: expected one of {', '.join(sorted(PRESETS))}")
     return name
+
+
+def unknown_model_error(name: str, served: list[str], globs: list[str]) -> ModelNotFoundError:
+    """The 404 for a ``model`` no served model answers to (or one the API key may not use): it names
+    the names the key may use -- ``served``, listed by ``/v1/models``, and ``globs``, answered but not
+    listed -- and how to make the server answer another (``--model-alias``, or ``aliases`` in a
+    ``--config`` file). Every API words it the same, in its own error shape."""
+    if served:
+        answered = ", ".join(repr(n) for n in served)
+        if globs:
+            answered += " and any name matching " + " or ".join(repr(g) for g in globs)
+        what = f"this server serves {answered}"
+    else:
+        what = "this API key may use no model of this server"
+    return ModelNotFoundError(
+        f"The model {name!r} does not exist: {what}. To answer another name, start serve with "
+        "--model-alias NAME (globs allowed: --model-alias 'gpt-*'), or list it under the model's "
+        "aliases in the --config file",
+        param="model",
+    )
 
 
 def parse_model_alias(spec: str, served_model_name: str) -> ModelAlias:

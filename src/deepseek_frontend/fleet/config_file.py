@@ -121,7 +121,7 @@ def fleet_from_args(args: argparse.Namespace, actions: Mapping[str, argparse.Act
     path = getattr(args, "config", None)
     if path:
         return load_fleet(path, args, actions)
-    config = ServerConfig.from_args(args)
+    config = ServerConfig.from_args(args, sim_aliases=True)
     keys_files = [Path(args.keys_file)] if getattr(args, "keys_file", None) else []
     return Fleet((config,), _tenants(None, keys_files, config.server.accepted_api_keys))
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from deepseek_frontend.errors import ModelNotFoundError
 
+from .config import unknown_model_error
+
 if TYPE_CHECKING:
     from .served_model import ServedModel
 
@@ -80,10 +82,9 @@ class ModelRegistry:
         model = self.find(name)
         if model is not None and (tenant is None or tenant.may_use(model.name)):
             return model
-        served = ", ".join(repr(n) for n, _ in self.listed(tenant)) or "no model for this API key"
-        raise ModelNotFoundError(
-            f"The model {name!r} does not exist; this server serves {served}", param="model"
-        )
+        usable = [m for m in self.models if tenant is None or tenant.may_use(m.name)]
+        globs = [g for m in usable for g in m.config.model.glob_aliases()]
+        raise unknown_model_error(name, [n for n, _ in self.listed(tenant)], globs)
 
     def listed(self, tenant: Any = None) -> list[tuple[str, ServedModel]]:
         """The names ``GET /v1/models`` lists, each with its model: per model (in configuration order)

@@ -15,8 +15,11 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from deepseek_frontend.api.anthropic.routes import ANTHROPIC
 from deepseek_frontend.edge.auth import AmbiguousCredentialsError, presented_key
 from deepseek_frontend.edge.context import FrontendState, get_state
+from deepseek_frontend.edge.errors import error_response, openai_error_body
+from deepseek_frontend.errors import ModelNotFoundError
 from deepseek_frontend.fleet.metrics import CONTENT_TYPE, merge_labelled, render_families
 from deepseek_frontend.fleet.served_model import ServedModel
 from deepseek_frontend.generation import WorkerStatus
@@ -77,9 +80,13 @@ async def retrieve_model(request: Request) -> Response:
     alias matches) comes back under the name asked for, as every response echoes it; others 404."""
     state = get_state(request)
     asked = request.path_params["model"]
-    model = state.models.resolve(asked, _tenant(request))  # ModelNotFoundError -> 404 in the client's shape
+    anthropic = _is_anthropic_client(request)
+    try:
+        model = state.models.resolve(asked, _tenant(request))
+    except ModelNotFoundError as exc:  # a 404 in the shape of the client's API, as the list is
+        return error_response(exc, ANTHROPIC.error_body if anthropic else openai_error_body)
     created = state.started_at
-    if _is_anthropic_client(request):
+    if anthropic:
         return Response(orjson.dumps(_anthropic_model(asked, created)), media_type="application/json")
     return Response(orjson.dumps(_openai_model(asked, created, model)), media_type="application/json")
 
