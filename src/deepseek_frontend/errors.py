@@ -29,6 +29,9 @@ Each class carries the HTTP status and the OpenAI ``error.type`` it maps to, so
 
 ``param`` names the offending field with a JSON-path-like string (for example
 ``messages[3].tool_calls[0].function.arguments``) so a client can find it.
+
+:class:`StartupError` is no HTTP answer: ``serve`` cannot start as configured, and says so in
+one line naming what to fix (exit status 2).
 """
 
 from __future__ import annotations
@@ -228,3 +231,28 @@ class EngineTimeoutError(EngineError):
 
     status_code = 504
     error_type = "timeout_error"
+
+
+class StartupError(Exception):
+    """``serve`` cannot start as configured. ``str()`` is one line naming what to fix (a flag, a
+    file, a worker, a service), printed as ``deepseek-frontend serve: <line>`` before exit status 2."""
+
+    @classmethod
+    def because(cls, what: str, exc: BaseException) -> StartupError:
+        """``what`` (the step and the flag it comes from) failed with ``exc``: ``"<what>: <cause>"``
+        on one line (:func:`describe`)."""
+        return cls(f"{what}: {describe(exc)}")
+
+
+def describe(exc: BaseException) -> str:
+    """``exc`` as one line (whitespace folded): its message, after its type's name unless the
+    message is meant to be read alone -- a :class:`StartupError`, a :class:`FrontendError`, a
+    ``ValueError`` or ``RuntimeError`` (the library's words for a bad value), a bare ``Exception``
+    -- so ``ConnectionRefusedError: [Errno 111] Connection refused`` keeps what it is."""
+    text = " ".join(str(exc).split())
+    plain = (
+        isinstance(exc, StartupError | FrontendError | ValueError | RuntimeError) or type(exc) is Exception
+    )
+    if plain:
+        return text or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

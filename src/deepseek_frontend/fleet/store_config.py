@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
 import re
 import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepseek_frontend.errors import StoreUnavailableError
+from deepseek_frontend.errors import StartupError, StoreUnavailableError, describe
 from deepseek_frontend.state import (
     DEFAULT_DB_NAME,
     NullStore,
@@ -131,17 +132,39 @@ def state_options_from_args(args: argparse.Namespace) -> StateOptions:
         explicit=explicit,
     )
     store_for_url(url)  # a bad URL fails at start-up, naming the flag
+    if _is_postgres(url) and importlib.util.find_spec("asyncpg") is None:
+        raise ValueError(
+            f"--state-store {_redacted(url)}: PostgreSQL needs the asyncpg package: "
+            "pip install 'deepseek-frontend[postgres]'"
+        )
     return options
+
+
+def _is_postgres(url: str) -> bool:
+    return url.partition("://")[0] in ("postgresql", "postgres", "postgresql+asyncpg")
 
 
 async def open_state_store(options: StateOptions, store: StateStore) -> StateStore:
     """Open ``store`` (built from ``options``); the store to use. An explicit ``--state-store`` that
-    fails stops the start-up; serve's default file that cannot be created gives a stateless server."""
+    fails stops the start-up with a ``StartupError`` naming the flag and its URL (password hidden);
+    serve's default file that cannot be created gives a stateless server."""
     try:
         await store.open()
-    except (OSError, sqlite3.Error, StoreUnavailableError) as exc:
-        if options.explicit:
-            raise
+    except Exception as exc:
+        expected = isinstance(exc, OSError | sqlite3.Error | StoreUnavailableError)
+        if options.explicit or not expected:
+            # check_state_store refused what it could before the server bound its port; this is a
+            # store that failed between that check and the start-up, or serve's default file failing
+            # in a way a missing folder does not explain
+            where = f"--state-store {_redacted(options.url)}: cannot open the state store"
+            if _is_postgres(options.url):
+                hint = "check that PostgreSQL runs there and takes these credentials"
+            else:
+                hint = "check that its folder exists and is writable"
+            cause = exc.__cause__ if isinstance(exc, StoreUnavailableError) and exc.__cause__ else exc
+            raise StartupError(
+                f"{where}: {describe(cause)} ({hint}, or pass --state-store none to run without stored state)"
+            ) from exc
         log.warning(
             "conversation state disabled: the default store %s cannot be opened (%s); "
             "pass --state-dir or --state-store (or --state-store none to silence this)",

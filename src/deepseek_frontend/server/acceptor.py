@@ -159,7 +159,13 @@ class FrontendServer(uvicorn.Server):
         self._standby: asyncio.Task[None] | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets if sockets is not None else [])
+        try:
+            await super().startup(sockets=sockets if sockets is not None else [])
+        except SystemExit:
+            # uvicorn exits (status 3) when the app's start-up failed; ``serve`` reports that
+            # failure itself, as one line and status 2 (server/startup.py): return from ``run``
+            self.should_exit = True
+            return
         if self.should_exit:
             return
         loop = asyncio.get_running_loop()

@@ -65,6 +65,7 @@ from deepseek_frontend.tokenization import PromptTokenizer
 from .compose import build_models
 from .info_routes import health, list_models, live, metrics_endpoint, retrieve_model
 from .reload import FleetReloader
+from .startup import startup_step
 
 log = logging.getLogger("deepseek_frontend.api")
 
@@ -184,18 +185,32 @@ def create_app(
     ]
     state.api_shapes = tuple(anthropic_routes.API_SHAPES.items())
 
-    @contextlib.asynccontextmanager
-    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+    async def start() -> None:
+        """Each step's failure is a ``StartupError`` naming the step and its flag: ``serve`` prints
+        it as one line and exits 2 (server/startup.py)."""
         # per process (after any fork: the exporter's thread does not survive one); first, so a
         # configuration that cannot be met stops the start-up before anything runs
-        state.tracer = tracer_from_env()
+        with startup_step("tracing (the OTEL_* environment variables)"):
+            state.tracer = tracer_from_env()
         for model in state.models:
-            await model.start()
+            with startup_step(f"model {model.name}: its engine and workers"):
+                await model.start()
         # Everything allocated at startup (tokenizer tables, grammars, caches) lives forever:
         # move it out of the collector's sight so full collections stay short under load.
         gc.collect()
         gc.freeze()
         state.store = state.continuity.store = await open_state_store(config.server.state, state.store)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        try:
+            await start()
+        except BaseException:
+            # what did start stops now (pools' sessions and probes), so the process ends quietly
+            for model in state.models:
+                with contextlib.suppress(Exception):
+                    await model.aclose()
+            raise
         purger = asyncio.create_task(purge_forever(state.store))
         runner.start()
         hangup = _listen_for_sighup(reloader)

@@ -25,6 +25,7 @@ from deepseek_frontend.engines.base import Engine
 from deepseek_frontend.engines.config import EngineConfig
 from deepseek_frontend.engines.pool import StreamLimits, WorkerPool, pool_from_config
 from deepseek_frontend.engines.sim.engine import SimulatedEngine
+from deepseek_frontend.errors import StartupError
 from deepseek_frontend.fleet.config import ModelConfig, ServerConfig, ServingLimits
 from deepseek_frontend.fleet.metrics import FrontendMetrics
 from deepseek_frontend.fleet.registry import ModelRegistry
@@ -48,7 +49,8 @@ log = logging.getLogger("deepseek_frontend.api")
 def load_tokenizer(model: ModelConfig) -> PromptTokenizer:
     """The tokenizer ``model`` renders with (``tokenization.load_for_family``), with its caches'
     budgets. The V4.1 stand-in (a V4.1 model without a checkpoint: simulated engine only,
-    ``ServerConfig.from_args`` refuses real workers) is logged."""
+    ``ServerConfig.from_args`` refuses real workers) is logged. A tokenizer that does not load is a
+    ``StartupError`` naming the flag that chose it."""
     source = model.tokenizer_path or model.model_path
     if model.family == "deepseek_v41" and not has_own_tokenizer(source):
         log.warning(
@@ -56,13 +58,22 @@ def load_tokenizer(model: ModelConfig) -> PromptTokenizer:
             "DeepSeek-V4 tokenizer (ids 128799 and 129264 renamed to <｜System｜> and <｜deepseek_image｜>); "
             "real workers need the checkpoint's tokenizer (--model-path or --tokenizer)"
         )
-    return load_for_family(
-        model.family,
-        source,
-        run_cache_bytes=model.run_cache_bytes,
-        prefix_cache_bytes=model.prefix_cache_bytes,
-        cache_idle_s=model.cache_idle_seconds,
-    )
+    try:
+        return load_for_family(
+            model.family,
+            source,
+            run_cache_bytes=model.run_cache_bytes,
+            prefix_cache_bytes=model.prefix_cache_bytes,
+            cache_idle_s=model.cache_idle_seconds,
+        )
+    except Exception as exc:  # a missing or unreadable tokenizer.json: name the flag that chose it
+        flag = f"--tokenizer {model.tokenizer_path}" if model.tokenizer_path else f"--model-path {source}"
+        what = (
+            f"model {model.served_model_name}: cannot load its tokenizer ({flag})"
+            if source
+            else (f"model {model.served_model_name}: cannot load the bundled tokenizer")
+        )
+        raise StartupError.because(what, exc) from exc
 
 
 def stream_limits(limits: ServingLimits, vocab_size: int | None) -> StreamLimits:

@@ -17,9 +17,11 @@ How it works (Linux / POSIX, ``os.fork``):
 * A child that exits on its own (a crash, an OOM kill) is forked again under the same index while
   the others keep serving. Restarts back off (:func:`restart_delay`: 0.5 s doubling to 30 s for a
   child that keeps dying within :data:`STABLE_S` of its start), so one that fails at start-up costs
-  a fork every 30 s, not a busy loop. They are counted in ``/metrics``
-  (``deepseek_frontend_process_restarts_total``), through a shared memory page the supervisor
-  writes and the children read.
+  a fork every 30 s, not a busy loop. Before any child has served, though, a child that cannot
+  start as configured (``serve``'s start-up failure, server/startup.py) stops the whole group: the
+  supervisor prints the child's one line once and exits 2, as one process would. Restarts are
+  counted in ``/metrics`` (``deepseek_frontend_process_restarts_total``), through a shared memory
+  page the supervisor writes and the children read.
 * The port never stops accepting: the supervisor makes every child's listening socket before
   forking it and keeps its own copy open, so a dead child's socket stays in the kernel's
   ``SO_REUSEPORT`` group with its accept queue (closing it would reset the connections queued
@@ -53,11 +55,14 @@ import shutil
 import signal
 import socket
 import struct
+import sys
 import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from .startup import STARTUP_FAILED
 
 __all__ = ["ProcessSlot", "fork_processes", "merge_expositions", "restart_delay"]
 
@@ -146,6 +151,12 @@ class ProcessSlot:
     def socket_path(self, index: int) -> str:
         return os.path.join(self.directory, f"worker-{index}.sock")
 
+    def report_startup_failure(self, line: str) -> None:
+        """Leave this child's start-up failure (one line) for the supervisor, which prints it once
+        for the whole group, or logs it with the restart (:func:`_supervise`)."""
+        with open(_failure_path(self.directory, self.index), "w", encoding="utf-8") as fh:
+            fh.write(line)
+
     def bind_private(self) -> socket.socket:
         """Bind and listen on this child's private Unix socket."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -224,6 +235,23 @@ def merge_expositions(
     return render_families(families.values())
 
 
+def _failure_path(directory: str, index: int) -> str:
+    return os.path.join(directory, f"startup-failure-{index}")
+
+
+def _take_failure(directory: str, index: int) -> str | None:
+    """The start-up failure child ``index`` left (:meth:`ProcessSlot.report_startup_failure`), once."""
+    path = _failure_path(directory, index)
+    try:
+        with open(path, encoding="utf-8") as fh:
+            line = fh.read().strip()
+    except FileNotFoundError:
+        return None
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    return line or None
+
+
 def _die_with_parent() -> None:
     """Ask Linux to SIGTERM this process when the supervisor dies (no-op elsewhere)."""
     with contextlib.suppress(OSError, AttributeError):
@@ -286,15 +314,25 @@ class _Group:
         self.started[index] = time.monotonic()
         return None
 
-    def died(self, index: int, pid: int, code: int) -> None:
-        """Schedule child ``index``'s replacement after :func:`restart_delay`."""
+    def accepting(self) -> bool:
+        """Whether a child has told its siblings it accepts (it started serving)."""
+        return any(_read(self.shared, self.count + i) for i in range(self.count))
+
+    def died(self, index: int, pid: int, code: int, why: str | None = None) -> None:
+        """Schedule child ``index``'s replacement after :func:`restart_delay`; ``why``: the
+        start-up failure it reported, if any."""
         young = time.monotonic() - self.started.get(index, 0.0) < STABLE_S
         self.quick_deaths[index] = self.quick_deaths.get(index, 0) + 1 if young else 1
         delay = restart_delay(self.quick_deaths[index])
         self.due[index] = time.monotonic() + delay
         _write(self.shared, self.count + index, 0)  # its siblings accept on its socket meanwhile
         log.error(
-            "frontend process %d (pid %d) exited with %d: restarting it in %.1f s", index, pid, code, delay
+            "frontend process %d (pid %d) exited with %d%s: restarting it in %.1f s",
+            index,
+            pid,
+            code,
+            f" ({why})" if why else "",
+            delay,
         )
 
     def count_restart(self, index: int) -> None:
@@ -339,6 +377,8 @@ def _supervise(group: _Group) -> ProcessSlot | int:
     stopping = False
     status = 0
     children = group.running
+    #: a child served once: from then on a child that cannot start is restarted (its cause may pass)
+    served = False
 
     def forward(signum: int, _frame: Any) -> None:
         nonlocal stopping
@@ -370,6 +410,7 @@ def _supervise(group: _Group) -> ProcessSlot | int:
                     if slot is not None:
                         return slot
                     log.info("frontend process %d restarted", index)
+            served = served or group.accepting()
             try:
                 pid, raw = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
@@ -386,9 +427,16 @@ def _supervise(group: _Group) -> ProcessSlot | int:
                 continue
             index = children.pop(pid)
             code = os.waitstatus_to_exitcode(raw)
-            if not stopping:
-                group.died(index, pid, code)
-            elif code not in (0, -signal.SIGTERM):
+            why = _take_failure(group.directory, index)
+            if why is not None and not served and not stopping:
+                # the configuration cannot start (a store, a worker, a tokenizer): every process would
+                # fail the same way, so the group stops with the child's one line and status 2
+                print(why, file=sys.stderr, flush=True)
+                status = STARTUP_FAILED
+                forward(signal.SIGTERM, None)
+            elif not stopping:
+                group.died(index, pid, code, why)
+            elif code not in (0, -signal.SIGTERM) and status != STARTUP_FAILED:
                 status = status or 1
     finally:
         for signum, handler in previous.items():

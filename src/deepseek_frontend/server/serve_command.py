@@ -68,12 +68,24 @@ def _error_body_for(app: Any) -> Callable[[str, Any], bytes]:
     return body
 
 
+def _startup_failed(line: str, slot: Any) -> int:
+    """Report a start-up failure (one line) and give the exit status: printed by this process, or,
+    in a ``--workers N`` child (``slot``), left for the supervisor to print once for the group."""
+    from .startup import STARTUP_FAILED
+
+    if slot is None:
+        print(line, file=sys.stderr)
+    else:
+        slot.report_startup_failure(line)
+    return STARTUP_FAILED
+
+
 def run(args: argparse.Namespace) -> int:
     """Serve until interrupted. Returns the process exit code."""
     import uvicorn
 
     from deepseek_frontend._tracing import check_env as check_tracing_env
-    from deepseek_frontend.errors import FrontendError
+    from deepseek_frontend.errors import FrontendError, StartupError
     from deepseek_frontend.fleet.config_file import fleet_from_args
     from deepseek_frontend.fleet.store_config import check_state_store
     from deepseek_frontend.keys.limit_state import SharedLimitState
@@ -82,6 +94,7 @@ def run(args: argparse.Namespace) -> int:
     from .app import create_app
     from .http_protocol import PROBE_MAX_CONNECTIONS, guarded_protocol
     from .logs import configure_logging
+    from .startup import STARTUP_FAILED, LifespanReport, failure_line
 
     configure_logging(args.log_level, args.log_format)
     log = logging.getLogger("deepseek_frontend.serve")
@@ -89,14 +102,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         fleet = fleet_from_args(args, actions)
         check_tracing_env()  # before binding: every process would refuse to start later
-    except (FrontendError, OSError, ValueError, RuntimeError) as exc:
-        print(f"deepseek-frontend serve: {exc}", file=sys.stderr)
-        return 2
+    except (FrontendError, StartupError, OSError, ValueError, RuntimeError) as exc:
+        print(failure_line(StartupError(str(exc))), file=sys.stderr)
+        return STARTUP_FAILED
     config = fleet.models[0]  # the server-wide settings (every model shares them)
     store_error = check_state_store(config.server.state)  # before binding, forking or loading anything
     if store_error is not None:
-        print(f"deepseek-frontend serve: {store_error}", file=sys.stderr)
-        return 2
+        print(failure_line(StartupError(store_error)), file=sys.stderr)
+        return STARTUP_FAILED
     for model in fleet.models:
         if model.engine.uses_builtin_sim:
             log.warning("%s: %s", model.model.served_model_name, SIM_NOTICE)
@@ -111,12 +124,10 @@ def run(args: argparse.Namespace) -> int:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((config.server.host, config.server.port))
-    except OSError as exc:
-        print(
-            f"deepseek-frontend serve: cannot bind {config.server.host}:{config.server.port}: {exc}",
-            file=sys.stderr,
-        )
-        return 2
+    except (OSError, OverflowError) as exc:  # OverflowError: a --port outside 0-65535
+        where = f"--host {config.server.host} --port {config.server.port}"
+        print(failure_line(StartupError.because(f"cannot listen on {where}", exc)), file=sys.stderr)
+        return STARTUP_FAILED
     max_connections = _connection_limit(config.limits.max_connections, log)
     # a burst of connections waits in the kernel's accept queue rather than being refused by it
     # (the kernel caps this at net.core.somaxconn)
@@ -131,29 +142,37 @@ def run(args: argparse.Namespace) -> int:
         probe_sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe_sock.bind((config.server.host, args.probe_port))
-        except OSError as exc:
-            print(
-                f"deepseek-frontend serve: cannot bind --probe-port {args.probe_port}: {exc}", file=sys.stderr
-            )
-            return 2
+        except (OSError, OverflowError) as exc:
+            where = f"cannot listen on --probe-port {args.probe_port}"
+            print(failure_line(StartupError.because(where, exc)), file=sys.stderr)
+            return STARTUP_FAILED
         probe_sock.listen(256)
 
     slot = None
-    # the API keys' limits hold across processes: their state is shared memory made before forking
-    shared_limits = SharedLimitState.create(processes=processes) if processes > 1 else None
+    if processes < 1:
+        print(failure_line(StartupError("--workers must be >= 1")), file=sys.stderr)
+        return STARTUP_FAILED
+    try:
+        # the API keys' limits hold across processes: their state is shared memory made before forking
+        shared_limits = SharedLimitState.create(processes=processes) if processes > 1 else None
+    except OSError as exc:
+        what = f"--workers {processes}: cannot make the shared memory for the API keys' limits"
+        print(failure_line(StartupError.because(what, exc)), file=sys.stderr)
+        return STARTUP_FAILED
     if processes > 1:
         from .processes import fork_processes
 
         # fork before the app exists: no threads yet, and each process loads its own tokenizer
-        forked = fork_processes(processes, sock, backlog)
+        try:
+            forked = fork_processes(processes, sock, backlog)
+        except OSError as exc:
+            print(failure_line(StartupError.because(f"--workers {processes}", exc)), file=sys.stderr)
+            return STARTUP_FAILED
         if isinstance(forked, int):
             if probe_sock is not None:
                 probe_sock.close()
             return forked  # the supervisor, after every process exited
         slot = forked
-    elif processes < 1:
-        print("deepseek-frontend serve: --workers must be >= 1", file=sys.stderr)
-        return 2
 
     # In each serving process (a forked one starts with a small table again), before the app
     # starts threads, so no accept() waits for the table to grow (_descriptors.py)
@@ -169,13 +188,16 @@ def run(args: argparse.Namespace) -> int:
             log.error(
                 "the configuration no longer loads (%s); this process serves the one read at start", exc
             )
-    app = create_app(
-        config,
-        fleet=fleet,
-        shared_limits=shared_limits,
-        process_index=slot.index if slot is not None else 0,
-        load_fleet=lambda: fleet_from_args(args, actions),
-    )
+    try:
+        app = create_app(
+            config,
+            fleet=fleet,
+            shared_limits=shared_limits,
+            process_index=slot.index if slot is not None else 0,
+            load_fleet=lambda: fleet_from_args(args, actions),
+        )
+    except Exception as exc:  # a tokenizer that does not load names its flag (compose.load_tokenizer)
+        return _startup_failed(failure_line(exc), slot)
     if slot is not None:
         app.state.frontend.process_group = slot
     # Thousands of requests in flight make every full collection long (~0.1 s on 2 cores, the
@@ -199,8 +221,11 @@ def run(args: argparse.Namespace) -> int:
             probe_only=True,
         )
         probes = [(probe_sock, probe_protocol)]
+    # the app's own start-up (tracing, engines and workers, the state store) reports a failure
+    # through this: one line and STARTUP_FAILED, not uvicorn's traceback (server/startup.py)
+    lifespan_report = LifespanReport(app)
     uv_config = uvicorn.Config(
-        app,
+        lifespan_report,
         loop="auto",
         http=protocol,
         # uvicorn's own servers (the private socket; the public one on a loop without add_reader)
@@ -217,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
     log.info("listening on http://%s:%d", config.server.host, port)
     for model in fleet.models:
         log.info(
-            "model=%s family=%s engine=%s workers=%s",
+            "model=%s family=%s engine=%s workers=%s aliases=%s",
             model.model.served_model_name,
             model.model.family,
             model.engine.kind,
@@ -227,6 +252,7 @@ def run(args: argparse.Namespace) -> int:
                 if model.pd.prefill_workers
                 else "-"
             ),
+            ",".join(a.pattern for a in model.model.model_aliases) or "-",
         )
     if probe_sock is not None:
         log.info(
@@ -242,4 +268,6 @@ def run(args: argparse.Namespace) -> int:
         pass
     finally:
         sock.close()
+    if lifespan_report.failure is not None:
+        return _startup_failed(failure_line(lifespan_report.failure), slot)
     return 0
