@@ -140,6 +140,11 @@ def test_a_worker_failing_before_the_first_token_with_no_other_worker_is_a_503(
         )
         assert r.status_code == 503
         assert r.json()["error"]["type"] == "service_unavailable"
+        # the client is told no worker could serve it; the log keeps which worker failed and how
+        request_id = r.headers["x-request-id"]
+        assert_stable_failure(r.json()["error"]["message"], request_id)
+        (logged,) = engine_failures(flaky_frontend, request_id)
+        assert flaky.url in logged, logged
 
 
 def test_a_client_disconnect_aborts_the_engine_request(flaky: Server, flaky_frontend: Server) -> None:
@@ -174,6 +179,62 @@ def test_no_reachable_worker_is_a_503_and_health_says_so(orphan_frontend: Server
     assert health.status_code == 503
     assert health.json()["workers"][0]["healthy"] is False
     assert httpx.get(orphan_frontend.url + "/live").status_code == 200
+
+
+#: what an engine failure's client message must not carry: worker addresses, library reprs
+INTERNALS = ("127.0.0.1", "http://", "ConnectionKey", "ClientConnector", "Error(", "Errno")
+
+
+def assert_stable_failure(message: str, request_id: str) -> None:
+    assert message.startswith("worker unavailable: "), message
+    assert f"request id {request_id}" in message, message
+    assert not [bit for bit in INTERNALS if bit in message], message
+
+
+def engine_failures(server: Server, request_id: str) -> list[str]:
+    """The server's log lines with the detail of ``request_id``'s engine failure."""
+    return [
+        line
+        for line in server.log().splitlines()
+        if "engine failed before the first token" in line and f"request_id={request_id}" in line
+    ]
+
+
+def test_a_worker_failure_reaches_clients_without_its_address_and_the_log_with_it(
+    orphan_frontend: Server,
+) -> None:
+    """Each API answers a stable "worker unavailable" naming the request id in its own shape; the
+    engine's own message is logged under that request id."""
+    hi, model = user("hello"), "deepseek-v4-flash"
+    requests = {
+        "chat": ("/v1/chat/completions", {"messages": hi}),
+        "chat stream": ("/v1/chat/completions", {"messages": hi, "stream": True}),
+        "responses": ("/v1/responses", {"model": model, "input": "hello"}),
+        "messages": ("/v1/messages", {"model": model, "max_tokens": 8, "messages": hi}),
+        "messages stream": (
+            "/v1/messages",
+            {"model": model, "max_tokens": 8, "messages": hi, "stream": True},
+        ),
+    }
+    for name, (path, body) in requests.items():
+        r = httpx.post(orphan_frontend.url + path, json=body, timeout=30)
+        assert r.status_code == 503, (name, r.text)
+        request_id = r.headers["x-request-id"]
+        assert_stable_failure(r.json()["error"]["message"], request_id)
+        wait_until(lambda rid=request_id: engine_failures(orphan_frontend, rid), "the failure is logged")
+
+
+def test_a_prefill_decode_failure_names_no_worker_either(steady: Server) -> None:
+    prefill = start_sim_engine("--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "0")
+    try:
+        with start_frontend(
+            "--prefill-worker", prefill.url, "--decode-worker", "http://127.0.0.1:9", expect_healthy=False
+        ) as frontend:
+            r = httpx.post(frontend.url + "/v1/chat/completions", json={"messages": user("hi")}, timeout=30)
+            assert r.status_code == 503, r.text
+            assert_stable_failure(r.json()["error"]["message"], r.headers["x-request-id"])
+    finally:
+        prefill.stop()
 
 
 def test_a_client_leaving_a_non_streamed_request_aborts_it_too(flaky: Server, flaky_frontend: Server) -> None:

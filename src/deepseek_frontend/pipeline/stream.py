@@ -16,7 +16,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from deepseek_frontend import _tracing
-from deepseek_frontend.errors import EngineError, EngineStreamError, EngineTimeoutError
+from deepseek_frontend.errors import (
+    EngineError,
+    EngineStreamError,
+    EngineTimeoutError,
+    EngineUnavailableError,
+    WorkersStartingError,
+)
 from deepseek_frontend.generation import EngineChunk, GenerateRequest, SamplingParams, TokenLogprob
 from deepseek_frontend.parsing import (
     ContentDelta,
@@ -32,6 +38,30 @@ from .request import Event, FinishReason, PipelineChunk, PreparedRequest, Stream
 from .stop import StopStringMatcher
 
 log = logging.getLogger("deepseek_frontend.api")
+
+
+def for_client(exc: EngineError, request_id: str, choice: int = 0) -> EngineError:
+    """What a client is told of a worker's failure before the first token: the same class (so the
+    same status and error type), a stable message that names no worker and carries ``request_id``
+    -- the engine's messages hold worker URLs and transport reprs (aiohttp's ``ConnectionKey(...)``)
+    -- while the detail goes to the log under that id (and to ``/health``'s ``last_error``).
+
+    A deadline's message is the frontend's own (which deadline passed) and is kept; so is the
+    "workers are still being discovered" answer with its ``Retry-After``.
+    """
+    where = f"(request id {request_id})"
+    if isinstance(exc, WorkersStartingError):
+        return WorkersStartingError(f"{exc.message} {where}", retry_after_s=exc.retry_after_s)
+    if isinstance(exc, EngineTimeoutError):
+        return EngineTimeoutError(f"{exc.message} {where}")
+    log.warning(
+        "engine failed before the first token: %s",
+        exc.message,
+        extra={"request_id": request_id, "choice": choice},
+    )
+    if isinstance(exc, EngineUnavailableError):
+        return EngineUnavailableError(f"worker unavailable: no engine worker could serve the request {where}")
+    return EngineError(f"worker error: the engine worker failed to answer the request {where}")
 
 
 def _replace_seed(sampling: SamplingParams, seed: int) -> SamplingParams:
@@ -141,6 +171,11 @@ class ChoiceStream:
         except StopAsyncIteration:
             await self.aclose()
             raise EngineStreamError("the engine ended the stream without output") from None
+        except EngineError as exc:
+            if self._trace is not None:
+                self._trace.fail(exc)
+            await self.aclose()
+            raise for_client(exc, self._prepared.request_id, self._index) from exc
         except BaseException as exc:
             if self._trace is not None:
                 self._trace.fail(exc)

@@ -26,10 +26,10 @@ def test_failure_before_the_first_token_is_an_overloaded_error_status(
     with scripted_client(prompt_tokenizer, [], NoHealthyWorkerError("no healthy worker")) as client:
         response = client.post("/v1/messages", json=BODY)
     assert response.status_code == 503
-    assert response.json() == {
-        "type": "error",
-        "error": {"type": "overloaded_error", "message": "no healthy worker"},
-    }
+    # a stable message naming the request (the engine's own words go to the log)
+    request_id = response.headers["x-request-id"]
+    message = f"worker unavailable: no engine worker could serve the request (request id {request_id})"
+    assert response.json() == {"type": "error", "error": {"type": "overloaded_error", "message": message}}
 
 
 def test_failure_mid_stream_ends_the_stream_with_an_error_event(prompt_tokenizer: PromptTokenizer) -> None:
