@@ -49,3 +49,16 @@ def test_every_sim_engine_flag_has_a_row_in_the_serving_docs() -> None:
 def test_the_docs_name_no_flag_the_command_does_not_have() -> None:
     stale = sorted(documented_flags() - sim_engine_flags())
     assert not stale, f"docs/serving.md documents sim-engine flags that do not exist: {stale}"
+
+
+def test_the_simulated_models_rules_are_documented_where_its_docstring_points() -> None:
+    """``engines/sim/model.py`` states its rules for developers and points users to docs/serving.md,
+    whose section must exist (the quick start and the README link to it)."""
+    from deepseek_frontend.engines.sim import model
+
+    section = "What the simulated model answers"
+    assert f'docs/serving.md, "{section}"' in (model.__doc__ or "")
+    text = DOC.read_text(encoding="utf-8")
+    assert f"### {section}" in text
+    readme = (DOC.parents[1] / "README.md").read_text(encoding="utf-8")
+    assert "docs/serving.md#what-the-simulated-model-answers" in readme

@@ -5,7 +5,7 @@ decoded prompt; :func:`plan_output` writes the completion as a list of :class:`P
 (markup pieces contain special-token spellings and are encoded with special tokens
 recognised; text pieces never are, so echoed user text cannot become a special token).
 
-Rules (documented in the README; tests rely on them):
+Rules (documented for users in docs/serving.md, "What the simulated model answers"; tests rely on them):
 
 * **Mode.** The prompt ends with ``<think>`` -> thinking mode: a one-sentence reasoning, then
   ``</think>``. Ends with ``</think>`` (or anything else) -> the answer starts at once.
