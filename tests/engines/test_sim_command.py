@@ -62,3 +62,30 @@ def test_tokens_per_chunk_takes_a_number_or_a_range() -> None:
     for bad in ("4-1", "0", "x"):
         with pytest.raises(SystemExit):
             parser.parse_args(["--tokens-per-chunk", bad])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flag", ["--port", "--disaggregation-bootstrap-port"])
+def test_a_port_in_use_is_one_line_naming_the_flag_and_exit_2(flag: str) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        pd = ["--disaggregation-mode", "prefill"]
+        args = ["--port", port] if flag == "--port" else ["--port", "0", *pd, flag, port]
+        proc = subprocess.run(
+            [sys.executable, "-m", "deepseek_frontend", "sim-engine", *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    where = "--host 127.0.0.1 --port" if flag == "--port" else flag
+    assert line.startswith(f"deepseek-frontend sim-engine: cannot listen on {where} {port}: "), line
+    assert "already in use" in line.lower(), line

@@ -280,14 +280,22 @@ async def _serve(args: argparse.Namespace) -> int:
         try:
             await disagg.start(args.host)
         except OSError as exc:
-            print(f"deepseek-frontend sim-engine: bootstrap port: {exc}", file=sys.stderr)
-            return 1
+            where = f"--disaggregation-bootstrap-port {args.disaggregation_bootstrap_port}"
+            print(f"deepseek-frontend sim-engine: cannot listen on {where}: {exc}", file=sys.stderr)
+            return 2
     # a load test opens thousands of connections at once: grow the descriptor table before it does
     reserve_descriptor_table(SIM_DESCRIPTORS)
     family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((args.host, args.port))
+    try:
+        sock.bind((args.host, args.port))
+    except (OSError, OverflowError) as exc:  # in use, no such address, a port outside 0-65535
+        where = f"--host {args.host} --port {args.port}"
+        print(f"deepseek-frontend sim-engine: cannot listen on {where}: {exc}", file=sys.stderr)
+        if disagg is not None:
+            await disagg.aclose()
+        return 2
     port = sock.getsockname()[1]
     config = uvicorn.Config(
         app, log_level=args.log_level, access_log=False, lifespan="off", timeout_keep_alive=30
