@@ -169,7 +169,12 @@ def test_an_unreachable_bootstrap_port_fails_the_request_with_nothing_left_behin
                 timeout=60,
             )
             assert r.status_code == 503, r.text
-            assert "handshake" in r.json()["error"]["message"].lower()
+            # the client gets a stable message with its request id; the handshake failure is logged
+            request_id = r.headers["x-request-id"]
+            assert r.json()["error"]["message"].startswith("worker unavailable: "), r.text
+            assert request_id in r.json()["error"]["message"]
+            logged = [line for line in fe.log().splitlines() if f"request_id={request_id}" in line]
+            assert any("handshake" in line.lower() for line in logged), fe.log()
             # the prefill legs that waited for a decode were aborted: no room is held
             wait_until(lambda: nothing_running(p, d), "no leg or room left")
             assert metric(fe, "deepseek_frontend_pd_pair_retries_total")[""] == 1
