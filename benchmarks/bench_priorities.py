@@ -25,8 +25,9 @@ The load: a batch of ``--lines`` chat completions (``/v1/batches``, uploaded to 
 ``--batch-tokens`` output tokens (``ignore_eos``); and ``--agents`` interactive agents, each a
 closed loop of streamed chat turns (``--agent-tokens`` output tokens, a session header each, agent
 ``i`` on replica ``i % 2``, moving to the other when its replica is gone) for as long as the batch
-runs. Faults (unless ``--no-faults``): when a third of the lines are done, replica 1 is restarted
-(SIGTERM, then started again); when two thirds are, replica 0 is killed (SIGKILL) and stays down --
+runs. Faults (unless ``--no-faults``): when a quarter of the lines are done, replica 1 is restarted
+(SIGTERM, then started again); when half are (and replica 1 is back), replica 0 is killed (SIGKILL)
+and stays down --
 replica 1 finishes the batch, taking over the dead one's lines when their leases
 (``--batch-lease-timeout``) run out.
 
@@ -256,12 +257,12 @@ async def run_mode(mode: str, args: argparse.Namespace, store: str) -> Run:
             done = batch["request_counts"]["completed"] + batch["request_counts"]["failed"]
             if batch["status"] in ("completed", "failed", "expired", "cancelled"):
                 break
-            if not restarted and done >= args.lines / 3:
+            if not restarted and done >= args.lines / 4:
                 restarted = True
                 run.events.append(f"replica 1 restarted at {done} lines")
                 await replicas.restart(1)
                 continue
-            if not killed and done >= 2 * args.lines / 3:
+            if not killed and done >= args.lines / 2:
                 killed = True
                 run.events.append(f"replica 0 killed at {done} lines")
                 replicas.kill(0)
@@ -295,7 +296,7 @@ def main() -> None:
     parser.add_argument("--agents", type=int, default=16, help="interactive agents (default %(default)s)")
     parser.add_argument("--batch-tokens", type=int, default=64, help="output tokens per line")
     parser.add_argument("--agent-tokens", type=int, default=32, help="output tokens per agent turn")
-    parser.add_argument("--running", type=int, default=32, help="the worker's --max-running-requests")
+    parser.add_argument("--running", type=int, default=16, help="the worker's --max-running-requests")
     parser.add_argument("--batch-concurrency", type=int, default=32, help="batch lines per replica at once")
     parser.add_argument("--ttft-ms", type=float, default=20.0)
     parser.add_argument("--itl-ms", type=float, default=10.0)
