@@ -30,8 +30,9 @@ finishes or is aborted -- admits waiting requests while the batch has room:
   (503 "The request is aborted by a higher priority request.").
 
 One batch and one queue per simulated worker, whatever its ``--attn-dp-size`` (SGLang keeps one per
-data-parallel rank): the ranks share its places. The queue is a heap with lazy removal; finding the least-preferred waiting or running request is a
-scan, done only when the queue is full or the batch is full and the waiting head might preempt.
+data-parallel rank): the ranks share its places. The queue is a heap with lazy removal; finding the
+least-preferred waiting or running request is a scan, done only when the queue is full or the batch
+is full and the waiting head might preempt.
 """
 
 from __future__ import annotations
