@@ -14,6 +14,7 @@ Each class carries the HTTP status and the OpenAI ``error.type`` it maps to, so
     ├── ModelNotFoundError (404 not_found_error)
     ├── PayloadTooLargeError (413 invalid_request_error)
     ├── RequestTimeoutError (408 invalid_request_error)  -- the client sent its body too slowly
+    │   └── DeadlineExceededError (code deadline_exceeded) -- the request's own time budget ran out
     ├── OverloadedError (429 rate_limit_error)           -- admission control: retry after ``retry_after_s``
     ├── UnsupportedModelError (400 invalid_request_error) -- detected a family without an encoder
     ├── StoreUnavailableError (503 service_unavailable) -- the state store cannot be read or written
@@ -132,6 +133,15 @@ class RequestTimeoutError(FrontendError):
     status_code = 408
     error_type = "invalid_request_error"
     code = "request_timeout"
+
+
+class DeadlineExceededError(RequestTimeoutError):
+    """The request's own time budget (``x-request-timeout-ms``, counted from its arrival) ran out
+    before it was answered: still queued, waiting for its first token, or part-way through its
+    answer (HTTP 408, or the API's error event once a stream has begun). The body was read whole,
+    so the connection may carry another request."""
+
+    code = "deadline_exceeded"
 
 
 class OverloadedError(FrontendError):

@@ -13,6 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 EngineFinishReason = Literal["stop", "length", "abort"]
+
+#: The frontend's priority scale (higher is more important), which a request's priority is on from
+#: the edge to the engine clients: a request nobody said anything about has :data:`DEFAULT_PRIORITY`,
+#: a client or an API key may choose any integer from :data:`MIN_PRIORITY` to :data:`MAX_PRIORITY`,
+#: and work that must yield to all of it (a batch line) runs at :data:`LOWEST_PRIORITY`.
+DEFAULT_PRIORITY = 0
+MIN_PRIORITY = -1_000_000
+MAX_PRIORITY = 1_000_000
+LOWEST_PRIORITY = -(1 << 31)
 ConstraintKind = Literal["ebnf", "json_schema", "regex", "structural_tag"]
 
 
@@ -63,6 +72,10 @@ class GenerateRequest:
     #: request, naming the frontend's engine span (or the client's own, passed through) as the
     #: worker's parent; None: none sent
     trace_headers: Mapping[str, str] | None = None
+    #: how important the request is, higher first (the frontend's scale: 0 the default tier, a
+    #: batch line the lowest); each engine client turns it into its worker's own field and sign
+    #: when the worker schedules by priority (engines/sglang.py, engines/vllm.py). None: not stated
+    priority: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +122,11 @@ class WorkerCapabilities:
     honours_seed: bool = True
     #: the worker's KV page size in tokens, when it reports one (routing cuts prompts into such blocks)
     page_size: int | None = None
+    #: how the worker orders its waiting requests by a request's ``priority`` field: "high_first"
+    #: (SGLang's default), "low_first" (vLLM's priority policy, SGLang with
+    #: ``--schedule-low-priority-values-first``), or None (it does not schedule by priority, or did
+    #: not say: the engine client decides whether to send the field at all)
+    priority_order: Literal["high_first", "low_first"] | None = None
     #: anything else the worker reported that operators may want to see in ``/health``
     extra: dict[str, object] = field(default_factory=dict)
 

@@ -27,6 +27,7 @@ from starlette.responses import Response
 from deepseek_frontend.edge.errors import as_frontend_error
 from deepseek_frontend.edge.streaming import EventStreamResponse, unless_disconnected
 from deepseek_frontend.errors import RequestError
+from deepseek_frontend.pipeline.request import DEFAULT_SCHEDULING, Scheduling
 
 from .event_stream import EventEncoder, SSEEvent, frame_events
 from .validation import check_array, check_boolean, check_integer, check_object, check_string
@@ -98,6 +99,9 @@ class ConvertedChat:
     logprobs: bool = False
     #: alternatives per token with ``logprobs`` (Responses ``top_logprobs``, 0-20)
     top_logprobs: int = 0
+    #: its priority, service tier and deadline (the request's, set by :func:`respond_with_events`;
+    #: a background response's without the deadline)
+    scheduling: Scheduling = DEFAULT_SCHEDULING
 
 
 def length_controls(body: Mapping[str, Any]) -> tuple[bool, int]:
@@ -199,6 +203,7 @@ def to_chat_request(converted: ConvertedChat, config: ServerConfig, request_id: 
         min_tokens=converted.min_tokens,
         logprobs=converted.logprobs,
         top_logprobs=converted.top_logprobs if converted.logprobs else 0,
+        scheduling=converted.scheduling,
     )
 
 
@@ -226,6 +231,7 @@ async def respond_with_events(
     error response; a failure after it is the encoder's in-band error event.
     """
     model, tracker = ctx.model, ctx.tracker
+    converted.scheduling = ctx.scheduling
     req = to_chat_request(converted, model.config, ctx.id)
     pipeline = model.pipeline
     await resolve_images(ctx.state, model, req.messages)

@@ -4,7 +4,8 @@ Layout::
 
     context.py         FrontendState (the server's shared state), get_state, served_model,
                        new_request_id, FrontendApp
-    route.py           api_route: request id, body, model, the key's limits, admission, the handler
+    route.py           api_route: request id, body, model, priority, the key's limits, admission, the handler
+    priority.py        a request's priority, service tier and deadline (headers, service_tier, its key)
     body.py            reading the body before admission, parsing it as a JSON object
     body_readers.py    BodyReaders: requests whose body is still arriving, bounded per client
     turns.py           which requests take the event loop's turns first (TurnGate, RecentHeads)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from deepseek_frontend.errors import OverloadedError
+from deepseek_frontend.errors import FrontendError, OverloadedError
 from deepseek_frontend.fleet.admission import QUEUE_TIMEOUT_S, Admission
 
 #: requests whose body is still arriving, at once per frontend, and per client address
@@ -47,7 +47,7 @@ class BodyReaders:
         """Client addresses with a body arriving or waiting to be read."""
         return len(self._clients)
 
-    async def enter(self, client: str) -> OverloadedError | None:
+    async def enter(self, client: str) -> FrontendError | None:
         """Take a reader slot for ``client`` (waiting in its bounded queue); the refusal is returned."""
         per = self._clients.get(client)
         if per is None:

@@ -22,7 +22,7 @@ from typing import Any, Literal
 import orjson
 from starlette.responses import Response
 
-from deepseek_frontend.errors import FrontendError
+from deepseek_frontend.errors import DeadlineExceededError, FrontendError
 
 log = logging.getLogger("deepseek_frontend.api")
 
@@ -87,10 +87,11 @@ def error_response(
     retry_after = getattr(err, "retry_after_s", None)
     if retry_after is not None:
         headers = {**(headers or {}), "retry-after": str(retry_after)}
-    if err.status_code in (408, 413):
+    if err.status_code in (408, 413) and not isinstance(err, DeadlineExceededError):
         # the client is too slow to send its request, or sends more than is taken: the rest of its
         # body is not read, so the connection cannot carry another request (a client still sending
-        # sees its write fail and reads this answer)
+        # sees its write fail and reads this answer). A request whose own time budget ran out was
+        # read whole: its connection stays open.
         headers = {**(headers or {}), "connection": "close"}
     return Response(
         orjson.dumps(render(err)),

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from starlette.requests import Request
 
+from deepseek_frontend.pipeline.request import DEFAULT_SCHEDULING, Scheduling
 from deepseek_frontend.state import StateStore, owner_key
 
 from .auth import presented_key
@@ -31,10 +32,6 @@ if TYPE_CHECKING:
 
     from .tracking import RequestTracker
 
-#: the priority of a request nobody said otherwise about; higher is more important
-DEFAULT_PRIORITY: Final = 0
-#: lower than any priority a request can be given: work that must yield to everything else
-LOWEST_PRIORITY: Final = -(1 << 31)
 #: where the scope of a request made on a client's behalf carries its :class:`OnBehalf`
 ON_BEHALF_KEY: Final = "deepseek_frontend.on_behalf"
 
@@ -76,9 +73,15 @@ class RequestContext:
     body: bytes = b""
     #: the body parsed as a JSON object, once parsed (to route the request, or by :meth:`json`)
     parsed: dict[str, Any] | None = field(default=None, repr=False)
-    #: how important the request is (higher first): :data:`DEFAULT_PRIORITY` for a client's request,
-    #: the :class:`OnBehalf`'s for one the server makes (a batch line runs at the lowest)
-    priority: int = DEFAULT_PRIORITY
+    #: its priority (higher first), service tier and deadline, resolved before admission
+    #: (``edge/priority.py``): a client's from its headers, body and key; a request the server makes
+    #: runs at the :class:`OnBehalf`'s priority (a batch line at the lowest)
+    scheduling: Scheduling = DEFAULT_SCHEDULING
+
+    @property
+    def priority(self) -> int:
+        """How important the request is (higher first)."""
+        return self.scheduling.priority
 
     async def json(self) -> dict[str, Any]:
         """The body as a JSON object (``RequestError`` 400 for invalid JSON or a non-object body).

@@ -3,8 +3,10 @@ its handler.
 
 Before the handler, in this order (each step one function below): the request gets its id and
 tracker (:func:`_begin`); its body is read (:func:`_read_body`); it is routed to a model -- the one
-its body's ``model`` names, among those its API key may use (:func:`_route`); its API key's rate
-limits admit it (:func:`_admit_key`); the model's admission control admits it
+its body's ``model`` names, among those its API key may use (:func:`_route`); its priority, service
+tier and deadline are resolved from its headers, its body's ``service_tier`` and its key
+(:func:`_schedule`, ``edge/priority.py``); its API key's rate limits admit it (:func:`_admit_key`);
+the model's admission control admits it, in priority order and within its deadline
 (:func:`_admit_to_model`). The handler then gets one :class:`~.request.RequestContext`. After it:
 the request is counted and logged (``edge/tracking.py``), any error is answered in the API's shape
 (:func:`_answer_error`), and the response gets ``x-request-id`` and the key's rate-limit headers
@@ -14,13 +16,15 @@ Some requests skip steps. A route that ``streams_body`` (a file upload) reads it
 pieces, and does no model work: no whole-body read, no model admission. A route that does not
 ``generate`` (reading, cancelling or deleting a stored response, the conversations) takes no model
 admission slot either: the slots are the model's generations -- background responses hold theirs
-until they end -- and a client must be able to poll or cancel them while every slot is taken. A request the
-server makes on a client's behalf (``request.OnBehalf``: a batch line) is not charged to its key's
-rate limits -- batches have limits of their own -- and carries its priority to admission.
+until they end -- and a client must be able to poll or cancel them while every slot is taken. A
+request the server makes on a client's behalf (``request.OnBehalf``: a batch line) is not charged to its key's
+rate limits -- batches have limits of their own -- and runs at its own priority (a batch line at the
+lowest), whatever its body says.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 import math
@@ -39,12 +43,14 @@ from .body import parse_json_object, receive_body
 from .context import FrontendState, get_state, new_request_id
 from .errors import OPENAI, ApiShape, as_frontend_error, error_response
 from .memory import LARGE_BODY_BYTES
-from .request import DEFAULT_PRIORITY, RequestContext, on_behalf
+from .priority import behalf_scheduling, resolve_scheduling
+from .request import RequestContext, on_behalf
 from .tracking import RequestTracker
 
 if TYPE_CHECKING:
     from deepseek_frontend.fleet.served_model import ServedModel
     from deepseek_frontend.keys.tenants import Tenant
+    from deepseek_frontend.pipeline.request import Scheduling
 
 log = logging.getLogger("deepseek_frontend.api")
 
@@ -137,18 +143,48 @@ def _admit_key(
     return verdict.headers
 
 
-async def _admit_to_model(model: ServedModel, api: ApiShape, tracker: RequestTracker, priority: int) -> None:
+def _schedule(
+    request: Request,
+    api: ApiShape,
+    tenant: Tenant | None,
+    body: bytes,
+    parsed: dict[str, object] | None,
+    arrival: float,
+) -> tuple[Scheduling, dict[str, object] | None]:
+    """The request's priority, service tier and deadline (``edge/priority.py``), and its body parsed
+    when reading ``service_tier`` parsed it; a request the server makes for a client runs at its own
+    priority. Raises ``RequestError`` (400) for a bad priority header, budget or tier."""
+    behalf = on_behalf(request)
+    if behalf is not None:
+        return behalf_scheduling(behalf.priority), parsed
+    limits = tenant.limits if tenant is not None else None
+    return resolve_scheduling(
+        request.headers,
+        api.name,
+        body,
+        parsed,
+        limits.priority if limits is not None else None,
+        limits.max_priority if limits is not None else None,
+        arrival,
+    )
+
+
+async def _admit_to_model(
+    model: ServedModel, api: ApiShape, tracker: RequestTracker, scheduling: Scheduling
+) -> None:
     """The model's admission control: a slot, given back when the tracker finishes, or
-    :class:`_Refused` (429 / 503 as the admission answers). ``priority`` (higher first) is the
-    request's: a batch line's is the lowest, so that it yields to interactive requests once
-    admission orders its waiters by priority."""
+    :class:`_Refused` (429 for a full queue or a waiter preempted by a more important request, 408
+    for a deadline that passed in the queue). The request waits in the order of its priority
+    (higher first; a batch line's is the lowest), then of its deadline."""
     admission = model.admission
     # After the body, before the handler's parsing: a refused request costs no validation. A
     # request that queues here must not hold its loop turn (the context's json() takes a new one).
     if not admission.can_enter():
         release_current_turn()
     with _tracing.phase("admission"):
-        refusal = await admission.enter()
+        refusal = await admission.enter(
+            scheduling.priority, scheduling.deadline, budget_ms=scheduling.budget_ms
+        )
     if refusal is not None:
         # answered without raising (see Admission.enter): the cheapest answer there is
         raise _Refused(_answer_error(refusal, api, tracker))
@@ -199,6 +235,7 @@ def api_route(
     def decorate(fn: Handler) -> Callable[[Request], Awaitable[Response]]:
         @functools.wraps(fn)
         async def handler(request: Request) -> Response:
+            arrival = asyncio.get_running_loop().time()  # a request's time budget counts from here
             state = get_state(request)
             tracker = _begin(request, state, endpoint, prefix)
             rate_headers: dict[str, str] | None = None
@@ -213,14 +250,13 @@ def api_route(
                 tenant: Tenant | None = request.scope.get("state", {}).get("tenant")
                 model, parsed = _route(state, tenant, body, selects_model)
                 tracker.route(model)
-                behalf = on_behalf(request)
-                priority = DEFAULT_PRIORITY if behalf is None else behalf.priority
-                if behalf is None:
+                scheduling, parsed = _schedule(request, api, tenant, body, parsed, arrival)
+                if on_behalf(request) is None:
                     rate_headers = _admit_key(state, tenant, api, tracker)
                 if generates and not streams_body:
-                    await _admit_to_model(model, api, tracker, priority)
+                    await _admit_to_model(model, api, tracker, scheduling)
                 ctx = RequestContext(
-                    request, tracker.request_id, state, api, tracker, model, tenant, body, parsed, priority
+                    request, tracker.request_id, state, api, tracker, model, tenant, body, parsed, scheduling
                 )
                 try:
                     response = await fn(ctx)

@@ -11,7 +11,15 @@ each chunk carries only the new ids; without it each chunk repeats the whole out
 
 Capabilities (:meth:`SGLangClient.discover`, :func:`capabilities_from_server_info`) come from
 ``GET /server_info`` (``/get_server_info`` on older SGLangs): the grammar backend, the context
-length, the output slots EAGLE reserves, whether seeds take effect, the KV page size.
+length, the output slots EAGLE reserves, whether seeds take effect, the KV page size, whether the
+worker schedules by priority.
+
+Priority (engine-facts E1): the request's ``priority`` goes out only to a worker whose
+``/server_info`` says ``enable_priority_scheduling`` -- always then, 0 included, since SGLang gives
+a request without one the least-preferred value -- as the frontend's value (higher first, SGLang's
+default) or its negation under ``schedule_low_priority_values_first``. Never otherwise: a worker
+without priority scheduling ignores the field, or with ``--abort-on-priority-when-disabled`` aborts
+the request (503). Until the worker's ``/server_info`` was read, no priority is sent.
 
 Failure mapping (the pool decides by type, never by message):
 
@@ -67,6 +75,7 @@ from deepseek_frontend.engines._http import (
 )
 from deepseek_frontend.errors import EngineRejectedRequestError, EngineUnavailableError, WorkerSilentError
 from deepseek_frontend.generation import (
+    DEFAULT_PRIORITY,
     ConstraintKind,
     EngineChunk,
     EngineFinishReason,
@@ -117,6 +126,12 @@ _EXTRA_FIELDS = (
     "incremental_streaming_output",
     "enable_deterministic_inference",
     "version",
+    # priority scheduling (engine-facts E1): operators see in /health how each worker orders requests
+    "enable_priority_scheduling",
+    "schedule_low_priority_values_first",
+    "priority_scheduling_preemption_threshold",
+    "disable_priority_preemption",
+    "schedule_policy",
 )
 
 
@@ -158,7 +173,10 @@ def capabilities_from_server_info(info: dict[str, Any]) -> WorkerCapabilities:
     * ``reserved_output_tokens``: :func:`reserved_output_tokens`.
     * ``honours_seed``: ``enable_deterministic_inference`` (without it SGLang's sampler ignores
       ``sampling_seed``).
-    * ``page_size``; ``extra`` keeps the speculative settings and ``kv_events_config``.
+    * ``page_size``; ``extra`` keeps the speculative settings, ``kv_events_config`` and the
+      priority-scheduling settings.
+    * ``priority_order``: "high_first" with ``enable_priority_scheduling`` ("low_first" with
+      ``schedule_low_priority_values_first`` too), else None (no ``priority`` field is sent).
     """
     skip = bool(info.get("skip_tokenizer_init"))
     backend_field = info.get("grammar_backend", "xgrammar")
@@ -177,6 +195,11 @@ def capabilities_from_server_info(info: dict[str, Any]) -> WorkerCapabilities:
         reserved_output_tokens=reserved_output_tokens(info),
         honours_seed=bool(info.get("enable_deterministic_inference")),
         page_size=_int_field(info, "page_size") or None,
+        priority_order=(
+            ("low_first" if info.get("schedule_low_priority_values_first") is True else "high_first")
+            if info.get("enable_priority_scheduling") is True
+            else None
+        ),
         extra={key: info[key] for key in _EXTRA_FIELDS if info.get(key) is not None},
     )
 
@@ -304,8 +327,10 @@ class SGLangClient(HTTPEngineClient):
         return f"SGLangClient({self.base_url!r})"
 
     @staticmethod
-    def request_body(request: GenerateRequest) -> dict[str, Any]:
-        """The ``/generate`` JSON body for ``request`` (engine-protocols.md)."""
+    def request_body(request: GenerateRequest, priority_order: str | None = None) -> dict[str, Any]:
+        """The ``/generate`` JSON body for ``request`` (engine-protocols.md); ``priority_order``: the
+        worker's (:attr:`WorkerCapabilities.priority_order`), None for a worker that does not
+        schedule by priority (then no ``priority`` is sent, see the module docstring)."""
         s = request.sampling
         params: dict[str, Any] = {"max_new_tokens": s.max_new_tokens, **sampling_fields(s)}
         if s.seed is not None:
@@ -328,14 +353,24 @@ class SGLangClient(HTTPEngineClient):
         if request.images:
             # one data: URL per image placeholder id of input_ids, in order; SGLang expands them
             body["image_data"] = list(request.images)
+        if priority_order is not None:
+            priority = request.priority if request.priority is not None else DEFAULT_PRIORITY
+            body["priority"] = -priority if priority_order == "low_first" else priority
         if request.extra_fields:
             # prefill/decode legs: the bootstrap trio and DP rank hints (disagg/pool.py)
             body.update(request.extra_fields)
         return body
 
+    @property
+    def priority_order(self) -> str | None:
+        """How this worker orders requests by priority, as its last ``/server_info`` said (None:
+        not by priority, or not read yet)."""
+        caps = self.capabilities
+        return caps.priority_order if caps is not None else None
+
     async def generate(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
         rid = request.request_id
-        body = orjson.dumps(self.request_body(request))
+        body = orjson.dumps(self.request_body(request, self.priority_order))
         differ = _ChunkDiffer(self.cumulative)
         progress = StreamProgress(self.name)
         #: True once the worker has the request running; False again when it finished

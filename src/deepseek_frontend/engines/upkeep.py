@@ -147,6 +147,8 @@ class WorkerUpkeep:
             "reserved_output_tokens": caps.reserved_output_tokens,
             "honours_seed": caps.honours_seed,
             "page_size": caps.page_size,
+            # whether (and which way) the worker schedules by a request's priority field
+            "priority_order": caps.priority_order,
         }
 
     def _rediscover_later(self, worker: Worker) -> None:

@@ -40,6 +40,15 @@ but was started without ``--enable-scale-out``; 404 / 405: an older vLLM).
 
 ``cached_tokens`` (``usage.prompt_tokens_details.cached_tokens``) is reported only by a worker
 started with ``--enable-prompt-tokens-details``; without it the field stays None.
+
+Priority (engine-facts E2): both endpoints take ``priority`` (an integer, default 0); under
+``--scheduling-policy priority`` a *lower* value is served earlier (ties by arrival), so the
+frontend's priority (higher first) goes out negated, and only when it is not 0 (0 is the
+field's default). The policy is known only from ``/server_info?config_format=json``
+(``vllm_config.scheduler_config.policy``, served with ``VLLM_SERVER_DEV_MODE=1``): a worker known
+to run ``fcfs`` gets no ``priority``; one whose policy is not known gets it anyway, because vLLM
+0.32 and 0.33 take a nonzero priority under ``fcfs`` and ignore it (no check exists, whatever the
+field's description says).
 """
 
 from __future__ import annotations
@@ -179,18 +188,22 @@ class VLLMClient(HTTPEngineClient):
         version = await self._optional_json("/version")
         server_info = await self._optional_json("/server_info?config_format=json")
         backend = _structured_outputs_backend(server_info)
+        policy = _scheduling_policy(server_info)
         kinds = set(_VLLM_KINDS)
         if self.grammar is False:
             kinds.discard("ebnf")
         extra: dict[str, object] = {"token_api": self.token_api}
         if isinstance(version, dict) and isinstance(version.get("version"), str):
             extra["version"] = version["version"]
+        if policy is not None:
+            extra["scheduling_policy"] = policy
         self.capabilities = WorkerCapabilities(
             constraint_kinds=frozenset(kinds),
             # not reported without VLLM_SERVER_DEV_MODE: vLLM's default, "auto", is xgrammar with a
             # per-request fallback to guidance
             grammar_backend=backend or "auto",
             context_length=_max_model_len(models, self.model),
+            priority_order="low_first" if policy == "priority" else None,
             extra=extra,
         )
         return self.capabilities
@@ -285,9 +298,21 @@ class VLLMClient(HTTPEngineClient):
         structured = self._structured_outputs(s)
         if structured is not None:
             body["structured_outputs"] = structured
+        self._add_priority(body, request)
         if request.extra_fields:
             body.update(request.extra_fields)  # a decode leg's kv_transfer_params (disagg/pool.py)
         return body
+
+    def _add_priority(self, body: dict[str, Any], request: GenerateRequest) -> None:
+        """``priority``, negated (vLLM serves lower values first), unless it is 0 or the worker is
+        known to schedule first come first served (see the module docstring)."""
+        priority = request.priority
+        if not priority:
+            return
+        caps = self.capabilities
+        if caps is not None and caps.extra.get("scheduling_policy") == "fcfs":
+            return
+        body["priority"] = -priority
 
     def generate_body(self, request: GenerateRequest) -> dict[str, Any]:
         """The ``/inference/v1/generate`` body; raises UnsupportedFeatureError like :meth:`request_body`."""
@@ -314,6 +339,7 @@ class VLLMClient(HTTPEngineClient):
             "stream": True,
             "stream_options": {"include_usage": True},
         }
+        self._add_priority(body, request)
         if request.images:
             # vLLM's raw multimodal input (GenerateRequest.content_parts): it resolves the media and
             # expands the one placeholder id per image itself
@@ -521,6 +547,17 @@ def _structured_outputs_backend(server_info: Any) -> str | None:
     section = config.get("structured_outputs_config") if isinstance(config, dict) else None
     backend = section.get("backend") if isinstance(section, dict) else None
     return backend if isinstance(backend, str) and backend else None
+
+
+def _scheduling_policy(server_info: Any) -> str | None:
+    """``scheduler_config.policy`` ("fcfs" or "priority") in a ``/server_info?config_format=json``
+    answer, or None."""
+    if not isinstance(server_info, dict):
+        return None
+    config = server_info.get("vllm_config")
+    section = config.get("scheduler_config") if isinstance(config, dict) else None
+    policy = section.get("policy") if isinstance(section, dict) else None
+    return policy if isinstance(policy, str) and policy else None
 
 
 def _apply_usage(chunk: EngineChunk, usage: dict[str, Any]) -> None:

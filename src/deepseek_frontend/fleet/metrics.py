@@ -100,7 +100,9 @@ class _CacheCollector:
 
 class _AdmissionCollector:
     """One model's admission control, read at scrape time (no per-request cost): the
-    ``<prefix>_admission_{active,queued}`` gauges and ``_admission_rejected_total`` (429s)."""
+    ``<prefix>_admission_{active,queued}`` gauges, ``_admission_rejected_total`` (429s), of them
+    ``_admission_preempted_total`` (waiters a more important request took the place of), and
+    ``_admission_expired_total`` (408s: deadlines that passed in the queue)."""
 
     def __init__(self, admission: Any) -> None:
         self._admission = admission
@@ -113,6 +115,16 @@ class _AdmissionCollector:
         yield GaugeMetricFamily(f"{PREFIX}_admission_queued", "Requests waiting for a slot.", adm.queued)
         yield CounterMetricFamily(
             f"{PREFIX}_admission_rejected", "Requests refused with 429 by admission control.", adm.rejected
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_admission_preempted",
+            "Queued requests refused with 429 to make room for a more important one.",
+            adm.preempted,
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_admission_expired",
+            "Queued requests answered 408 because their x-request-timeout-ms budget ran out.",
+            adm.expired,
         )
 
     def describe(self) -> Iterator[Metric]:

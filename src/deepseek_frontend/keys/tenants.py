@@ -21,13 +21,17 @@ from pathlib import Path
 
 import yaml
 
+from deepseek_frontend.generation import MAX_PRIORITY, MIN_PRIORITY
+
 __all__ = ["Tenant", "TenantLimits", "TenantTable", "load_keys_file", "read_api_key_file"]
 
 _RATE_FIELDS = ("requests_per_minute", "tokens_per_minute", "concurrent_requests")
 #: the Batch APIs' limits of a key (api/batches/): lines and bytes of one batch, batches not finished
 _BATCH_FIELDS = ("batch_max_lines", "batch_max_bytes", "max_active_batches")
 _LIMIT_FIELDS = (*_RATE_FIELDS, *_BATCH_FIELDS)
-_FIELDS = ("name", "key", "key_sha256", "models", *_LIMIT_FIELDS)
+#: a key's priority (edge/priority.py): the default of its requests, and the ceiling they cannot pass
+_PRIORITY_FIELDS = ("priority", "max_priority")
+_FIELDS = ("name", "key", "key_sha256", "models", *_LIMIT_FIELDS, *_PRIORITY_FIELDS)
 
 
 def key_name(key: bytes) -> str:
@@ -50,6 +54,11 @@ class TenantLimits:
     batch_max_lines: int | None = None
     batch_max_bytes: int | None = None
     max_active_batches: int | None = None
+    #: the priority of the key's requests that state none (None: the default tier's, 0), and the
+    #: highest any of its requests gets (None: no ceiling); a request asking for more is clamped
+    #: to it (edge/priority.py). Both on the frontend's scale (generation.py), higher first.
+    priority: int | None = None
+    max_priority: int | None = None
 
     @property
     def unlimited(self) -> bool:
@@ -248,12 +257,17 @@ def _tenant_from_entry(entry: object, path: str) -> Tenant:
         raise ValueError(f"{path}.name: required")
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"{path}.name: must be a non-empty string, got {_shown(name)}")
+    priorities = {field: _priority(entry.get(field), f"{path}.{field}") for field in _PRIORITY_FIELDS}
+    default, ceiling = priorities["priority"], priorities["max_priority"]
+    if default is not None and ceiling is not None and default > ceiling:
+        raise ValueError(f"{path}.priority: {default} is above the key's max_priority ({ceiling})")
     return Tenant(
         name=name,
         key_sha256=_digest(entry, path),
         models=_models(entry.get("models"), f"{path}.models"),
         limits=TenantLimits(
-            **{limit: _limit(entry.get(limit), f"{path}.{limit}") for limit in _LIMIT_FIELDS}
+            **{limit: _limit(entry.get(limit), f"{path}.{limit}") for limit in _LIMIT_FIELDS},
+            **priorities,
         ),
     )
 
@@ -304,6 +318,17 @@ def _limit(value: object, path: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ValueError(f"{path}: must be a positive integer, got {_shown(value)}")
+    return value
+
+
+def _priority(value: object, path: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_PRIORITY <= value <= MAX_PRIORITY:
+        raise ValueError(
+            f"{path}: must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY} (higher is more important), "
+            f"got {_shown(value)}"
+        )
     return value
 
 

@@ -34,6 +34,25 @@ MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True, slots=True)
+class Scheduling:
+    """When a request runs, resolved once at the edge (``edge/priority.py``) and carried to its engine
+    requests: its priority (higher first), the service tier its answer reports, and its deadline."""
+
+    #: how important the request is, higher first (0: the default tier)
+    priority: int = 0
+    #: the OpenAI ``service_tier`` its answer reports: the tier its priority falls in
+    service_tier: str = "default"
+    #: the event loop's clock (``loop.time()``) at which its time budget runs out; None: no budget
+    deadline: float | None = None
+    #: that budget as the client gave it (``x-request-timeout-ms``), for the messages that name it
+    budget_ms: int | None = None
+
+
+#: a request nobody said anything about: the default priority, no deadline
+DEFAULT_SCHEDULING = Scheduling()
+
+
+@dataclass(frozen=True, slots=True)
 class ChatRequest:
     """A chat request in protocol-neutral form (what every API adapter builds).
 
@@ -77,6 +96,8 @@ class ChatRequest:
     ignore_eos: bool = False
     #: no EOS / stop before this many completion tokens (vLLM ``min_tokens``)
     min_tokens: int = 0
+    #: its priority, service tier and deadline (the edge's; the default for a request made in code)
+    scheduling: Scheduling = DEFAULT_SCHEDULING
 
     @property
     def response_model(self) -> str:

@@ -5,10 +5,18 @@
 stop strings over the answer text. It splits usage into reasoning and other tokens, keeps only
 the logprobs of answer tokens, records the choice's metrics, and on close (end, stop string,
 client gone) closes the engine iterator, which aborts the request on the worker.
+
+The request's :class:`~.request.Scheduling` goes with it: its priority into the engine request,
+and its deadline onto every wait for the engine (the first chunk and each one after it). When the
+deadline passes the wait is cancelled -- which closes the engine stream and so aborts the engine
+request -- and :class:`~deepseek_frontend.errors.DeadlineExceededError` (408) is raised: an error
+response before the first chunk, the API's error event once a stream has begun. Only a request
+with a deadline pays for the timer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -17,6 +25,7 @@ from typing import Any
 
 from deepseek_frontend import _tracing
 from deepseek_frontend.errors import (
+    DeadlineExceededError,
     EngineError,
     EngineStreamError,
     EngineTimeoutError,
@@ -34,7 +43,7 @@ from deepseek_frontend.parsing import (
 )
 
 from .interfaces import StreamSource
-from .request import Event, FinishReason, PipelineChunk, PreparedRequest, StreamEnd, Usage
+from .request import Event, FinishReason, PipelineChunk, PreparedRequest, Scheduling, StreamEnd, Usage
 from .stop import StopStringMatcher
 
 log = logging.getLogger("deepseek_frontend.api")
@@ -70,6 +79,26 @@ def _replace_seed(sampling: SamplingParams, seed: int) -> SamplingParams:
     return replace(sampling, seed=seed)
 
 
+def deadline_error(scheduling: Scheduling, what: str) -> DeadlineExceededError:
+    """The 408 of a request whose time budget ran out ``what`` ("before its first token", ...)."""
+    return DeadlineExceededError(
+        f"the request's time budget (x-request-timeout-ms: {scheduling.budget_ms}) ran out {what}; "
+        "the request was stopped"
+    )
+
+
+async def _next_by(engine: AsyncIterator[EngineChunk], scheduling: Scheduling, what: str) -> EngineChunk:
+    """The engine's next chunk, unless the request's deadline passes first: then the wait is
+    cancelled (the engine stream is closed, its request aborted) and :func:`deadline_error` raised."""
+    deadline = scheduling.deadline
+    assert deadline is not None
+    try:
+        async with asyncio.timeout_at(deadline):
+            return await anext(engine)
+    except TimeoutError:
+        raise deadline_error(scheduling, what) from None
+
+
 class ChoiceStream:
     """One choice's engine request, detokenizer, parser and stop matcher.
 
@@ -95,6 +124,7 @@ class ChoiceStream:
         "_parser",
         "_pipeline",
         "_prepared",
+        "_scheduling",
         "_stop",
         "_strip_eos",
         "_trace",
@@ -114,6 +144,7 @@ class ChoiceStream:
         rid = req.request_id if req.n == 1 else f"{req.request_id}-{index}"
         #: the engine span (tracing on) and the trace context the worker gets
         self._trace, trace_headers = _tracing.engine_call(rid, index)
+        self._scheduling = req.scheduling
         self._engine: AsyncIterator[EngineChunk] | None = pipeline.engine.generate(
             GenerateRequest(
                 request_id=rid,
@@ -121,6 +152,7 @@ class ChoiceStream:
                 sampling=sampling,
                 images=prepared.images,
                 trace_headers=trace_headers,
+                priority=req.scheduling.priority,
             )
         )
         self._detok = pipeline.tokenizer.new_detokenizer()
@@ -166,8 +198,15 @@ class ChoiceStream:
     async def start(self) -> None:
         """Await the first engine chunk. Errors here happen before any byte was sent."""
         assert self._engine is not None, "start() after aclose()"
+        scheduling = self._scheduling
         try:
-            self._first = await anext(self._engine)
+            if scheduling.deadline is None:
+                self._first = await anext(self._engine)
+            elif asyncio.get_running_loop().time() >= scheduling.deadline:
+                # spent before the engine was asked (queueing, preparing): it never gets the request
+                raise deadline_error(scheduling, "before the request reached the model")
+            else:
+                self._first = await _next_by(self._engine, scheduling, "before its first token")
         except StopAsyncIteration:
             await self.aclose()
             raise EngineStreamError("the engine ended the stream without output") from None
@@ -204,6 +243,8 @@ class ChoiceStream:
         engine = self._engine
         assert engine is not None
         metrics = self._metrics
+        scheduling = self._scheduling
+        timed = scheduling.deadline is not None
         try:
             while True:
                 out = self._process(chunk)
@@ -211,7 +252,10 @@ class ChoiceStream:
                 if out.end is not None:
                     return
                 try:
-                    chunk = await anext(engine)
+                    if timed:
+                        chunk = await _next_by(engine, scheduling, "part-way through its answer")
+                    else:
+                        chunk = await anext(engine)
                 except StopAsyncIteration:
                     raise EngineStreamError(
                         "the engine worker closed the stream before finishing; the response is incomplete"

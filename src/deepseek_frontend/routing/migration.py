@@ -48,6 +48,8 @@ def continuation(request: GenerateRequest, generated: list[int], migration: int)
         request_id=f"{request.request_id}-m{migration}",
         input_ids=[*request.input_ids, *generated],
         sampling=new_sampling,
+        # the continuation is the same request: it keeps its place in the workers' queues
+        priority=request.priority,
     )
 
 

@@ -23,10 +23,11 @@ from deepseek_frontend.api.batches.execute import BATCH_PRIORITY, call_route, cl
 from deepseek_frontend.api.batches.lines import anthropic_requests, file_lines, openai_line
 from deepseek_frontend.api.batches.results import endpoint_result, openai_unrun_line, usage_of
 from deepseek_frontend.api.batches.upload import JsonlChunker
-from deepseek_frontend.edge.request import DEFAULT_PRIORITY, LOWEST_PRIORITY, RequestContext
+from deepseek_frontend.edge.request import RequestContext
 from deepseek_frontend.edge.route import api_route
 from deepseek_frontend.errors import RequestError
 from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
+from deepseek_frontend.generation import DEFAULT_PRIORITY, LOWEST_PRIORITY
 from deepseek_frontend.keys.tenants import Tenant, TenantLimits, TenantTable
 from deepseek_frontend.server.app import create_app
 from deepseek_frontend.state import StoredFile, new_id, open_store_url

@@ -71,6 +71,7 @@ def test_chunk_writer_emits_the_openai_chunk_envelope() -> None:
         "object": "chat.completion.chunk",
         "created": 1700000000,
         "model": "deepseek-v4-flash",
+        "service_tier": "default",
         "system_fingerprint": None,
         "choices": [
             {

@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 
 from starlette.types import ASGIApp, Message
 
-from deepseek_frontend.edge.request import LOWEST_PRIORITY, ON_BEHALF_KEY, OnBehalf
+from deepseek_frontend.edge.request import ON_BEHALF_KEY, OnBehalf
 from deepseek_frontend.edge.turns import WARM_KEY
+from deepseek_frontend.generation import LOWEST_PRIORITY
 
 if TYPE_CHECKING:
     from deepseek_frontend.keys.tenants import Tenant

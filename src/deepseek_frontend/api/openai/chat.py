@@ -71,7 +71,7 @@ async def chat_completions(ctx: RequestContext) -> Response:
     """``POST /v1/chat/completions`` (stream and non-stream)."""
     model = ctx.model
     body = await ctx.json()
-    req = to_chat_request(body, model.config, ctx.id)
+    req = to_chat_request(body, model.config, ctx.id, ctx.scheduling)
     continuity, owner = ctx.state.continuity, ctx.owner
     await continuity.restore(owner, req.messages, "chat")  # tool-loop reasoning the client dropped
     await resolve_images(ctx.state, model, req.messages)

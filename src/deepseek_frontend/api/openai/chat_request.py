@@ -28,6 +28,7 @@ from deepseek_frontend.api.validation import (
 from deepseek_frontend.errors import RequestError
 from deepseek_frontend.images import family_reads_images, make_image_part
 from deepseek_frontend.pipeline.chat import MAX_N, MAX_TOP_LOGPROBS, ChatRequest
+from deepseek_frontend.pipeline.request import DEFAULT_SCHEDULING, Scheduling
 
 if TYPE_CHECKING:
     from deepseek_frontend.fleet.config import ServerConfig
@@ -346,8 +347,14 @@ def map_stream(body: Mapping[str, Any]) -> tuple[bool, bool]:
     return stream, check_boolean(opts.get("include_usage"), "stream_options.include_usage", default=False)
 
 
-def to_chat_request(body: dict[str, Any], config: ServerConfig, request_id: str) -> ChatRequest:
-    """Validate an OpenAI chat body and map it onto a :class:`ChatRequest`.
+def to_chat_request(
+    body: dict[str, Any],
+    config: ServerConfig,
+    request_id: str,
+    scheduling: Scheduling = DEFAULT_SCHEDULING,
+) -> ChatRequest:
+    """Validate an OpenAI chat body and map it onto a :class:`ChatRequest` (``scheduling``: the
+    request's priority, service tier and deadline, which the edge resolved from ``service_tier``).
 
     Raises ``RequestError`` (400, ``param`` set) and ``ModelNotFoundError`` (404).
     """
@@ -390,5 +397,6 @@ def to_chat_request(body: dict[str, Any], config: ServerConfig, request_id: str)
         include_usage=include_usage,
         user=check_string(body.get("user"), "user", default=None),
         requested_model=requested_model(body),
+        scheduling=scheduling,
         **sampling,
     )

@@ -127,6 +127,7 @@ class ChunkWriter:
         model: str,
         tokenizer: PromptTokenizer | None = None,
         top_logprobs: int | None = None,
+        service_tier: str = "default",
     ) -> None:
         self.response_id = response_id
         self.model = model
@@ -139,6 +140,9 @@ class ChunkWriter:
             + str(created).encode()
             + b',"model":'
             + orjson.dumps(model)
+            # the tier the request ran in (edge/priority.py), as OpenAI reports it on every chunk
+            + b',"service_tier":'
+            + orjson.dumps(service_tier)
             + b',"system_fingerprint":null,"choices":'
         )
         self._suffix = b"}\n\n"
@@ -258,6 +262,7 @@ def stream_chat(
         req.response_model,
         model.tokenizer if req.logprobs else None,
         req.top_logprobs,
+        req.scheduling.service_tier,
     )
     return openai_event_stream(
         model,
@@ -303,6 +308,7 @@ def build_response(
         "object": "chat.completion",
         "created": created,
         "model": req.response_model,
+        "service_tier": req.scheduling.service_tier,
         "system_fingerprint": None,
         "choices": choices,
         "usage": usage.to_openai(),

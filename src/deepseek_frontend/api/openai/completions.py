@@ -22,6 +22,7 @@ from deepseek_frontend.edge.route import api_route
 from deepseek_frontend.edge.tracking import RequestTracker
 from deepseek_frontend.errors import RequestError
 from deepseek_frontend.pipeline.chat import ChatRequest, ChoiceAccumulator, ChoiceStream, PipelineChunk, Usage
+from deepseek_frontend.pipeline.request import DEFAULT_SCHEDULING, Scheduling
 
 from .chat import respond_with_choices
 from .chat_request import map_model, map_sampling, map_stream, requested_model
@@ -56,8 +57,14 @@ def parse_prompt(raw: Any, tokenizer: PromptTokenizer) -> list[int]:
     raise RequestError("prompt: expected a string or an array of token ids", param="prompt")
 
 
-def to_completion_request(body: dict[str, Any], config: ServerConfig, request_id: str) -> ChatRequest:
-    """Sampling fields of a completions body as a (message-less) :class:`ChatRequest`."""
+def to_completion_request(
+    body: dict[str, Any],
+    config: ServerConfig,
+    request_id: str,
+    scheduling: Scheduling = DEFAULT_SCHEDULING,
+) -> ChatRequest:
+    """Sampling fields of a completions body as a (message-less) :class:`ChatRequest`, run with
+    ``scheduling`` (the request's priority and deadline)."""
     model = map_model(body, config)
     if check_boolean(body.get("echo"), "echo", default=False):
         raise RequestError("echo: not supported", param="echo")
@@ -85,6 +92,7 @@ def to_completion_request(body: dict[str, Any], config: ServerConfig, request_id
         # not validated here (chat does): a raw-prompt client's odd user field is no reason to refuse
         user=user if isinstance(user, str) else None,
         requested_model=requested_model(body),
+        scheduling=scheduling,
         **sampling,
     )
 
@@ -184,7 +192,7 @@ async def completions(ctx: RequestContext) -> Response:
     """``POST /v1/completions`` (stream and non-stream)."""
     model = ctx.model
     body = await ctx.json()
-    req = to_completion_request(body, model.config, ctx.id)
+    req = to_completion_request(body, model.config, ctx.id, ctx.scheduling)
     if "prompt" not in body:
         raise RequestError("prompt: required", param="prompt")
     started = time.perf_counter()

@@ -285,6 +285,8 @@ class ResponsesStreamEncoder(EventEncoder):
             "parallel_tool_calls": echo.get("parallel_tool_calls", True),
             "previous_response_id": echo.get("previous_response_id"),
             "reasoning": echo.get("reasoning", {"effort": None, "summary": None}),
+            # the tier the request ran in (edge/priority.py), set by the route
+            "service_tier": echo.get("service_tier", "default"),
             # the state fields (api/responses/stateful.py): stateless requests report store false
             "store": echo.get("store", False),
             "background": echo.get("background", False),

@@ -15,6 +15,7 @@ refused with a 400. Errors use the OpenAI error shape.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Mapping
 from functools import partial
@@ -130,6 +131,7 @@ async def create_response(ctx: RequestContext) -> Response:
     )
     echo = response_echo(body)
     echo.update(stateful.echo())
+    echo["service_tier"] = ctx.scheduling.service_tier
     continuity = state.continuity
     await continuity.restore(owner, converted.messages, "responses")  # reasoning items the client dropped
     if converted.warnings:
@@ -139,6 +141,9 @@ async def create_response(ctx: RequestContext) -> Response:
         if converted.stream:
             raise RequestError("background: streaming a background response is not supported", param="stream")
         tracker = ctx.tracker
+        # its priority goes with it; its deadline does not: the client is answered at once and
+        # comes back for the result (cancel stops it)
+        converted.scheduling = dataclasses.replace(ctx.scheduling, deadline=None, budget_ms=None)
         return json_response(
             await start_background_response(
                 state,

@@ -10,6 +10,7 @@
     kv.py        the KV cache model (per DP rank, SWA) and its events; resume.py: continuing its own output
     kv_publish.py  SGLang's KV event publishers, one per DP rank
     clock.py     the decode-step clock, held by prefill chunks (prefill interference)
+    scheduler.py the running batch and waiting queue, and SGLang's priority scheduling over them
     disagg.py    PD rooms: a prefill worker's bootstrap port, a decode worker's KV fetch
     pd_roles.py  /generate on a prefill or decode worker, as SGLang's PD mode answers it
     command.py   ``deepseek-frontend sim-engine``

@@ -35,6 +35,7 @@ from deepseek_frontend.engines.sim.engine import (
 )
 from deepseek_frontend.engines.sim.kv import add_kv_arguments, kv_caches_from_args
 from deepseek_frontend.engines.sim.pd_roles import SimDisagg
+from deepseek_frontend.engines.sim.scheduler import DEFAULT_PREEMPTION_THRESHOLD, SchedulerSettings
 from deepseek_frontend.engines.sim.server import FAIL_MODES, SimFaults, build_sim_app
 
 HELP = "run the simulated engine as an HTTP server speaking SGLang's /generate token protocol"
@@ -99,6 +100,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="warning", help="uvicorn log level (default warning)")
     add_kv_arguments(parser)
     _add_disagg_arguments(parser)
+    _add_scheduling_arguments(parser)
     real = parser.add_argument_group(
         "real-engine behaviour",
         "refuse and report what SGLang 0.5.23 launched this way would (flags named as SGLang's; "
@@ -207,6 +209,80 @@ def _add_disagg_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_scheduling_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group(
+        "running batch and priority scheduling",
+        "flags named and defaulted as SGLang's (engines/sim/scheduler.py); without any of them every "
+        "request runs at once",
+    )
+    group.add_argument(
+        "--max-running-requests",
+        type=int,
+        default=None,
+        help="requests in the running batch at once; more wait in the queue (default: unbounded)",
+    )
+    group.add_argument(
+        "--max-queued-requests",
+        type=int,
+        default=None,
+        help="requests that may wait; past it an arrival (or with priorities the least preferred waiting "
+        "request) is aborted with 503 (default: unbounded)",
+    )
+    group.add_argument(
+        "--enable-priority-scheduling",
+        action="store_true",
+        help="order the queue by each request's priority field, then arrival; preempt running requests",
+    )
+    group.add_argument(
+        "--schedule-low-priority-values-first",
+        action="store_true",
+        help="lower priority values first (default: higher first)",
+    )
+    group.add_argument(
+        "--priority-scheduling-preemption-threshold",
+        type=int,
+        default=DEFAULT_PREEMPTION_THRESHOLD,
+        help="a waiting request preempts a running one whose priority it beats by more than this "
+        "(default %(default)s)",
+    )
+    group.add_argument("--disable-priority-preemption", action="store_true", help="never preempt")
+    group.add_argument(
+        "--default-priority-value",
+        type=int,
+        default=None,
+        help="the priority of a request without one (default: the least preferred)",
+    )
+    group.add_argument(
+        "--abort-on-priority-when-disabled",
+        action="store_true",
+        help="without priority scheduling, abort (503) a request that carries a priority",
+    )
+
+
+def scheduling_from_args(args: argparse.Namespace) -> SchedulerSettings | None:
+    """The scheduler the flags ask for (None: none of its flags given, every request runs at once);
+    raises ValueError naming a bad flag."""
+    running = getattr(args, "max_running_requests", None)
+    queued = getattr(args, "max_queued_requests", None)
+    if running is not None and running < 1:
+        raise ValueError(f"--max-running-requests must be at least 1, got {running}")
+    if queued is not None and queued < 1:
+        raise ValueError(f"--max-queued-requests must be at least 1, got {queued}")
+    settings = SchedulerSettings(
+        max_running_requests=running,
+        enable_priority_scheduling=getattr(args, "enable_priority_scheduling", False),
+        schedule_low_priority_values_first=getattr(args, "schedule_low_priority_values_first", False),
+        priority_scheduling_preemption_threshold=getattr(
+            args, "priority_scheduling_preemption_threshold", DEFAULT_PREEMPTION_THRESHOLD
+        ),
+        disable_priority_preemption=getattr(args, "disable_priority_preemption", False),
+        default_priority_value=getattr(args, "default_priority_value", None),
+        abort_on_priority_when_disabled=getattr(args, "abort_on_priority_when_disabled", False),
+        max_queued_requests=queued,
+    )
+    return None if settings == SchedulerSettings() else settings
+
+
 def disagg_from_args(args: argparse.Namespace) -> SimDisagg | None:
     """The PD role the flags ask for (None: aggregated); raises ValueError naming a bad flag."""
     mode = getattr(args, "disaggregation_mode", "null")
@@ -247,6 +323,7 @@ async def _serve(args: argparse.Namespace) -> int:
     try:
         kvs, publishers = kv_caches_from_args(args)
         disagg = disagg_from_args(args)
+        scheduling = scheduling_from_args(args)
     except ValueError as exc:
         print(f"deepseek-frontend sim-engine: {exc}", file=sys.stderr)
         return 2
@@ -265,6 +342,7 @@ async def _serve(args: argparse.Namespace) -> int:
         kvs=kvs,
         chunked_prefill_size=getattr(args, "chunked_prefill_size", DEFAULT_CHUNKED_PREFILL_SIZE),
         enable_mixed_chunk=getattr(args, "enable_mixed_chunk", False),
+        scheduling=scheduling,
     )
     faults = SimFaults(args.fail_after, args.fail_mode)
     app = build_sim_app(

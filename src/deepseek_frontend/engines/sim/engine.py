@@ -59,6 +59,7 @@ from deepseek_frontend.engines.sim.model import (
 )
 from deepseek_frontend.engines.sim.prompts import ID_WIDTH, INPUT_IDS_ERROR, SimPrompt, prompt_bytes
 from deepseek_frontend.engines.sim.resume import split_continuation
+from deepseek_frontend.engines.sim.scheduler import SchedulerSettings, SimScheduler, Ticket
 from deepseek_frontend.errors import (
     EngineRejectedRequestError,
     EngineStreamError,
@@ -215,6 +216,8 @@ class SimStats:
     prefill_chunks_holding_decode: int = 0
     #: total time decode steps were held by prefill chunks, in seconds
     decode_held_s: float = 0.0
+    #: requests waiting for a place in the running batch (engines/sim/scheduler.py)
+    waiting: int = 0
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -227,6 +230,7 @@ class SimStats:
             "prefill_chunks": self.prefill_chunks,
             "prefill_chunks_holding_decode": self.prefill_chunks_holding_decode,
             "decode_held_ms": round(self.decode_held_s * 1000, 3),
+            "waiting": self.waiting,
         }
 
 
@@ -258,6 +262,7 @@ class SimulatedEngine(EngineClient, Engine):
         kvs: Sequence[SimKvCache] = (),
         chunked_prefill_size: int = DEFAULT_CHUNKED_PREFILL_SIZE,
         enable_mixed_chunk: bool = False,
+        scheduling: SchedulerSettings | None = None,
     ) -> None:
         if tokens_per_chunk < 1:
             raise ValueError("tokens_per_chunk must be >= 1")
@@ -299,6 +304,9 @@ class SimulatedEngine(EngineClient, Engine):
         #: streams past their prefill, writing output (what a prefill chunk holds up)
         self._decoding = 0
         self._capabilities: tuple[SimBehavior, WorkerCapabilities] | None = None
+        #: the running batch and waiting queue (engines/sim/scheduler.py); None: every request runs
+        #: at once and priorities are ignored
+        self.scheduler = SimScheduler(scheduling) if scheduling is not None else None
         self._running: set[str] = set()
         self._abort_requested: set[str] = set()
         self._failed: set[str] = set()
@@ -519,6 +527,9 @@ class SimulatedEngine(EngineClient, Engine):
         elif kv is None:
             cached = self.prefix_cache.lookup_and_insert(request.input_ids, prompt=prompt)
         rid = request.request_id
+        scheduler = self.scheduler
+        # a priority the worker refuses is refused before the request starts (QueueAbortError)
+        ticket = scheduler.ticket(rid, request.priority) if scheduler is not None else None
         self.stats.started += 1
         self.stats.running += 1
         self._running.add(rid)
@@ -526,6 +537,11 @@ class SimulatedEngine(EngineClient, Engine):
         emitted = 0
         decoding = False
         try:
+            if ticket is not None and not await self._admit(ticket):
+                done = True
+                self._count_abort(rid)
+                yield _aborted(prompt_tokens, 0, cached)
+                return
             if transferred_cached is not None:
                 pass
             elif kv is not None:
@@ -534,6 +550,8 @@ class SimulatedEngine(EngineClient, Engine):
                 await asyncio.sleep(self.ttft_s)
             decoding = True
             self._decoding += 1
+            if ticket is not None:
+                ticket.decoding = True  # in the running batch SGLang's preemption walks
             # (no delay: the first chunk is ready in this step, not one loop iteration later, where
             # it would wait behind every request that arrived in the same iteration)
             step = self.tokens_per_chunk
@@ -548,15 +566,24 @@ class SimulatedEngine(EngineClient, Engine):
                 if rid in self._abort_requested:
                     done = True
                     self._count_abort(rid)
-                    yield EngineChunk(
-                        [],
-                        "abort",
-                        prompt_tokens=prompt_tokens,
-                        completion_tokens=emitted,
-                        cached_tokens=cached,
-                        message="aborted by request",
-                    )
+                    yield _aborted(prompt_tokens, emitted, cached)
                     return
+                if ticket is not None and ticket.preempted:
+                    # preempted (engines/sim/scheduler.py): no tokens until it is scheduled again,
+                    # then its prompt and what it wrote so far are prefilled again
+                    decoding = False
+                    self._decoding -= 1
+                    if not await self._admit(ticket):
+                        done = True
+                        self._count_abort(rid)
+                        yield _aborted(prompt_tokens, emitted, cached)
+                        return
+                    await self._prefill_again([*request.input_ids, *ids[:emitted]])
+                    decoding = True
+                    self._decoding += 1
+                    ticket.decoding = True
+                    owed = 1
+                    mark = clock.steps() if clock is not None else 0
                 grow = step * owed
                 if sizes is not None:
                     grow = sum(sizes.randint(step, self.max_tokens_per_chunk) for _ in range(owed))
@@ -611,6 +638,8 @@ class SimulatedEngine(EngineClient, Engine):
         finally:
             if decoding:
                 self._decoding -= 1
+            if ticket is not None:
+                scheduler.release(ticket)  # type: ignore[union-attr]
             self._running.discard(rid)
             self._abort_requested.discard(rid)
             self.stats.running -= 1
@@ -622,6 +651,24 @@ class SimulatedEngine(EngineClient, Engine):
             elif not done:
                 # closed early (client disconnect, cancellation): the engine drops the request
                 self._count_abort(rid)
+
+    async def _admit(self, ticket: Ticket) -> bool:
+        """Wait for the request's place in the running batch (False: ``/abort_request`` removed it
+        from the queue first); the wait is counted in ``stats.waiting``."""
+        assert self.scheduler is not None
+        self.stats.waiting += 1
+        try:
+            return await self.scheduler.admit(ticket)
+        finally:
+            self.stats.waiting -= 1
+
+    async def _prefill_again(self, ids: list[int]) -> None:
+        """A preempted request's prefill when it runs again: its KV was released (what the prefix
+        cache still holds is not computed again)."""
+        if self.kv is not None:
+            await self.kv.prefill(ids, self.ttft_s, self._occupy)
+        elif self.ttft_s:
+            await asyncio.sleep(self.ttft_s)
 
     async def _occupy(self, tokens: int, seconds_per_token: float) -> None:
         """Run a prefill of ``tokens`` uncached tokens, chunk by chunk, on this worker.
@@ -740,6 +787,8 @@ class SimulatedEngine(EngineClient, Engine):
     async def abort(self, request_id: str) -> None:
         if request_id in self._running:
             self._abort_requested.add(request_id)
+            if self.scheduler is not None:
+                self.scheduler.abort(request_id)  # still waiting: it leaves the queue at once
 
     async def check_health(self) -> bool:
         return self.fail_after != 0
@@ -753,6 +802,18 @@ class SimulatedEngine(EngineClient, Engine):
 
     async def aclose(self) -> None:
         """Nothing to release."""
+
+
+def _aborted(prompt_tokens: int, emitted: int, cached: int) -> EngineChunk:
+    """The finish chunk of a request aborted by ``/abort_request``."""
+    return EngineChunk(
+        [],
+        "abort",
+        prompt_tokens=prompt_tokens,
+        completion_tokens=emitted,
+        cached_tokens=cached,
+        message="aborted by request",
+    )
 
 
 #: what the simulated model "keeps writing" once it is not allowed to stop (ignore_eos, min_new_tokens)

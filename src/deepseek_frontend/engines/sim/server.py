@@ -56,6 +56,7 @@ from deepseek_frontend.engines.sim.engine import INPUT_IDS_ERROR, SimulatedEngin
 from deepseek_frontend.engines.sim.kv_publish import RankPublishers
 from deepseek_frontend.engines.sim.pd_roles import PdLeg, SimDisagg
 from deepseek_frontend.engines.sim.prompts import RecentPrompts, SimPrompt
+from deepseek_frontend.engines.sim.scheduler import QueueAbortError, SchedulerSettings
 from deepseek_frontend.errors import EngineError, EngineUnavailableError, RequestError
 from deepseek_frontend.generation import DecodingConstraint, EngineChunk, GenerateRequest, SamplingParams
 
@@ -66,6 +67,8 @@ FAIL_MODES: tuple[str, ...] = ("error-event", "disconnect", "http-500")
 _CONSTRAINT_KINDS = ("ebnf", "json_schema", "regex", "structural_tag")
 #: SSE events per body write when the engine has no inter-token delay
 ZERO_DELAY_BATCH = 16
+#: the range of SGLang's ``priority`` field (a signed 64-bit integer)
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 class SimFaults:
@@ -201,6 +204,18 @@ def _refusal_events(rid: str, refusal: SimRefusal, prompt_tokens: int) -> list[b
         }
         event = orjson.dumps({"error": error})
     return [b"data: " + event + b"\n\n", b"data: [DONE]\n\n"]
+
+
+def _queue_abort_events(rid: str, exc: QueueAbortError, prompt_tokens: int) -> list[bytes]:
+    """The abort finish SGLang streams for a request its scheduler aborted (503), then ``[DONE]``."""
+    meta = {
+        "id": rid,
+        "finish_reason": {"type": "abort", "message": exc.message, "status_code": exc.status_code},
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": 0,
+        "cached_tokens": 0,
+    }
+    return [b"data: " + orjson.dumps({"output_ids": [], "meta_info": meta}) + b"\n\n", b"data: [DONE]\n\n"]
 
 
 def _routed_rank(body: dict[str, Any]) -> int | None:
@@ -390,7 +405,15 @@ def build_sim_app(
             not isinstance(images, list) or not all(isinstance(i, str) and i for i in images)
         ):
             return _bad_request("image_data must be a list of data: URLs or base64 strings")
-        gen_request = GenerateRequest(rid, ids, sampling, images=tuple(images or ()))
+        priority = body.get("priority")
+        if priority is not None and (
+            isinstance(priority, bool)
+            or not isinstance(priority, int)
+            or not _INT64_MIN <= priority <= _INT64_MAX
+        ):
+            # SGLang's tokenizer manager checks the same (a signed 64-bit integer)
+            return _bad_request(f"priority must be a signed 64-bit integer, got {priority!r}")
+        gen_request = GenerateRequest(rid, ids, sampling, images=tuple(images or ()), priority=priority)
         if disagg is not None:
             return await disagg.generate(body, gen_request, _pd_leg(rid, prompt, sampling.logprobs))
         # the engine's own fault setting is off; faults are applied here, per mode
@@ -404,10 +427,22 @@ def build_sim_app(
             if ranks > 1
             else engine.generate(gen_request, prompt)
         )
+        streaming = bool(body.get("stream", False))
+        scheduler = getattr(engine, "scheduler", None)
+        if streaming and fail_after is None and scheduler is not None and scheduler.would_wait():
+            # SGLang sends a stream's headers before the request reaches its scheduler: a request
+            # that waits for a place in the batch must not look like a silent worker meanwhile
+            return _SseResponse(_after_wait(rid, stream, sampling.logprobs))
         try:
             first = await anext(stream)
         except RequestError as exc:
             return _bad_request(str(exc))
+        except QueueAbortError as exc:
+            if not streaming:
+                return JSONResponse({"error": {"message": exc.message}}, status_code=exc.status_code)
+            return StreamingResponse(
+                iter(_queue_abort_events(rid, exc, len(ids))), media_type="text/event-stream"
+            )
         if fail_after == 0:
             engine.mark_failed(rid)
             await stream.aclose()
@@ -421,6 +456,29 @@ def build_sim_app(
         if engine.itl_s == 0:
             return _SseResponse(_batched(events, ZERO_DELAY_BATCH))
         return _SseResponse(events)
+
+    async def _after_wait(
+        rid: str, stream: AsyncGenerator[EngineChunk, None], logprobs: bool
+    ) -> AsyncGenerator[bytes, None]:
+        """A stream whose headers went out before its first chunk: a refusal or an abort from the
+        queue comes in the stream, as SGLang sends it."""
+        try:
+            try:
+                first = await anext(stream)
+            except QueueAbortError as exc:
+                for event in _queue_abort_events(rid, exc, 0):
+                    yield event
+                return
+            except RequestError as exc:
+                error = {"message": str(exc), "code": 400, "retryable": False}
+                yield b"data: " + orjson.dumps({"error": error}) + b"\n\n"
+                yield b"data: [DONE]\n\n"
+                return
+            events = _sse(rid, first, stream, None, faults.fail_mode, logprobs)
+            async for event in _batched(events, ZERO_DELAY_BATCH) if engine.itl_s == 0 else events:
+                yield event
+        finally:
+            await stream.aclose()
 
     def _pd_leg(rid: str, prompt: SimPrompt | None, logprobs: bool) -> PdLeg:
         """The aggregated answer's parts, for a PD role to run after (decode) or around (prefill) it."""
@@ -570,6 +628,9 @@ def build_sim_app(
             page = engine.kv.page_size if getattr(engine, "kv", None) is not None else 256
             info["kv_events"] = kv_publishers.descriptor(page)
             info["kv_events_config"] = kv_publishers.config_json()  # a JSON string, as SGLang reports it
+        scheduler = getattr(engine, "scheduler", None)
+        # the scheduling flags (engines/sim/scheduler.py), SGLang's defaults without a scheduler
+        info.update((scheduler.settings if scheduler is not None else SchedulerSettings()).server_info())
         info["chunked_prefill_size"] = getattr(engine, "chunked_prefill_size", None)
         info["enable_mixed_chunk"] = getattr(engine, "enable_mixed_chunk", False)
         # SGLang's PD keys: "null" and the default port on an aggregated worker
@@ -580,7 +641,8 @@ def build_sim_app(
         return JSONResponse(info)
 
     async def load(_: Request) -> Response:
-        return JSONResponse({"num_reqs": engine.stats.running, "num_waiting_reqs": 0})
+        waiting = engine.stats.waiting
+        return JSONResponse({"num_reqs": engine.stats.running - waiting, "num_waiting_reqs": waiting})
 
     async def stats(_: Request) -> Response:
         kvs = getattr(engine, "kvs", None) or []
@@ -593,7 +655,9 @@ def build_sim_app(
             cache["ranks"] = [kv.stats() for kv in kvs]
         pd = disagg.stats() if disagg is not None else {}
         trace = {"trace_headers": list(traced)}
-        return JSONResponse({**engine.stats.as_dict(), **memo, **cache, **pd, **trace})
+        scheduler = getattr(engine, "scheduler", None)
+        sched = scheduler.stats() if scheduler is not None else {}
+        return JSONResponse({**engine.stats.as_dict(), **memo, **cache, **pd, **trace, **sched})
 
     async def set_fault(request: Request) -> Response:
         try:
