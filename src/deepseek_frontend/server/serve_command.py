@@ -76,8 +76,9 @@ def run(args: argparse.Namespace) -> int:
     from deepseek_frontend.errors import FrontendError
     from deepseek_frontend.fleet.config_file import fleet_from_args
     from deepseek_frontend.fleet.store_config import check_state_store
-    from deepseek_frontend.keys.limit_state import SharedLimitState
+    from deepseek_frontend.keys.limit_state import DEFAULT_SLOTS, SharedLimitState
 
+    from . import hangups
     from .acceptor import FrontendServer
     from .app import create_app
     from .http_protocol import PROBE_MAX_CONNECTIONS, guarded_protocol
@@ -86,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
     log = logging.getLogger("deepseek_frontend.serve")
     actions = flag_actions()
+    hangups.catch()  # a SIGHUP while starting is a reload to make once serving, not the end
+    hangups_seen = hangups.count()  # one arriving from here on may be newer than the file read
     try:
         fleet = fleet_from_args(args, actions)
         check_tracing_env()  # before binding: every process would refuse to start later
@@ -140,7 +143,11 @@ def run(args: argparse.Namespace) -> int:
 
     slot = None
     # the API keys' limits hold across processes: their state is shared memory made before forking
-    shared_limits = SharedLimitState.create(processes=processes) if processes > 1 else None
+    slots = getattr(args, "key_limit_slots", None) or DEFAULT_SLOTS
+    if slots < 1:
+        print("deepseek-frontend serve: --key-limit-slots must be >= 1", file=sys.stderr)
+        return 2
+    shared_limits = SharedLimitState.create(slots=slots, processes=processes) if processes > 1 else None
     if processes > 1:
         from .processes import fork_processes
 
@@ -163,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
         shared_limits.reset_process(slot.index)  # what a dead predecessor held in flight is free again
         # a process forked again later reads the configuration as it is now (a reload may have changed it)
         try:
+            hangups_seen = hangups.count()
             fleet = fleet_from_args(args, actions)
             config = fleet.models[0]
         except (FrontendError, OSError, ValueError) as exc:
@@ -175,6 +183,7 @@ def run(args: argparse.Namespace) -> int:
         shared_limits=shared_limits,
         process_index=slot.index if slot is not None else 0,
         load_fleet=lambda: fleet_from_args(args, actions),
+        hangups_seen=hangups_seen,
     )
     if slot is not None:
         app.state.frontend.process_group = slot
