@@ -425,7 +425,8 @@ def test_tokens_per_minute_bound_a_burst_of_concurrent_requests(limits_server: S
         assert "tokens per minute" in message and f"this request may use {reserved}" in message
         assert 1 <= int(outcome.headers["retry-after"]) <= 10
     remaining = sorted(int(o.headers["x-ratelimit-remaining-tokens"]) for o in admitted)
-    assert remaining[0] == 0 and remaining[-1] >= limit - reserved
+    # each admission took 50: what is left after the last is what refilled meanwhile, under 50
+    assert remaining[0] < reserved and remaining[-1] >= limit - reserved
     # the streams' prompts were longer than estimated: the difference is taken when they end
     wait_until(
         lambda: metric(url, "deepseek_frontend_key_requests_total", key="token-burst", status="200") == 6,
