@@ -32,6 +32,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from deepseek_frontend.edge.reservation import estimate_prompt_tokens
 from tests.support.servers import Server, start_frontend
 from tests.support.waiting import wait_until
 
@@ -53,6 +54,7 @@ KEYS = {
         "unlimited",
         "per-minute",
         "tokens",
+        "token-burst",
         "restricted",
         "anthropic-client",
         "openai-client",
@@ -209,6 +211,7 @@ def limits_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             {"name": "unlimited", "key": KEYS["unlimited"]},
             {"name": "per-minute", "key": KEYS["per-minute"], "requests_per_minute": 5},
             {"name": "tokens", "key": KEYS["tokens"], "tokens_per_minute": 100},
+            {"name": "token-burst", "key": KEYS["token-burst"], "tokens_per_minute": 300},
             {"name": "restricted", "key": KEYS["restricted"], "models": ["m1"]},
             {"name": "anthropic-client", "key": KEYS["anthropic-client"], **rpm2},
             {"name": "openai-client", "key": KEYS["openai-client"], **rpm2},
@@ -358,26 +361,29 @@ def test_tokens_per_minute_refuse_once_used_and_metrics_count_the_reported_usage
     used = 0
     first_sent = time.monotonic()
     for i in range(10):
-        outcome = post(url, CHAT, key, streamed if i % 2 else plain)
+        body = streamed if i % 2 else plain
+        # what admission reserves: the prompt estimated from the body, and max_tokens
+        reserved = estimate_prompt_tokens(body) + 8
+        outcome = post(url, CHAT, key, body)
         refill = (time.monotonic() - first_sent) * limit / 60
         if outcome.status != 200:
             refused = outcome
+            assert limit - used + refill < reserved + 1, "refused although its reservation fit"
             break
-        # usage is taken when a request is done: the head shows what the requests before it used
+        # the head shows what the requests before it used and this one's reservation
         remaining = int(outcome.headers["x-ratelimit-remaining-tokens"])
-        assert limit - used <= remaining <= limit - used + 1 + refill, (remaining, used)
-        assert used <= limit - 1 + refill, "admitted although the tokens were used up"
+        assert limit - used - reserved <= remaining <= limit - used - reserved + 1 + refill, (remaining, used)
+        assert used + reserved <= limit + refill, "admitted although its reservation did not fit"
         usage = reported_usage(outcome)
         used += usage["prompt_tokens"] + usage["completion_tokens"]
         admitted.append(outcome)
         usages.append(usage)
     assert refused is not None, "never refused"
-    assert used > limit - 1, "refused before the tokens were used up"
-    assert len(admitted) >= 3
+    assert len(admitted) >= 2
     assert_rate_limited_openai(refused)
     assert "tokens per minute" in refused.json()["error"]["message"]
     assert refused.headers["x-ratelimit-limit-tokens"] == str(limit)
-    assert refused.headers["x-ratelimit-remaining-tokens"] == "0"
+    assert int(refused.headers["x-ratelimit-remaining-tokens"]) < reserved
     assert refused.headers["x-ratelimit-reset-tokens"].endswith("s")
     assert "x-ratelimit-limit-requests" not in refused.headers
 
@@ -395,6 +401,41 @@ def test_tokens_per_minute_refuse_once_used_and_metrics_count_the_reported_usage
     assert metric(url, "deepseek_frontend_key_cached_tokens_total", **labels) == cached
     assert metric(url, "deepseek_frontend_key_output_tokens_total", **labels) == output
     assert metric(url, "deepseek_frontend_key_rate_limited_total", key="tokens", limit="tokens") == 1
+
+
+def test_tokens_per_minute_bound_a_burst_of_concurrent_requests(limits_server: Server) -> None:
+    """Twenty streams at once of a 300-tokens-a-minute key: each reserves its possible tokens at
+    admission (prompt estimate + max_tokens = 50), so six are admitted -- the minute's tokens --
+    and fourteen refused at once, not all twenty served and the tokens counted afterwards."""
+    url, key, limit = limits_server.url, KEYS["token-burst"], 300
+    body = {**chat_body(max_tokens=47, stream=True), "stream_options": {"include_usage": True}}
+    reserved = estimate_prompt_tokens(body) + 47
+    assert reserved == 50, reserved  # so the burst fits exactly six, and a seventh waits 10 s
+    outcomes = send_together(20, lambda _: post(url, CHAT, key, body))
+
+    admitted = [o for o in outcomes if o.status == 200]
+    assert len(admitted) == limit // reserved, [o.status for o in outcomes]
+    served = sum(reported_usage(o)["completion_tokens"] for o in admitted)
+    assert served == 6 * 47 <= limit
+    for outcome in outcomes:
+        if outcome.status == 200:
+            continue
+        assert_rate_limited_openai(outcome)
+        message = outcome.json()["error"]["message"]
+        assert "tokens per minute" in message and f"this request may use {reserved}" in message
+        assert 1 <= int(outcome.headers["retry-after"]) <= 10
+    remaining = sorted(int(o.headers["x-ratelimit-remaining-tokens"]) for o in admitted)
+    # each admission took 50: what is left after the last is what refilled meanwhile, under 50
+    assert remaining[0] < reserved and remaining[-1] >= limit - reserved
+    # the streams' prompts were longer than estimated: the difference is taken when they end
+    wait_until(
+        lambda: metric(url, "deepseek_frontend_key_requests_total", key="token-burst", status="200") == 6,
+        "the six streams were counted",
+        timeout=REQUEST_TIMEOUT_S,
+    )
+    late = post(url, CHAT, key, body)
+    assert_rate_limited_openai(late)
+    assert int(late.headers["retry-after"]) >= 10
 
 
 def test_a_key_restricted_to_one_model_sees_no_other(limits_server: Server) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from deepseek_frontend.keys.limit_state import SharedLimitState
+from deepseek_frontend.keys.limit_state import LimitStateStats, SharedLimitState
 from deepseek_frontend.keys.rate_limits import (
     Admission,
     KeyUsageMetrics,
@@ -84,56 +84,81 @@ def test_requests_bucket_refills_at_its_rate(limiter: RateLimiter) -> None:
     refused(limiter.admit(alice, now=1000.0))
 
 
-def test_tokens_are_taken_after_the_request(limiter: RateLimiter) -> None:
+def test_tokens_are_reserved_at_admission_and_settled_when_done(limiter: RateLimiter) -> None:
     bob = tenant("bob", tpm=1000)
-    first = admitted(limiter.admit(bob, now=0.0))
-    second = admitted(limiter.admit(bob, now=0.0))  # nothing is taken before the tokens are known
-    assert second.headers["x-ratelimit-remaining-tokens"] == "1000"
-    first.release(900, now=0.0)
-    second.release(600, now=0.0)  # the level goes to -500
-    refusal = refused(limiter.admit(bob, now=0.0))
+    first = admitted(limiter.admit(bob, now=0.0, tokens=600))
+    assert first.reserved == 600
+    assert first.headers["x-ratelimit-remaining-tokens"] == "400"
+    # 600 more do not fit in the 400 left: refused before anything runs
+    refusal = refused(limiter.admit(bob, now=0.0, tokens=600))
     assert refusal.limit == "tokens"
+    assert refusal.retry_after_s == 12.0  # 200 tokens at 1000/60 per second
+    assert refusal.headers["retry-after"] == "12"
+    assert refusal.message == (
+        "Rate limit reached for key 'bob' on tokens per minute: limit 1000, used 600, "
+        "this request may use 600; retry in 12.0 s"
+    )
+    assert refusal.headers["x-ratelimit-remaining-tokens"] == "400"
+    admitted(limiter.admit(bob, now=0.0, tokens=400)).release(400, now=0.0)  # used all it reserved
+    first.release(100, now=0.0)  # 500 of its 600 come back
+    second = admitted(limiter.admit(bob, now=0.0, tokens=500))
+    assert second.headers["x-ratelimit-remaining-tokens"] == "0"
+    second.release(1000, now=0.0)  # 500 more than it reserved (a longer prompt than estimated)
+    refusal = refused(limiter.admit(bob, now=0.0))  # at least one token is reserved
     assert refusal.retry_after_s == 30.1  # (1 + 500) tokens at 1000/60 per second: 30.06 s
     assert refusal.headers["retry-after"] == "31"
-    assert refusal.message == (
-        "Rate limit reached for key 'bob' on tokens per minute: limit 1000, used 1500; retry in 30.1 s"
-    )
     assert refusal.headers["x-ratelimit-remaining-tokens"] == "0"
     assert refusal.headers["x-ratelimit-reset-tokens"] == "1m30s"
     refused(limiter.admit(bob, now=30.0))
-    admitted(limiter.admit(bob, now=30.1))
+    admitted(limiter.admit(bob, now=30.1)).release(0, now=30.1)
+    # more than a minute's tokens: the reservation is the whole bucket, admitted only when full
+    refused(limiter.admit(bob, now=60.0, tokens=50_000))
+    whole = admitted(limiter.admit(bob, now=90.0, tokens=50_000))
+    assert whole.reserved == 1000
+    whole.release(3000, now=90.0)
+    refused(limiter.admit(bob, now=180.0))  # 2000 tokens over: two minutes to be back at zero
+    admitted(limiter.admit(bob, now=211.0))
+
+
+def test_a_settled_reservation_never_overfills_the_bucket(limiter: RateLimiter) -> None:
+    cleo = tenant("cleo", tpm=1000)
+    held = admitted(limiter.admit(cleo, now=0.0, tokens=800))
+    # a minute later the bucket is full again although the request is still running ...
+    assert admitted(limiter.admit(cleo, now=60.0)).headers["x-ratelimit-remaining-tokens"] == "999"
+    held.release(10, now=60.0)  # ... and its 790 unused tokens cannot take it past full
+    assert admitted(limiter.admit(cleo, now=60.0)).headers["x-ratelimit-remaining-tokens"] == "999"
 
 
 def test_openai_headers(limiter: RateLimiter) -> None:
     carol = tenant("carol", rpm=60, tpm=1000, most=4)
-    first = admitted(limiter.admit(carol, now=10.0))
+    first = admitted(limiter.admit(carol, now=10.0, tokens=250))
     assert first.headers == {
         "x-ratelimit-limit-requests": "60",
         "x-ratelimit-remaining-requests": "59",
         "x-ratelimit-reset-requests": "1s",
         "x-ratelimit-limit-tokens": "1000",
-        "x-ratelimit-remaining-tokens": "1000",
-        "x-ratelimit-reset-tokens": "0s",
+        "x-ratelimit-remaining-tokens": "750",
+        "x-ratelimit-reset-tokens": "15s",
     }
     first.release(250, now=10.0)
-    second = admitted(limiter.admit(carol, now=10.0))
+    second = admitted(limiter.admit(carol, now=10.0, tokens=250))
     assert second.headers["x-ratelimit-remaining-requests"] == "58"
     assert second.headers["x-ratelimit-reset-requests"] == "2s"
-    assert second.headers["x-ratelimit-remaining-tokens"] == "750"
-    assert second.headers["x-ratelimit-reset-tokens"] == "15s"
+    assert second.headers["x-ratelimit-remaining-tokens"] == "500"
+    assert second.headers["x-ratelimit-reset-tokens"] == "30s"
 
 
 def test_anthropic_headers(limiter: RateLimiter) -> None:
     dave = tenant("dave", rpm=60, tpm=1000)
-    admitted(limiter.admit(dave, now=0.0)).release(250, now=0.0)
-    headers = admitted(limiter.admit(dave, now=0.0, protocol="anthropic")).headers
+    admitted(limiter.admit(dave, now=0.0, tokens=250)).release(250, now=0.0)
+    headers = admitted(limiter.admit(dave, now=0.0, protocol="anthropic", tokens=1)).headers
     assert headers == {
         "anthropic-ratelimit-requests-limit": "60",
         "anthropic-ratelimit-requests-remaining": "58",
         "anthropic-ratelimit-requests-reset": "2027-01-15T08:00:02Z",
         "anthropic-ratelimit-tokens-limit": "1000",
-        "anthropic-ratelimit-tokens-remaining": "750",
-        "anthropic-ratelimit-tokens-reset": "2027-01-15T08:00:15Z",
+        "anthropic-ratelimit-tokens-remaining": "749",
+        "anthropic-ratelimit-tokens-reset": "2027-01-15T08:00:16Z",
     }
     assert datetime.fromisoformat(headers["anthropic-ratelimit-requests-reset"]) == datetime.fromtimestamp(
         WALL + 2, UTC
@@ -185,9 +210,94 @@ def test_unlimited_tenants_take_no_slot_of_the_shared_state() -> None:
         assert free.headers == {}
         free.release(10_000)
     admitted(limiter.admit(tenant("limited", rpm=1), now=0.0))  # the one slot is still free
-    with pytest.raises(RuntimeError, match="full"):
-        limiter.admit(tenant("another", rpm=1), now=0.0)
+    assert limiter.stats() == LimitStateStats(slots=1, used=1, dropped=0, overflows=0)
     state.close()
+
+
+def test_keys_that_come_and_go_never_run_out_of_slots() -> None:
+    """More keys than slots, one after the other: an idle key's slot (buckets full again, nothing
+    in flight) is taken over by the next new key, and every key keeps its limits shared."""
+    state = SharedLimitState.create(slots=8, processes=2)
+    limiter = RateLimiter(state, process_index=1)
+    for i in range(100):
+        key = tenant(f"key-{i}", rpm=60, tpm=6000)
+        now = float(i)  # a second later the last key's one request is back in its bucket
+        first = admitted(limiter.admit(key, now=now, tokens=100))
+        first.release(20, now=now)
+        admitted(limiter.admit(key, now=now, tokens=100)).release(20, now=now)
+    stats = limiter.stats()
+    assert stats.overflows == 0 and stats.used == 8
+    assert stats.dropped == 92  # every key but the last 8 was taken over once idle
+    # the newest keys kept their state: key-99 used 2 of its 60 requests a moment ago
+    again = admitted(limiter.admit(tenant("key-99", rpm=60, tpm=6000), now=99.0))
+    assert again.headers["x-ratelimit-remaining-requests"] == "57"
+    assert again.headers["x-ratelimit-remaining-tokens"] == "5959"
+    state.close()
+
+
+def test_a_table_full_of_busy_keys_keeps_a_new_keys_limits_in_process_memory() -> None:
+    """Every slot busy (a request in flight): a new key is still admitted within its limits, kept
+    in this process's memory, and moves into the table once a slot is free."""
+    state = SharedLimitState.create(slots=4, processes=2)
+    limiter = RateLimiter(state, process_index=0)
+    busy = [admitted(limiter.admit(tenant(f"busy-{i}", most=5), now=0.0)) for i in range(4)]
+    late = tenant("late", most=2, rpm=10)
+    held = admitted(limiter.admit(late, now=0.0))
+    assert limiter.stats().overflows == 1
+    admitted(limiter.admit(late, now=0.0))
+    assert refused(limiter.admit(late, now=0.0)).limit == "concurrent_requests"
+    assert limiter.in_flight(late, now=0.0) == 2
+    busy[0].release(now=0.5)  # idle now: its slot can be taken over
+    refused(limiter.admit(late, now=0.5))  # a slot is tried again OVERFLOW_RETRY_S after the last try
+    assert refused(limiter.admit(late, now=2.0)).limit == "concurrent_requests"  # moved, both still count
+    stats = limiter.stats()
+    assert stats.used == 4 and stats.dropped == 1 and stats.overflows == 1
+    held.release(now=2.0)
+    # the requests bucket moved with it: 2 of 10 taken at 0 s, 0.33 back by 2 s
+    assert admitted(limiter.admit(late, now=2.0)).headers["x-ratelimit-remaining-requests"] == "7"
+    # another process sees it in the table now, with its two requests in flight
+    assert RateLimiter(state, process_index=1).in_flight(late, now=2.0) == 2
+    state.close()
+
+
+def test_a_key_removed_by_a_reload_frees_its_slot() -> None:
+    """The table full of keys used a moment ago (buckets not yet full again): removing some of them
+    frees their slots at once for new keys; a removed key with a request in flight keeps its slot
+    until it is idle."""
+    state = SharedLimitState.create(slots=8, processes=1)
+    limiter = RateLimiter(state)
+    keys = [tenant(f"old-{i}", rpm=6) for i in range(8)]
+    running = [admitted(limiter.admit(key, now=0.0)) for key in keys]
+    for admission in running[1:]:
+        admission.release(now=0.0)
+    admitted(limiter.admit(tenant("before", rpm=6), now=0.0))
+    assert limiter.stats().overflows == 1  # no slot for a ninth key
+    limiter.reconfigure(keys[4:], removed=[key.name for key in keys[:4]], now=1.0)
+    assert limiter.stats().used == 5  # old-0 still has its request in flight
+    for i in range(3):
+        admitted(limiter.admit(tenant(f"new-{i}", rpm=6), now=1.0))
+    assert limiter.stats() == LimitStateStats(slots=8, used=8, dropped=3, overflows=1)
+    running[0].release(now=1.0)  # old-0's request ends: its slot is idle only once its bucket is full
+    admitted(limiter.admit(tenant("new-3", rpm=6), now=11.0))
+    assert limiter.stats().overflows == 1
+    state.close()
+
+
+def test_a_concurrency_limit_added_by_a_reload_counts_the_requests_in_flight(limiter: RateLimiter) -> None:
+    free = tenant("olga")
+    running = [admitted(limiter.admit(free, now=0.0)) for _ in range(3)]
+    capped = tenant("olga", most=2)
+    limiter.reconfigure([capped], removed=[], now=0.0)
+    assert limiter.in_flight(capped) == 3
+    assert refused(limiter.admit(capped, now=0.0)).message.endswith("limit 2, in flight 3; retry in 1.0 s")
+    running[0].release()
+    refused(limiter.admit(capped, now=0.0))
+    running[1].release()
+    now_capped = admitted(limiter.admit(capped, now=0.0))
+    refused(limiter.admit(capped, now=0.0))
+    running[2].release()
+    now_capped.release()
+    assert limiter.in_flight(capped) == 0
 
 
 def test_concurrency_is_released_exactly_once(limiter: RateLimiter) -> None:
@@ -414,6 +524,62 @@ def test_requests_per_minute_hold_in_sum_across_processes() -> None:
     state.close()
 
 
+def test_slots_freed_in_one_process_are_taken_by_another() -> None:
+    """One process fills the table; another frees the slots of keys a reload removed; a third gives
+    them to new keys; the first, its slots cached, comes back with a removed key (its reload not yet
+    applied) and finds its old slot taken: it neither reads nor clobbers the new key's record."""
+    state = SharedLimitState.create(slots=8, processes=3)
+    old = [tenant(f"old-{i}", rpm=6) for i in range(8)]
+    new = [tenant(f"new-{i}", rpm=6) for i in range(4)]
+    claimed_read, claimed_write = os.pipe()
+    again_read, again_write = os.pipe()
+
+    def fill_then_come_back(index: int) -> dict[str, Any]:
+        os.close(claimed_read)
+        os.close(again_write)
+        limiter = RateLimiter(state, index)
+        for key in old:
+            admitted(limiter.admit(key, now=0.0)).release(now=0.0)
+        os.write(claimed_write, b"c")
+        os.read(again_read, 1)  # EOF once the others are done
+        late = admitted(limiter.admit(old[0], now=0.0))
+        return {
+            "remaining": late.headers["x-ratelimit-remaining-requests"],
+            "overflows": limiter.stats().overflows,
+        }
+
+    def take_new_keys(index: int) -> dict[str, Any]:
+        limiter = RateLimiter(state, index)
+        for key in new:
+            admitted(limiter.admit(key, now=0.0))
+        second = admitted(limiter.admit(new[0], now=0.0))
+        return {
+            "remaining": second.headers["x-ratelimit-remaining-requests"],
+            "overflows": limiter.stats().overflows,
+        }
+
+    with children() as group:
+        group.fork(0, fill_then_come_back)
+        os.close(claimed_write)
+        os.close(again_read)
+        group.go()
+        assert _read_within(claimed_read, DEADLINE_S) == b"c"
+        reloaded = RateLimiter(state, process_index=1)
+        assert reloaded.stats().used == 8
+        reloaded.reconfigure(old[4:], removed=[key.name for key in old[:4]], now=0.0)
+        assert reloaded.stats().used == 4
+        group.fork(2, take_new_keys)
+        assert group.result(2) == {"remaining": "4", "overflows": 0}
+        os.close(again_write)
+        # every slot holds a key used a moment ago: the removed key is kept in that process's memory
+        assert group.result(0) == {"remaining": "5", "overflows": 1}
+    os.close(claimed_read)
+    # new-0's record is whole: two requests of six taken by process 2, one now
+    assert admitted(reloaded.admit(new[0], now=0.0)).headers["x-ratelimit-remaining-requests"] == "3"
+    assert reloaded.stats().used == 8
+    state.close()
+
+
 def test_a_process_killed_holding_the_lock_blocks_no_one() -> None:
     state = SharedLimitState.create(slots=64, processes=3)
     mia = tenant("mia", most=2)
@@ -423,7 +589,7 @@ def test_a_process_killed_holding_the_lock_blocks_no_one() -> None:
         limiter = RateLimiter(state, index)
         admitted(limiter.admit(mia))
         admitted(limiter.admit(mia))
-        with state.record(mia.name):
+        with state.record(mia.name, 0.0):
             os.write(locked_write, b"l")
             while True:
                 signal.pause()  # until SIGKILL

@@ -5,8 +5,11 @@ Before the handler, in this order (each step one function below): the request ge
 tracker (:func:`_begin`); its body is read (:func:`_read_body`); it is routed to a model -- the one
 its body's ``model`` names, among those its API key may use (:func:`_route`); its priority, service
 tier and deadline are resolved from its headers, its body's ``service_tier`` and its key
-(:func:`_schedule`, ``edge/priority.py``); its API key's rate limits admit it (:func:`_admit_key`);
-the model's admission control admits it, in priority order and within its deadline
+(:func:`_schedule`, ``edge/priority.py``); its API key's rate limits admit it, a key with tokens
+per minute reserving what the request may use, estimated from its body (:func:`_reservation`,
+edge/reservation.py, before any preparation: a refusal costs the body's parse and nothing more)
+(:func:`_admit_key`); the model's admission control admits it, in priority order and within its
+deadline
 (:func:`_admit_to_model`). The handler then gets one :class:`~.request.RequestContext`. After it:
 the request is counted and logged (``edge/tracking.py``), any error is answered in the API's shape
 (:func:`_answer_error`), and the response gets ``x-request-id`` and the key's rate-limit headers
@@ -45,6 +48,7 @@ from .errors import OPENAI, ApiShape, as_frontend_error, error_response
 from .memory import LARGE_BODY_BYTES
 from .priority import behalf_scheduling, resolve_scheduling
 from .request import RequestContext, on_behalf
+from .reservation import Reserve
 from .tracking import RequestTracker
 
 if TYPE_CHECKING:
@@ -127,13 +131,15 @@ def _route(
 
 
 def _admit_key(
-    state: FrontendState, tenant: Tenant | None, api: ApiShape, tracker: RequestTracker
+    state: FrontendState, tenant: Tenant | None, api: ApiShape, tracker: RequestTracker, tokens: int = 0
 ) -> dict[str, str] | None:
-    """The API key's rate limits: the grant kept on the tracker and the rate-limit headers the
-    response will carry (None without limits), or :class:`_Refused` (429 with those headers)."""
+    """The API key's rate limits, reserving ``tokens`` of its tokens per minute: the grant kept on
+    the tracker (settled with the tokens used when the request is done, ``tracking.KeyCharge``)
+    and the rate-limit headers the response will carry (None without limits), or
+    :class:`_Refused` (429 with those headers)."""
     if tenant is None or state.limiter is None:
         return None
-    verdict = state.limiter.admit(tenant, protocol=api.name)
+    verdict = state.limiter.admit(tenant, protocol=api.name, tokens=tokens)
     if isinstance(verdict, Refusal):
         if state.key_usage is not None:
             state.key_usage.limited(tenant.name, verdict.limit)
@@ -141,6 +147,22 @@ def _admit_key(
         raise _Refused(_answer_error(err, api, tracker, headers=verdict.headers))
     tracker.grant = verdict
     return verdict.headers
+
+
+def _reservation(
+    reserve: Reserve | None,
+    tenant: Tenant | None,
+    model: ServedModel,
+    body: bytes,
+    parsed: dict[str, object] | None,
+) -> tuple[int, dict[str, object] | None]:
+    """The tokens the request may use (edge/reservation.py) when its key limits tokens per minute
+    and its route generates, and the body parsed on the way (handed to the handler: parsed once)."""
+    if reserve is None or tenant is None or tenant.limits.tokens_per_minute is None:
+        return 0, parsed
+    if parsed is None:
+        parsed = parse_json_object(body)  # not an object: the handler's 400, answered here
+    return reserve(parsed, model.config.model), parsed
 
 
 def _schedule(
@@ -221,6 +243,7 @@ def api_route(
     selects_model: bool = False,
     streams_body: bool = False,
     generates: bool = True,
+    reserve: Reserve | None = None,
 ) -> Callable[[Handler], Callable[[Request], Awaitable[Response]]]:
     """Decorate ``async def handler(ctx: RequestContext) -> Response`` into a Starlette endpoint.
 
@@ -229,7 +252,9 @@ def api_route(
     ``selects_model``: the request goes to the model its body's ``model`` names, else to the
     server's first. ``streams_body``: the handler reads the body itself (``edge/body_stream.py``),
     and the request takes no model admission slot; nor does it without ``generates`` (no model work).
-    See the module docstring for the steps.
+    ``reserve``: the route generates, and a key with tokens per minute reserves what
+    ``reserve(body, model config)`` says it may use (edge/reservation.py). See the module
+    docstring for the steps.
     """
 
     def decorate(fn: Handler) -> Callable[[Request], Awaitable[Response]]:
@@ -252,7 +277,8 @@ def api_route(
                 tracker.route(model)
                 scheduling, parsed = _schedule(request, api, tenant, body, parsed, arrival)
                 if on_behalf(request) is None:
-                    rate_headers = _admit_key(state, tenant, api, tracker)
+                    tokens, parsed = _reservation(reserve, tenant, model, body, parsed)
+                    rate_headers = _admit_key(state, tenant, api, tracker, tokens)
                 if generates and not streams_body:
                     await _admit_to_model(model, api, tracker, scheduling)
                 ctx = RequestContext(

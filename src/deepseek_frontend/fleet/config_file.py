@@ -51,6 +51,7 @@ SERVER_DESTS = frozenset(
         "help",
         "config",
         "keys_file",
+        "key_limit_slots",
         "host",
         "port",
         "frontend_processes",

@@ -4,16 +4,19 @@ Every tenant with limits has up to three:
 
 * requests per minute -- a bucket of capacity ``requests_per_minute`` refilled at a sixtieth of it
   per second; admitting a request takes 1 from it;
-* tokens per minute -- a bucket of capacity ``tokens_per_minute`` refilled likewise; a request is
-  admitted while its level is at least 1, and its prompt and output tokens are taken from it when
-  it is done (:meth:`Admission.release`), so the level may go below zero and the tenant then waits
-  until the refill brings it back to 1;
+* tokens per minute -- a bucket of capacity ``tokens_per_minute`` refilled likewise. Admitting a
+  request *reserves* the most it may use (``admit(..., tokens=)``: its prompt estimate and output
+  allowance, at most the capacity, at least 1) and refuses it when the bucket does not hold that
+  much; when it is done (:meth:`Admission.release`) the reservation is settled against the prompt
+  and output tokens it used: the rest goes back, an excess (a prompt longer than estimated) is
+  taken, so the level may go below zero and the tenant then waits until the refill brings it back;
 * concurrent requests -- the requests in flight, summed over every frontend process.
 
 :meth:`RateLimiter.admit` checks all three at once and takes nothing when any of them refuses;
 the :class:`Refusal` names the limit whose wait is longest (the earliest time a retry can succeed).
 The bucket state lives in a :mod:`~deepseek_frontend.keys.limit_state` store: process memory, or
-the mmap shared by ``serve --workers N``'s processes. A tenant without limits never touches it.
+the mmap shared by ``serve --workers N``'s processes. A tenant without limits never touches it
+(its requests in flight are counted in process memory, for a reload that gives it a limit).
 
 Headers are computed from the buckets after the decision, in OpenAI's form (``x-ratelimit-*``,
 resets as durations such as ``6m0s``) or Anthropic's (``anthropic-ratelimit-*``, resets as RFC 3339
@@ -27,20 +30,22 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Literal
 
 from prometheus_client import CollectorRegistry, Counter
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from .limit_state import LocalLimitState, SharedLimitState, TenantRecord
+from .limit_state import LimitStateStats, LocalLimitState, SharedLimitState, TenantRecord
 from .tenants import Tenant
 
 __all__ = [
     "Admission",
     "KeyUsageMetrics",
     "LimitSnapshot",
+    "LimitStateCollector",
     "RateLimiter",
     "Refusal",
     "anthropic_headers",
@@ -129,32 +134,35 @@ _RENDERERS: dict[str, Callable[[LimitSnapshot], dict[str, str]]] = {
 
 
 class Admission:
-    """An admitted request. Call :meth:`release` when it is done (more calls do nothing)."""
+    """An admitted request. Call :meth:`release` when it is done (more calls do nothing).
+
+    ``reserved``: the tokens taken from the key's tokens bucket at admission, settled against the
+    tokens the request used by :meth:`release`."""
 
     def __init__(
         self,
         limiter: RateLimiter | None,
         tenant: Tenant,
-        counted: bool,
+        reserved: int,
         snapshot: LimitSnapshot,
         headers: dict[str, str],
     ) -> None:
         self._limiter = limiter
         self._tenant = tenant
-        #: whether admitting counted this request in flight (the tenant had a concurrency limit)
-        self._counted = counted
+        self.reserved = reserved
         self.snapshot = snapshot
         self.headers = headers
         self.released = False
 
     def release(self, tokens_used: int = 0, now: float | None = None) -> None:
-        """Give back the in-flight slot and take ``tokens_used`` (prompt + output) from the
-        tenant's tokens bucket. Only the first call counts."""
+        """The request is done: its in-flight count goes, and the tokens it reserved are settled
+        against ``tokens_used`` (prompt + output): what it did not use goes back to the key's
+        tokens bucket, what it used beyond them is taken. Only the first call counts."""
         if self.released:
             return
         self.released = True
         if self._limiter is not None:
-            self._limiter._release(self._tenant, self._counted, max(0, tokens_used), now)
+            self._limiter._release(self._tenant, self.reserved, max(0, tokens_used), now)
 
 
 @dataclass(frozen=True)
@@ -175,6 +183,12 @@ class RateLimiter:
     ``process_index``; without it the state is this process's own. ``clock`` (seconds, monotonic)
     and ``wall_clock`` (``time.time``) may be replaced in tests; ``now`` arguments override
     ``clock`` for one call.
+
+    Every key's requests in flight are counted, whatever its limits: in this process's memory for
+    a key without limits (no lock, no slot of the shared state), and in the key's record too -- this
+    process's entry set to this process's count at each admission and release -- for a key with
+    limits. A reload that gives a key a concurrency limit calls :meth:`reconfigure`, which writes the
+    requests of it already in flight into its record, so they count against the new limit.
     """
 
     def __init__(
@@ -191,31 +205,46 @@ class RateLimiter:
         self.process_index = process_index
         self._clock = clock
         self._wall_clock = wall_clock
+        #: requests in flight in this process, by key name (every key; a name leaves at 0)
+        self._local: dict[str, int] = {}
+        #: keys whose record holds this process's in-flight count (written at each change)
+        self._published: set[str] = set()
 
     def admit(
-        self, tenant: Tenant, now: float | None = None, protocol: Protocol = "openai"
+        self, tenant: Tenant, now: float | None = None, protocol: Protocol = "openai", tokens: int = 0
     ) -> Admission | Refusal:
-        """Admit a request of ``tenant`` now, or refuse it; headers in ``protocol``'s form."""
+        """Admit a request of ``tenant`` now, or refuse it; headers in ``protocol``'s form.
+
+        ``tokens``: the most the request may use (its prompt estimate and output allowance,
+        edge/reservation.py), reserved from the tokens bucket -- at most the bucket's capacity, at
+        least 1. The request is admitted only when the bucket holds its whole reservation."""
         render = _RENDERERS[protocol]
         limits = tenant.limits
+        name = tenant.name
         if limits.unlimited:
-            return Admission(None, tenant, False, LimitSnapshot(), {})
+            self._local[name] = self._local.get(name, 0) + 1
+            return Admission(self, tenant, 0, LimitSnapshot(), {})
         now = self._clock() if now is None else now
         rpm, tpm, most = limits.requests_per_minute, limits.tokens_per_minute, limits.concurrent_requests
+        reserve = min(max(1, tokens), tpm) if tpm is not None else 0
         #: the limits that refuse: seconds until a retry can pass it, the limit, its usage for the message
         waits: list[tuple[float, LimitName, str]] = []
-        with self._state.record(tenant.name) as record:
-            requests, tokens = record.requests, record.tokens
+        with self._state.record(name, now) as record:
+            own = self._local.get(name, 0)
+            record.in_flight[self.process_index] = own  # exact: this process's own count
+            requests, bucket = record.requests, record.tokens
             if rpm is not None:
                 requests.refill(rpm, now)
                 if requests.level < 1:
                     usage = f"limit {rpm}, used {rpm - max(0, math.floor(requests.level))}"
                     waits.append(((1 - requests.level) * 60.0 / rpm, "requests", usage))
             if tpm is not None:
-                tokens.refill(tpm, now)
-                if tokens.level < 1:
-                    usage = f"limit {tpm}, used {tpm - math.floor(tokens.level)}"
-                    waits.append(((1 - tokens.level) * 60.0 / tpm, "tokens", usage))
+                bucket.refill(tpm, now)
+                if bucket.level < reserve:
+                    usage = (
+                        f"limit {tpm}, used {tpm - math.floor(bucket.level)}, this request may use {reserve}"
+                    )
+                    waits.append(((reserve - bucket.level) * 60.0 / tpm, "tokens", usage))
             in_flight = record.in_flight_total
             if most is not None and in_flight >= most:
                 usage = f"limit {most}, in flight {in_flight}"
@@ -223,40 +252,71 @@ class RateLimiter:
             if not waits:
                 if rpm is not None:
                     requests.level -= 1
-                if most is not None:
-                    record.in_flight[self.process_index] += 1
+                if tpm is not None:
+                    bucket.level -= reserve
+                self._local[name] = own + 1
+                record.in_flight[self.process_index] = own + 1
+                self._published.add(name)
             snapshot = self._snapshot(tenant, record)
         headers = render(snapshot)
         if not waits:
-            return Admission(self, tenant, most is not None, snapshot, headers)
+            return Admission(self, tenant, reserve, snapshot, headers)
         wait, limit, usage = max(waits, key=lambda refusing: refusing[0])
         retry_after_s = math.ceil(wait * 10 - 1e-9) / 10  # up to the tenth of a second the message shows
         headers["retry-after"] = str(max(1, math.ceil(retry_after_s)))
         message = (
-            f"Rate limit reached for key '{tenant.name}' on {_LIMIT_WORDS[limit]}: {usage}; "
+            f"Rate limit reached for key '{name}' on {_LIMIT_WORDS[limit]}: {usage}; "
             f"retry in {retry_after_s:.1f} s"
         )
         return Refusal(limit, retry_after_s, message, headers, snapshot)
 
-    def in_flight(self, tenant: Tenant) -> int:
-        """The tenant's requests in flight in every process (0 without a concurrency limit)."""
-        if tenant.limits.concurrent_requests is None:
-            return 0
-        return self._state.in_flight(tenant.name)
+    def in_flight(self, tenant: Tenant, now: float | None = None) -> int:
+        """The tenant's requests in flight: in every process for a key with limits, in this one for
+        a key without."""
+        if tenant.limits.unlimited and tenant.name not in self._published:
+            return self._local.get(tenant.name, 0)
+        return self._state.in_flight(tenant.name, self._clock() if now is None else now)
 
-    def _release(self, tenant: Tenant, counted: bool, tokens_used: int, now: float | None) -> None:
-        tpm = tenant.limits.tokens_per_minute
-        debit = tpm is not None and tokens_used > 0
-        if not counted and not debit:
-            return  # nothing to give back or take: no lock
+    def reconfigure(
+        self, tenants: Iterable[Tenant], removed: Iterable[str], now: float | None = None
+    ) -> None:
+        """A reload swapped the keys in: ``tenants`` are the keys now, ``removed`` the names that went.
+
+        A key that now has limits gets this process's requests of it in flight written into its
+        record (a concurrency limit added by the reload counts them); a removed key's record is
+        freed once nothing of it is in flight (:meth:`LocalLimitState.forget`)."""
         now = self._clock() if now is None else now
-        with self._state.record(tenant.name) as record:
-            if counted:
-                index = self.process_index
-                record.in_flight[index] = max(0, record.in_flight[index] - 1)
-            if tpm is not None and debit:
-                record.tokens.refill(tpm, now)
-                record.tokens.level -= tokens_used
+        for tenant in tenants:
+            name = tenant.name
+            if not tenant.limits.unlimited and self._local.get(name) and name not in self._published:
+                with self._state.record(name, now) as record:
+                    record.in_flight[self.process_index] = self._local[name]
+                self._published.add(name)
+        for name in removed:
+            self._state.forget(name, now)
+
+    def stats(self) -> LimitStateStats:
+        return self._state.stats()
+
+    def _release(self, tenant: Tenant, reserved: int, tokens_used: int, now: float | None) -> None:
+        name = tenant.name
+        left = max(0, self._local.get(name, 0) - 1)
+        if left:
+            self._local[name] = left
+        else:
+            self._local.pop(name, None)
+        if name not in self._published and tenant.limits.unlimited:
+            return  # counted in this process only: no lock
+        now = self._clock() if now is None else now
+        with self._state.record(name, now) as record:
+            record.in_flight[self.process_index] = left
+            bucket = record.tokens
+            # the key's tokens bucket as it is now (a reload may have changed or dropped its limit)
+            if bucket.capacity > 0 and (reserved or tokens_used):
+                bucket.refill(bucket.capacity, now)
+                bucket.level = min(bucket.capacity, bucket.level + reserved - tokens_used)
+        if not left:
+            self._published.discard(name)
 
     def _snapshot(self, tenant: Tenant, record: TenantRecord) -> LimitSnapshot:
         rpm, tpm = tenant.limits.requests_per_minute, tenant.limits.tokens_per_minute
@@ -317,3 +377,39 @@ class KeyUsageMetrics:
     def limited(self, key: str, limit: str) -> None:
         """Count one request of ``key`` refused by ``limit``."""
         self.rate_limited.labels(key, limit).inc()
+
+
+class LimitStateCollector:
+    """The limits' state in ``/metrics`` (a collector over :meth:`RateLimiter.stats`): the shared
+    table's slots and those in use, and this process's records dropped and tenants kept in its own
+    memory because the table was full (``keys/limit_state.py``)."""
+
+    def __init__(self, limiter: RateLimiter) -> None:
+        self._limiter = limiter
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._limiter.stats()
+        yield GaugeMetricFamily(
+            "deepseek_frontend_key_limit_slots",
+            "Slots of the API keys' shared limits table (0: one process, no fixed table).",
+            value=stats.slots,
+        )
+        yield GaugeMetricFamily(
+            "deepseek_frontend_key_limit_records",
+            "API keys whose limits' state is kept (shared table slots in use, or records in process memory).",
+            value=stats.used,
+        )
+        yield CounterMetricFamily(
+            "deepseek_frontend_key_limit_records_dropped",
+            "Keys' limits records dropped: idle (buckets full, nothing in flight) or their key removed.",
+            value=stats.dropped,
+        )
+        yield CounterMetricFamily(
+            "deepseek_frontend_key_limit_overflows",
+            "Keys whose limits were kept in process memory (held per process) because every slot "
+            "of the shared table was busy.",
+            value=stats.overflows,
+        )
+
+    def describe(self) -> Iterator[Metric]:
+        return iter(())

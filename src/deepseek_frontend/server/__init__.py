@@ -14,7 +14,9 @@ Layout::
     http_protocol.py   the HTTP/1.1 connection: header deadline, connection limit, GET /live in the
                        connection, warm requests first
     info_routes.py     /v1/models, /health, /live, /metrics (per model)
-    reload.py          SIGHUP: the configuration swapped in without dropping a request
+    reload.py          SIGHUP: the configuration swapped in without dropping a request; SIGHUPs
+                       during a reload coalesced into one more
+    hangups.py         SIGHUPs counted before the event loop listens (instead of dying of them)
     logs.py            key=value or JSON log lines
 """
 

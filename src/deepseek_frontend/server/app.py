@@ -30,7 +30,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any
 
 from prometheus_client import Counter
@@ -54,14 +54,16 @@ from deepseek_frontend.errors import FrontendError, RequestError
 from deepseek_frontend.fleet.config import ServerConfig
 from deepseek_frontend.fleet.config_file import Fleet
 from deepseek_frontend.fleet.metrics import FrontendMetrics
+from deepseek_frontend.fleet.served_model import ServedModel
 from deepseek_frontend.fleet.store_config import open_state_store
 from deepseek_frontend.images import ImageResolver
-from deepseek_frontend.keys.rate_limits import KeyUsageMetrics, RateLimiter
+from deepseek_frontend.keys.rate_limits import KeyUsageMetrics, LimitStateCollector, RateLimiter
 from deepseek_frontend.keys.tenants import TenantTable
 from deepseek_frontend.state import purge_forever
 from deepseek_frontend.state.continuity import ReasoningContinuity
 from deepseek_frontend.tokenization import PromptTokenizer
 
+from . import hangups
 from .compose import build_models
 from .info_routes import health, list_models, live, metrics_endpoint, retrieve_model
 from .reload import FleetReloader
@@ -91,12 +93,23 @@ async def _frontend_error(request: Request, exc: Exception) -> Response:
     return error_response(exc, shape_for(request.url.path, get_state(request).api_shapes).error_body)
 
 
-def _listen_for_sighup(reloader: FleetReloader | None) -> bool:
-    """Reload on SIGHUP (only the main thread's loop can take signals: not under a test client)."""
+def _listen_for_sighup(reloader: FleetReloader | None, hangups_seen: int | None) -> bool:
+    """Reload on SIGHUP (only the main thread's loop can take signals: not under a test client);
+    and now when SIGHUPs came since the configuration was read (``hangups_seen``, server/hangups.py)."""
     if reloader is None or threading.current_thread() is not threading.main_thread():
         return False
     asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, reloader.request)
+    if hangups_seen is not None and hangups.count() > hangups_seen:
+        reloader.request()
     return True
+
+
+async def _start_models(models: Iterable[ServedModel]) -> None:
+    # a function of its own: a loop variable in the lifespan would hold the last model for the
+    # server's life, also after a reload retired it
+    for model in models:
+        with startup_step(f"model {model.name}: its engine and workers"):
+            await model.start()
 
 
 def create_app(
@@ -108,6 +121,7 @@ def create_app(
     shared_limits: Any = None,
     process_index: int = 0,
     load_fleet: Callable[[], Fleet] | None = None,
+    hangups_seen: int | None = None,
 ) -> Starlette:
     """The ASGI app serving ``fleet``'s models (default: ``config``'s one model and its keys).
 
@@ -117,7 +131,8 @@ def create_app(
     configuration (server/compose.py). The engines are started and closed by the app's lifespan.
     ``shared_limits`` (``limit_state.SharedLimitState``) holds the keys' limits across the
     processes of ``serve --workers N``, this one being ``process_index``. ``load_fleet`` reads the
-    configuration again: given, the server reloads it on SIGHUP (api/reload.py).
+    configuration again: given, the server reloads it on SIGHUP (server/reload.py), and at start
+    when SIGHUPs arrived since it was read (``hangups_seen``: :func:`hangups.count` then).
     """
     from deepseek_frontend.api import batches as batch_routes
     from deepseek_frontend.api.anthropic import routes as anthropic_routes
@@ -142,6 +157,8 @@ def create_app(
         ["api"],
         registry=metrics.registry,
     )
+    limiter = RateLimiter(shared_limits, process_index)
+    metrics.registry.register(LimitStateCollector(limiter))
     state = FrontendState(
         models=models,
         metrics=metrics,
@@ -156,7 +173,7 @@ def create_app(
         recent_heads=RecentHeads(),
         arrivals=ArrivalPacer(max_hold_s=lim.arrival_hold_timeout) if lim.arrival_hold_timeout else None,
         tenants=fleet.tenants,
-        limiter=RateLimiter(shared_limits, process_index),
+        limiter=limiter,
         key_usage=KeyUsageMetrics(metrics.registry),
         fleet=fleet,
     )
@@ -164,7 +181,7 @@ def create_app(
     if reloader is not None:
         metrics.registry.register(reloader)
     metrics.watch_process(
-        lambda: pipeline.offload.pending,
+        lambda: state.models.default.pipeline.offload.pending,  # every model's (compose.py)
         # the serve command gives its HTTP protocol's counters (none under a test client)
         lambda: state.connection_stats,
         state.arrivals,
@@ -192,9 +209,7 @@ def create_app(
         # configuration that cannot be met stops the start-up before anything runs
         with startup_step("tracing (the OTEL_* environment variables)"):
             state.tracer = tracer_from_env()
-        for model in state.models:
-            with startup_step(f"model {model.name}: its engine and workers"):
-                await model.start()
+        await _start_models(state.models)
         # Everything allocated at startup (tokenizer tables, grammars, caches) lives forever:
         # move it out of the collector's sight so full collections stay short under load.
         gc.collect()
@@ -213,13 +228,14 @@ def create_app(
             raise
         purger = asyncio.create_task(purge_forever(state.store))
         runner.start()
-        hangup = _listen_for_sighup(reloader)
+        hangup = _listen_for_sighup(reloader, hangups_seen)
         try:
             yield
         finally:
             await runner.aclose()  # its lines in flight go back to the store for others to run
             if hangup:
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)  # not its default action while draining
             purger.cancel()
             tracer, state.tracer = state.tracer, None
             if tracer is not None:

@@ -12,7 +12,8 @@ How it works (Linux / POSIX, ``os.fork``):
 * Signals: the children run in their own process group, so a terminal's Ctrl-C reaches only the
   supervisor, which forwards one SIGTERM to each child (uvicorn then drains: a graceful stop, not
   the forced exit a second SIGINT would mean). SIGTERM is forwarded the same way, and SIGHUP as
-  SIGHUP (each child re-reads the configuration, api/reload.py). Each child also
+  SIGHUP (each child re-reads the configuration, server/reload.py; one that arrives while a child
+  starts is counted and reloaded once it serves, server/hangups.py). Each child also
   asks the kernel for SIGTERM if the supervisor dies (``PR_SET_PDEATHSIG``).
 * A child that exits on its own (a crash, an OOM kill) is forked again under the same index while
   the others keep serving. Restarts back off (:func:`restart_delay`: 0.5 s doubling to 30 s for a
@@ -40,7 +41,7 @@ What is per process: the tokenizer's prefix and run caches (a conversation's fol
 lands on another process tokenizes its prompt cold once there), the in-process simulated
 engine, admission limits (``--max-concurrent-requests`` etc. apply per process) and health.
 What is shared: the API keys' limits (requests and tokens per minute, concurrent requests), kept
-in a shared memory segment the supervisor makes before forking (api/limit_state.py).
+in a shared memory segment the supervisor makes before forking (keys/limit_state.py).
 """
 
 from __future__ import annotations
@@ -62,6 +63,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import hangups
 from .startup import STARTUP_FAILED
 
 __all__ = ["ProcessSlot", "fork_processes", "merge_expositions", "restart_delay"]
@@ -298,9 +300,11 @@ class _Group:
         """Fork child ``index``: its :class:`ProcessSlot` in the child, None in the supervisor."""
         pid = os.fork()
         if pid == 0:
-            # the supervisor's signal forwarding must not run here
+            # the supervisor's signal forwarding must not run here; a SIGHUP before the child's
+            # loop listens is counted, and reloaded once it serves (hangups.py)
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
+            hangups.catch()
             os.setpgid(0, 0)  # a terminal's Ctrl-C goes to the supervisor only
             _die_with_parent()
             if os.getppid() != self.supervisor:  # the supervisor died before prctl took effect
@@ -335,6 +339,13 @@ class _Group:
             delay,
         )
 
+    def hangup(self, _signum: int, _frame: Any) -> None:
+        """Forward a SIGHUP to every running child: each re-reads the configuration itself
+        (server/reload.py); a child being forked again reads it as it is when it starts."""
+        for pid in list(self.running):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGHUP)
+
     def count_restart(self, index: int) -> None:
         _write(self.shared, index, _read(self.shared, index) + 1)
 
@@ -359,6 +370,9 @@ def fork_processes(count: int, listening: socket.socket, backlog: int = 2048) ->
         _listeners(listening, count, backlog),
         mmap.mmap(-1, 2 * max(1, count) * _COUNTER.size),  # anonymous, shared with the children
     )
+    # SIGHUP is forwarded from before the first fork: a child forked before it arrived may have
+    # read the configuration already (each child counts one that comes before its loop listens)
+    previous_hangup = signal.signal(signal.SIGHUP, group.hangup)
     for index in range(count):
         slot = group.fork(index)
         if slot is not None:
@@ -366,6 +380,7 @@ def fork_processes(count: int, listening: socket.socket, backlog: int = 2048) ->
     log.info("supervising %d frontend processes: pids %s", count, ",".join(map(str, group.running)))
     result = _supervise(group)
     if isinstance(result, int):
+        signal.signal(signal.SIGHUP, previous_hangup)
         group.close()
     return result
 
@@ -390,14 +405,7 @@ def _supervise(group: _Group) -> ProcessSlot | int:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
 
-    def hangup(_signum: int, _frame: Any) -> None:
-        # every process re-reads the configuration itself (api/reload.py)
-        for pid in children:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGHUP)
-
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    previous[signal.SIGHUP] = signal.signal(signal.SIGHUP, hangup)
     deadline: float | None = None
     try:
         while children or group.due:

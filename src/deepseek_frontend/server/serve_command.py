@@ -88,8 +88,9 @@ def run(args: argparse.Namespace) -> int:
     from deepseek_frontend.errors import FrontendError, StartupError
     from deepseek_frontend.fleet.config_file import fleet_from_args
     from deepseek_frontend.fleet.store_config import check_state_store
-    from deepseek_frontend.keys.limit_state import SharedLimitState
+    from deepseek_frontend.keys.limit_state import DEFAULT_SLOTS, SharedLimitState
 
+    from . import hangups
     from .acceptor import FrontendServer
     from .app import create_app
     from .http_protocol import PROBE_MAX_CONNECTIONS, guarded_protocol
@@ -99,6 +100,8 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level, args.log_format)
     log = logging.getLogger("deepseek_frontend.serve")
     actions = flag_actions()
+    hangups.catch()  # a SIGHUP while starting is a reload to make once serving, not the end
+    hangups_seen = hangups.count()  # one arriving from here on may be newer than the file read
     try:
         fleet = fleet_from_args(args, actions)
         check_tracing_env()  # before binding: every process would refuse to start later
@@ -152,9 +155,13 @@ def run(args: argparse.Namespace) -> int:
     if processes < 1:
         print(failure_line(StartupError("--workers must be >= 1")), file=sys.stderr)
         return STARTUP_FAILED
+    slots = getattr(args, "key_limit_slots", None) or DEFAULT_SLOTS
+    if slots < 1:
+        print(failure_line(StartupError("--key-limit-slots must be >= 1")), file=sys.stderr)
+        return STARTUP_FAILED
     try:
         # the API keys' limits hold across processes: their state is shared memory made before forking
-        shared_limits = SharedLimitState.create(processes=processes) if processes > 1 else None
+        shared_limits = SharedLimitState.create(slots=slots, processes=processes) if processes > 1 else None
     except OSError as exc:
         what = f"--workers {processes}: cannot make the shared memory for the API keys' limits"
         print(failure_line(StartupError.because(what, exc)), file=sys.stderr)
@@ -182,6 +189,7 @@ def run(args: argparse.Namespace) -> int:
         shared_limits.reset_process(slot.index)  # what a dead predecessor held in flight is free again
         # a process forked again later reads the configuration as it is now (a reload may have changed it)
         try:
+            hangups_seen = hangups.count()
             fleet = fleet_from_args(args, actions)
             config = fleet.models[0]
         except (FrontendError, OSError, ValueError) as exc:
@@ -195,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
             shared_limits=shared_limits,
             process_index=slot.index if slot is not None else 0,
             load_fleet=lambda: fleet_from_args(args, actions),
+            hangups_seen=hangups_seen,
         )
     except Exception as exc:  # a tokenizer that does not load names its flag (compose.load_tokenizer)
         return _startup_failed(failure_line(exc), slot)

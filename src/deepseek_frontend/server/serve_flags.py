@@ -13,6 +13,7 @@ import argparse
 from deepseek_frontend.fleet.batch_config import add_batch_arguments
 from deepseek_frontend.fleet.config import ServingLimits
 from deepseek_frontend.fleet.store_config import add_state_arguments
+from deepseek_frontend.keys.limit_state import DEFAULT_SLOTS
 from deepseek_frontend.tokenization import CACHE_IDLE_SECONDS, PREFIX_CACHE_BYTES, RUN_CACHE_BYTES
 
 #: the limits flags' defaults: ServingLimits is their one definition
@@ -375,6 +376,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="YAML or JSON file of API keys with names, models and limits (docs/serving.md, 'API keys "
         "and limits'); re-read on SIGHUP",
+    )
+    http.add_argument(
+        "--key-limit-slots",
+        type=int,
+        default=DEFAULT_SLOTS,
+        metavar="N",
+        help="with --workers N: API keys whose limits the processes' shared table holds at once; an idle "
+        "key's slot is reused, and a key finding every slot busy is limited per process until one frees "
+        f"(docs/serving.md, 'API keys and limits') (default: {DEFAULT_SLOTS})",
     )
     http.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
     http.add_argument(

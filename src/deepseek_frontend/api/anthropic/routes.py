@@ -21,6 +21,7 @@ the replayed turn (:mod:`.hidden_thinking`), so the tool loop renders as it was 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -30,7 +31,9 @@ from starlette.routing import Route
 from deepseek_frontend.api.adapters import resolve_images, respond_with_events, to_chat_request
 from deepseek_frontend.edge.errors import ApiShape
 from deepseek_frontend.edge.request import RequestContext
+from deepseek_frontend.edge.reservation import estimate_prompt_tokens, output_allowance
 from deepseek_frontend.edge.route import api_route
+from deepseek_frontend.fleet.config import ModelConfig
 from deepseek_frontend.images import family_reads_images
 
 from .convert import convert_messages_request
@@ -43,7 +46,14 @@ __all__ = ["ANTHROPIC", "API_SHAPES", "ROUTES", "count_tokens", "create_message"
 ANTHROPIC = ApiShape("anthropic", anthropic_error_body)
 
 
-@api_route("/v1/messages", ANTHROPIC, prefix="msg", selects_model=True)
+def message_reservation(body: Mapping[str, Any], model: ModelConfig) -> int:
+    """What a Messages request may use of its key's tokens per minute (edge/reservation.py): its
+    prompt estimate and its ``max_tokens`` (required: without it the request is a 400)."""
+    prompt = estimate_prompt_tokens(body)
+    return prompt + output_allowance(model, prompt, body.get("max_tokens", 0))
+
+
+@api_route("/v1/messages", ANTHROPIC, prefix="msg", selects_model=True, reserve=message_reservation)
 async def create_message(ctx: RequestContext) -> Response:
     """``POST /v1/messages`` (streaming with ``"stream": true``, else one JSON message)."""
     body = await ctx.json()

@@ -8,7 +8,7 @@ once, for both OpenAI endpoints (``/v1/completions`` too).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -16,6 +16,7 @@ from starlette.responses import Response
 
 from deepseek_frontend.api.adapters import resolve_images
 from deepseek_frontend.edge.request import RequestContext
+from deepseek_frontend.edge.reservation import choices, estimate_prompt_tokens, output_allowance
 from deepseek_frontend.edge.route import api_route
 from deepseek_frontend.edge.streaming import EventStreamResponse, unless_disconnected
 from deepseek_frontend.edge.tracking import RequestTracker
@@ -31,6 +32,7 @@ from .chat_request import to_chat_request
 from .chat_response import build_response, stream_chat
 
 if TYPE_CHECKING:
+    from deepseek_frontend.fleet.config import ModelConfig
     from deepseek_frontend.fleet.served_model import ServedModel
     from deepseek_frontend.tokenization import PromptTokenizer
 
@@ -66,7 +68,17 @@ async def respond_with_choices(
     return Response(orjson.dumps(payload), media_type="application/json")
 
 
-@api_route("/v1/chat/completions", selects_model=True)
+def chat_reservation(body: Mapping[str, Any], model: ModelConfig) -> int:
+    """What a chat request may use of its key's tokens per minute (edge/reservation.py): its
+    prompt estimate and ``max_completion_tokens`` (else ``max_tokens``) for each of its ``n`` choices."""
+    prompt = estimate_prompt_tokens(body)
+    requested = body.get("max_completion_tokens")
+    if requested is None:
+        requested = body.get("max_tokens")
+    return prompt + output_allowance(model, prompt, requested) * choices(body.get("n"))
+
+
+@api_route("/v1/chat/completions", selects_model=True, reserve=chat_reservation)
 async def chat_completions(ctx: RequestContext) -> Response:
     """``POST /v1/chat/completions`` (stream and non-stream)."""
     model = ctx.model

@@ -10,7 +10,7 @@ frontend stop strings, ``n``, logprobs and usage like chat.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -18,9 +18,11 @@ from starlette.responses import Response
 
 from deepseek_frontend.api.validation import check_boolean, check_integer
 from deepseek_frontend.edge.request import RequestContext
+from deepseek_frontend.edge.reservation import choices, estimate_prompt_tokens, output_allowance
 from deepseek_frontend.edge.route import api_route
 from deepseek_frontend.edge.tracking import RequestTracker
 from deepseek_frontend.errors import RequestError
+from deepseek_frontend.fleet.config import ModelConfig
 from deepseek_frontend.pipeline.chat import ChatRequest, ChoiceAccumulator, ChoiceStream, PipelineChunk, Usage
 from deepseek_frontend.pipeline.request import DEFAULT_SCHEDULING, Scheduling
 
@@ -187,7 +189,16 @@ def build_completion(
     }
 
 
-@api_route("/v1/completions", prefix="cmpl", selects_model=True)
+def completion_reservation(body: Mapping[str, Any], model: ModelConfig) -> int:
+    """What a completions request may use of its key's tokens per minute (edge/reservation.py): its
+    prompt estimate (a prompt of ids: one token each) and ``max_tokens`` (default
+    :data:`DEFAULT_COMPLETION_MAX_TOKENS`) for each of its ``n`` choices."""
+    prompt = estimate_prompt_tokens(body)
+    output = output_allowance(model, prompt, body.get("max_tokens"), unset=DEFAULT_COMPLETION_MAX_TOKENS)
+    return prompt + output * choices(body.get("n"), body.get("best_of"))
+
+
+@api_route("/v1/completions", prefix="cmpl", selects_model=True, reserve=completion_reservation)
 async def completions(ctx: RequestContext) -> Response:
     """``POST /v1/completions`` (stream and non-stream)."""
     model = ctx.model

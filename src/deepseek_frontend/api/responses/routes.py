@@ -31,10 +31,12 @@ from deepseek_frontend.api.openai.chat_response import logprobs_content
 from deepseek_frontend.api.stored import json_response
 from deepseek_frontend.edge.log_once import FirstSeen
 from deepseek_frontend.edge.request import RequestContext
+from deepseek_frontend.edge.reservation import estimate_prompt_tokens, output_allowance
 from deepseek_frontend.edge.route import api_route
 from deepseek_frontend.edge.streaming import EventStreamResponse
 from deepseek_frontend.edge.tracking import RequestTracker
 from deepseek_frontend.errors import FrontendError, RequestError
+from deepseek_frontend.fleet.config import ModelConfig
 from deepseek_frontend.images import family_reads_images
 from deepseek_frontend.routing.session import session_from_headers
 
@@ -115,7 +117,16 @@ def _response_object(encoder: ResponsesStreamEncoder, _events: object) -> dict[s
     return encoder.response
 
 
-@api_route("/v1/responses", prefix="resp", selects_model=True)
+def response_reservation(body: Mapping[str, Any], model: ModelConfig) -> int:
+    """What a Responses request may use of its key's tokens per minute (edge/reservation.py): its
+    prompt estimate (the stored turns of ``previous_response_id`` or ``conversation`` are counted
+    when it is settled) and ``max_output_tokens``. A background response keeps the reservation
+    until its generation ends."""
+    prompt = estimate_prompt_tokens(body)
+    return prompt + output_allowance(model, prompt, body.get("max_output_tokens"))
+
+
+@api_route("/v1/responses", prefix="resp", selects_model=True, reserve=response_reservation)
 async def create_response(ctx: RequestContext) -> Response:
     """``POST /v1/responses`` (typed SSE events with ``"stream": true``, else the response object)."""
     state, model = ctx.state, ctx.model
