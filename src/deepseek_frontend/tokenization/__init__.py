@@ -30,7 +30,7 @@ from deepseek_frontend.tokenization.caches import (
 )
 from deepseek_frontend.tokenization.detokenization import IncrementalDetokenizer
 from deepseek_frontend.tokenization.families import has_own_tokenizer, load_for_family, load_v41_stand_in
-from deepseek_frontend.tokenization.segment_encoding import PendingEncoding
+from deepseek_frontend.tokenization.segment_encoding import PendingEncoding, encode_together
 from deepseek_frontend.tokenization.text_encoding import LONG_RUN_CHARS, split_long_run
 from deepseek_frontend.tokenization.tokenizer import (
     BOS_SPELLING,
@@ -57,6 +57,7 @@ __all__ = [
     "PromptTokenizer",
     "RunCache",
     "bundled_tokenizer_path",
+    "encode_together",
     "has_own_tokenizer",
     "load_for_family",
     "load_v41_stand_in",
