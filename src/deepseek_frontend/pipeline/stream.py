@@ -240,9 +240,15 @@ class ChoiceStream:
         parser = self._parser
         if chunk.logprobs and parser is not None:
             return self._process_with_logprobs(chunk)
-        if chunk.finish_reason is not None or self._stop is not None or parser is None or self._drop_eos:
+        if (
+            chunk.finish_reason is not None
+            or self._stop is not None
+            or parser is None
+            or (self._drop_eos and self._pipeline.eos_token_id in chunk.token_ids)
+        ):
             return self._process_full(chunk)
-        # Fast path: a mid-stream chat chunk without stop strings (the common case).
+        # Fast path: a mid-stream chat chunk without stop strings (the common case; with
+        # ``ignore_eos`` too, as long as the chunk holds no EOS to leave out).
         started = time.perf_counter()
         ids = chunk.token_ids
         n_tokens = len(ids)
