@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from deepseek_frontend.edge.sse import DONE, data_event
+from deepseek_frontend.edge.sse import DONE, FinalPart, data_event
 from deepseek_frontend.edge.streaming import stream_error_body
 from deepseek_frontend.parsing import ContentDelta, ReasoningDelta, ToolCallArgumentsDelta, ToolCallStart
 from deepseek_frontend.pipeline.chat import (
@@ -216,31 +216,39 @@ async def openai_event_stream(
     event), then -- with ``stream_options.include_usage`` -- one usage event, then
     ``[DONE]``. A failure mid-stream becomes one ``data: {"error": ...}`` event and
     the stream ends there.
+
+    Events ready together are one body part (one socket write): the opening events go with the
+    first chunk's (which the choices' start already awaited), and with one choice its last
+    chunk's go with the usage event and ``[DONE]`` as the body's :class:`~.sse.FinalPart`.
     """
     usages: list[Usage] = []
-    for event in opening:
-        yield event
+    held = b"".join(opening)
+    single = len(streams) == 1
     try:
         # One choice: iterate it directly (one async-generator layer less per token).
-        source = streams[0] if len(streams) == 1 else merge_choices(streams)
+        source = streams[0] if single else merge_choices(streams)
         async for chunk in source:
+            events = encode(chunk)
+            part = events[0] if len(events) == 1 else b"".join(events)
+            if held:
+                part, held = held + part, b""
             if chunk.end is not None:
                 usages.append(chunk.end.usage)
-            events = encode(chunk)
-            if len(events) == 1:
-                yield events[0]
-            elif events:
-                yield b"".join(events)
+                if single:  # the stream's last events: they go with what closes the body
+                    held = part
+                    continue
+            if part:
+                yield part
     except Exception as exc:
         err, body = stream_error_body(exc)
         if tracker is not None:
             tracker.stream_error = err.error_type
-        yield data_event(body)
+        yield held + data_event(body)
         return
     if req.include_usage:
-        yield usage_event(Usage.combine(usages))
+        held += usage_event(Usage.combine(usages))
     model.metrics.prompt_tokens.inc(usages[0].prompt_tokens if usages else 0)
-    yield DONE
+    yield FinalPart(held + DONE)
 
 
 def stream_chat(
