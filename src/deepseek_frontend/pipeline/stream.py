@@ -257,7 +257,12 @@ class ChoiceStream:
         usage.completion_tokens = reported if reported is not None else usage.completion_tokens + n_tokens
         text = self._detok.push(ids) if ids else ""
         events = parser.feed(text) if text else []
-        if self._mode_reasoning or (events and not self._never_reasoned(events)):
+        # (one content delta, the usual chunk of an answer, needs no look at each event)
+        if self._mode_reasoning or (
+            events
+            and (len(events) != 1 or events[0].__class__ is not ContentDelta)
+            and not self._never_reasoned(events)
+        ):
             self._count_reasoning(events, n_tokens)
         self._detok_seconds += time.perf_counter() - started
         return PipelineChunk(self._index, events, chunk.logprobs, None)

@@ -178,6 +178,17 @@ class ChunkWriter:
             self._text_prefix[(index, kind)] = prefix
         return prefix + orjson.dumps(text) + b'},"logprobs":null,"finish_reason":null}]}\n\n'
 
+    def encode(self, chunk: PipelineChunk) -> bytes:
+        """The SSE bytes of one pipeline chunk: :meth:`chunk`'s events joined, the common one (a
+        single text delta) built without the list."""
+        events = chunk.events
+        if len(events) == 1 and chunk.end is None and not chunk.logprobs:
+            ev = events[0]
+            kind = ev.__class__
+            if kind is ContentDelta or kind is ReasoningDelta:
+                return self._text_event(chunk.index, kind, ev.text)
+        return b"".join(self.chunk(chunk))
+
     def chunk(self, chunk: PipelineChunk) -> list[bytes]:
         """The SSE events for one pipeline chunk (usually exactly one)."""
         events = chunk.events
@@ -207,13 +218,13 @@ async def openai_event_stream(
     tracker: RequestTracker | None,
     *,
     opening: Sequence[bytes],
-    encode: Callable[[PipelineChunk], list[bytes]],
+    encode: Callable[[PipelineChunk], bytes],
     usage_event: Callable[[Usage], bytes],
 ) -> AsyncIterator[bytes]:
     """The SSE body of both OpenAI endpoints (chat and completions).
 
-    ``opening`` events, then ``encode(chunk)`` for each engine chunk (usually one
-    event), then -- with ``stream_options.include_usage`` -- one usage event, then
+    ``opening`` events, then ``encode(chunk)`` (the SSE bytes of its events, usually one) for each
+    engine chunk, then -- with ``stream_options.include_usage`` -- one usage event, then
     ``[DONE]``. A failure mid-stream becomes one ``data: {"error": ...}`` event and
     the stream ends there.
 
@@ -228,8 +239,7 @@ async def openai_event_stream(
         # One choice: iterate it directly (one async-generator layer less per token).
         source = streams[0] if single else merge_choices(streams)
         async for chunk in source:
-            events = encode(chunk)
-            part = events[0] if len(events) == 1 else b"".join(events)
+            part = encode(chunk)
             if held:
                 part, held = held + part, b""
             if chunk.end is not None:
@@ -273,7 +283,7 @@ def stream_chat(
         streams,
         tracker,
         opening=[writer.role(s.index) for s in streams],
-        encode=writer.chunk,
+        encode=writer.encode,
         usage_event=writer.usage,
     )
 
