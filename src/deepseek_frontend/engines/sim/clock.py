@@ -72,14 +72,29 @@ class StepClock:
         self._thread = threading.get_ident()
         return loop
 
+    def bind(self) -> asyncio.AbstractEventLoop:
+        """Bind the clock to the running loop (a new loop starts it afresh) and return the loop: a
+        stream binds once, then asks :meth:`steps_at` and :meth:`wait` on every step."""
+        return self._bound()
+
     def steps(self) -> int:
         """Step boundaries passed by now (monotonic; differences count the steps between two calls)."""
-        now = self._bound().time()
-        return self._index + max(0, int((now - self._last) / self._period))
+        return self.steps_at(self._bound().time())
+
+    def steps_at(self, now: float) -> int:
+        """:meth:`steps` at ``now`` (the bound loop's time, :meth:`bind`)."""
+        passed = int((now - self._last) / self._period)
+        return self._index + passed if passed > 0 else self._index
 
     def next_step(self) -> asyncio.Future[None]:
         """A future resolved at the next step boundary."""
-        loop = self._bound()
+        self._bound()
+        return self.wait()
+
+    def wait(self) -> asyncio.Future[None]:
+        """:meth:`next_step` on the loop the clock is bound to (:meth:`bind`)."""
+        loop = self._loop
+        assert loop is not None, "wait() before bind()"
         waiter: asyncio.Future[None] = loop.create_future()
         self._waiters.append(waiter)
         if self._handle is None:

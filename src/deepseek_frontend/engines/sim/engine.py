@@ -549,8 +549,10 @@ class SimulatedEngine(EngineClient, Engine):
             clock = self._clock
             #: decode steps this stream's next chunk covers (more than one when its consumer fell behind)
             owed = 1
+            # bound once: on every step below only its time is read (no running-loop look-up)
+            time_now = clock.bind().time if clock is not None else None
             #: the clock's step count when this stream's last chunk was written
-            mark = clock.steps() if clock is not None else 0
+            mark = clock.steps_at(time_now()) if clock is not None and time_now is not None else 0
             while True:
                 if rid in self._abort_requested:
                     done = True
@@ -603,15 +605,15 @@ class SimulatedEngine(EngineClient, Engine):
                 yield chunk
                 if last:
                     return
-                if clock is not None:
+                if clock is not None and time_now is not None:
                     # A real engine decodes on its own clock whether or not the frontend has read the
                     # last chunk: the steps that passed while this stream's consumer was busy are
                     # ready now, as one chunk (a worker's socket would hold them as several events,
                     # which the HTTP clients merge the same way), and the next comes at the next step.
-                    owed = clock.steps() - mark
+                    owed = clock.steps_at(time_now()) - mark
                     if owed < 1:
-                        await clock.next_step()
-                        owed = max(1, clock.steps() - mark)
+                        await clock.wait()
+                        owed = max(1, clock.steps_at(time_now()) - mark)
                     mark += owed
                 else:
                     await asyncio.sleep(0)
