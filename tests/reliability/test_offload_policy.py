@@ -2,9 +2,10 @@
 
 A follow-up of a cached conversation must prepare on the loop (it has nothing to tokenize, and on
 the offload queue it would wait behind every cold prompt of a burst); a cold prompt's tokenizing
-goes to the offload threads; both give exactly the ids a plain synchronous ``prepare`` gives. On
-those threads the tokenizer must give the GIL back (``Tokenizer.encode`` holds it throughout), and
-the threads run nicer than the event loop.
+goes to the offload threads -- batched with the others queued meanwhile, at the event loop's
+priority; both give exactly the ids a plain synchronous ``prepare`` gives. On those threads the
+tokenizer must give the GIL back (``Tokenizer.encode`` holds it throughout), and the threads for
+outsized work run nicer than the event loop.
 """
 
 from __future__ import annotations
@@ -138,6 +139,23 @@ def test_offload_threads_run_nicer_than_the_event_loop() -> None:
         pool.close()
     loop_nice = own_niceness()
     assert thread_nice == min(19, loop_nice + OFFLOAD_NICENESS)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are a Linux feature")
+def test_batched_cold_prompts_are_tokenized_at_the_loops_priority() -> None:
+    """Admitting ordinary cold prompts is every new request's work, not outsized work that may wait."""
+    pool = OffloadPool(1)
+    seen: list[int] = []
+
+    def own_niceness(items: list[Any]) -> list[BaseException | None]:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return [None] * len(items)
+
+    try:
+        asyncio.run(pool.run_batched(own_niceness, None, 1))
+    finally:
+        pool.close()
+    assert seen == [os.getpriority(os.PRIO_PROCESS, threading.get_native_id())]
 
 
 def test_the_tokenizer_self_check_runs_on_an_offload_thread_not_the_loop() -> None:

@@ -87,6 +87,10 @@ class PromptTokenizer:
             "|".join(re.escape(s) for s in sorted(self._added, key=len, reverse=True))
         )
         self._id_bytes = byte_level_table(self.full, data)
+        # The Rust tokenizer's thread pool starts at the first batch of several texts, and its
+        # threads keep the priority of the thread that started it: started here, by whoever loads
+        # the tokenizer, not by a lower-priority offload thread that happened to encode first.
+        self.text.encode_batch_fast(["", ""], add_special_tokens=False)
 
     @classmethod
     def load(
