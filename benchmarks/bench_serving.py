@@ -983,8 +983,8 @@ def main() -> int:
     parser.add_argument("--burst-words", type=int, default=1500, help="words of each cold prompt")
     parser.add_argument(
         "--guard", action="store_true",
-        help="instead of the table: serve's tokens per CPU-second at a small scale, over the bare ASGI "
-        "server's, against guard_baseline.json (a report for CI, never a failure; see _guard.py)",
+        help="instead of the table: serve's tokens per CPU-second at a small scale, next to "
+        "guard_baseline.json (a report for CI, never a failure; see _guard.py)",
     )  # fmt: skip
     parser.add_argument("--guard-rounds", type=int, default=2, help="--guard: interleaved rounds (best kept)")
     parser.add_argument("--guard-report", metavar="PATH", help="--guard: also write the report here")
