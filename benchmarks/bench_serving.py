@@ -11,6 +11,7 @@ Usage::
     python benchmarks/bench_serving.py --compare --dynamo-venv V --mode unique --concurrency 1024
     python benchmarks/bench_serving.py --compare http://127.0.0.1:9000 --compare-pid PID --repeats 3
     python benchmarks/bench_serving.py --burst 256                        # cached-prefix TTFT in a burst
+    python benchmarks/bench_serving.py --guard --guard-report guard.md    # CI's cost guard (_guard.py)
 
 What runs: for each tokens-per-chunk setting, mode and concurrency, the targets of a row run back
 to back, ``--repeats`` times (A B C A B C ...: interleaved, so that a shared machine's load hits
@@ -980,7 +981,19 @@ def main() -> int:
     )  # fmt: skip
     parser.add_argument("--burst-probes", type=int, default=16, help="cached-prefix requests per burst")
     parser.add_argument("--burst-words", type=int, default=1500, help="words of each cold prompt")
+    parser.add_argument(
+        "--guard", action="store_true",
+        help="instead of the table: serve's tokens per CPU-second at a small scale, next to "
+        "guard_baseline.json (a report for CI, never a failure; see _guard.py)",
+    )  # fmt: skip
+    parser.add_argument("--guard-rounds", type=int, default=2, help="--guard: interleaved rounds (best kept)")
+    parser.add_argument("--guard-report", metavar="PATH", help="--guard: also write the report here")
+    parser.add_argument("--guard-record", action="store_true", help="--guard: store this run as the baseline")
     args = parser.parse_args()
+    if args.guard:
+        from _guard import guard_main
+
+        return guard_main(args)
     defaults = COMPARE_DEFAULTS if args.compare else PLAIN_DEFAULTS
     for name, value in defaults.items():
         if getattr(args, name) is None:

@@ -22,7 +22,8 @@ GIL in a way py-spy does not recognise as idle (``pthread_cond_*wait`` inside ``
 pyo3's ``PyEval_RestoreThread``): those samples are counted apart as "waiting for the GIL" and
 left out. The rest of a thread's samples are scaled to that thread's own CPU seconds between the
 two ``--snapshot`` files (/proc/PID/task/TID/stat), so each thread weighs what it really used;
-threads py-spy never sampled (native threads) are listed as such. perf samples only on-CPU time,
+threads py-spy never sampled (native threads: the Rust tokenizer's pool, where the batched cold prompts
+are encoded) count as tokenization. perf samples only on-CPU time,
 so its shares are CPU shares as they are.
 
 Each sample goes to the stage of the innermost frame that names one, walking from the leaf to the
@@ -43,15 +44,25 @@ from pathlib import Path
 
 Stages = list[tuple[str, tuple[str, ...]]]
 
+#: the tokenization stage; ``serve``'s threads py-spy never samples are the Rust tokenizer's pool
+#: (``encode_batch_fast`` of the batched cold prompts runs there), so their CPU counts here
+TOKENIZE = "tokenize the prompt (cold, unique)"
+
 #: ``serve``'s stages: (stage, substrings of a py-spy frame "function (file:line)"), tried in order
 SERVE_STAGES: Stages = [
     (
         "request body: read + JSON parse + validate",
-        ("api/request_body.py", "openai/chat_request.py", "api/validation.py", "api/schemas.py"),
+        (
+            "edge/body.py",
+            "edge/body_readers.py",
+            "openai/chat_request.py",
+            "api/validation.py",
+            "api/schemas.py",
+        ),
     ),
     ("render (prompt format)", ("deepseek_frontend/formats/",)),
     (
-        "tokenize the prompt (cold, unique)",
+        TOKENIZE,
         (
             "deepseek_frontend/tokenization/tokenizer.py",
             "deepseek_frontend/tokenization/segment_encoding.py",
@@ -62,7 +73,14 @@ SERVE_STAGES: Stages = [
     ),
     (
         "routing + admission",
-        ("deepseek_frontend/routing/", "api/route.py", "api/admission.py", "api/request_turns.py"),
+        (
+            "deepseek_frontend/routing/",
+            "edge/route.py",
+            "fleet/admission.py",
+            "edge/turns.py",
+            "edge/arrivals.py",
+            "server/http_protocol.py",
+        ),
     ),
     ("engine (simulated, in process)", ("deepseek_frontend/engines/",)),
     (
@@ -73,8 +91,8 @@ SERVE_STAGES: Stages = [
         "response chunks + SSE writes (socket write included)",
         (
             "openai/chat_response.py",
-            "api/streaming.py",
-            "api/sse.py",
+            "edge/streaming.py",
+            "edge/sse.py",
             "api/event_stream.py",
             "RequestResponseCycle.send",
             "UVStream__try_write",
@@ -84,12 +102,13 @@ SERVE_STAGES: Stages = [
         "pipeline + request bookkeeping (logs, metrics, tracking)",
         (
             "deepseek_frontend/pipeline/",
-            "api/tracking.py",
-            "api/metrics.py",
-            "api/logs.py",
+            "edge/tracking.py",
+            "fleet/metrics.py",
+            "server/logs.py",
             "openai/chat.py",
-            "api/http.py",
-            "api/continuity.py",
+            "edge/context.py",
+            "edge/request.py",
+            "state/continuity.py",
         ),
     ),
 ]
@@ -273,13 +292,13 @@ def main() -> int:
                 notes.append(f"thread {tid} {names.get(tid, '?')}: {cpu:.2f} CPU s, only waits sampled")
                 seconds[OTHER] += cpu
             elif tid not in per_thread and cpu > 0:
-                notes.append(f"thread {tid} (never sampled by py-spy: native): {cpu:.2f} CPU s")
-                seconds["native threads py-spy does not see"] += cpu
+                notes.append(f"thread {tid} (never sampled by py-spy: the tokenizer's pool): {cpu:.2f} CPU s")
+                seconds[TOKENIZE] += cpu
     total_s = sum(seconds.values()) or 1.0
     per_request = bool(args.requests)
     print("| stage | CPU s | share |" + (" CPU ms per request |" if per_request else ""))
     print("|---|---:|---:|" + ("---:|" if per_request else ""))
-    order = [s for s, _ in stages] + [OTHER, "native threads py-spy does not see"]
+    order = [s for s, _ in stages] + [OTHER]
     for stage in order:
         if stage not in seconds:
             continue

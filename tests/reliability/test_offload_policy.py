@@ -2,9 +2,10 @@
 
 A follow-up of a cached conversation must prepare on the loop (it has nothing to tokenize, and on
 the offload queue it would wait behind every cold prompt of a burst); a cold prompt's tokenizing
-goes to the offload threads; both give exactly the ids a plain synchronous ``prepare`` gives. On
-those threads the tokenizer must give the GIL back (``Tokenizer.encode`` holds it throughout), and
-the threads run nicer than the event loop.
+goes to the offload threads -- batched with the others queued meanwhile, at the event loop's
+priority; both give exactly the ids a plain synchronous ``prepare`` gives. On those threads the
+tokenizer must give the GIL back (``Tokenizer.encode`` holds it throughout), and the threads for
+outsized work run nicer than the event loop.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import pytest
 from deepseek_frontend.api.openai.chat_request import to_chat_request
 from deepseek_frontend.engines.config import EngineConfig
 from deepseek_frontend.engines.sim.engine import SimulatedEngine
+from deepseek_frontend.errors import FormatError
 from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
 from deepseek_frontend.pipeline.chat import ChatPipeline
 from deepseek_frontend.pipeline.offload import OFFLOAD_NICENESS, OffloadPool
+from deepseek_frontend.pipeline.request import PreparedRequest
 from deepseek_frontend.server.app import create_app
 from deepseek_frontend.tokenization import PromptTokenizer
 
@@ -47,15 +50,20 @@ def _text(n_words: int, salt: str) -> str:
 
 
 def _record_offloads(pipeline: ChatPipeline) -> list[Any]:
-    """The functions ``pipeline`` runs on its offload threads from now on, in order."""
+    """The functions ``pipeline`` runs on its offload threads from now on (alone or batched), in order."""
     offloaded: list[Any] = []
-    run = pipeline.offload.run
+    run, run_batched = pipeline.offload.run, pipeline.offload.run_batched
 
     async def recording_run(fn: Any, *args: Any) -> Any:
         offloaded.append(fn)
         return await run(fn, *args)
 
+    async def recording_run_batched(fn: Any, item: Any, weight: int) -> None:
+        offloaded.append(fn)
+        await run_batched(fn, item, weight)
+
     pipeline.offload.run = recording_run  # type: ignore[method-assign]
+    pipeline.offload.run_batched = recording_run_batched  # type: ignore[method-assign]
     return offloaded
 
 
@@ -133,6 +141,23 @@ def test_offload_threads_run_nicer_than_the_event_loop() -> None:
     assert thread_nice == min(19, loop_nice + OFFLOAD_NICENESS)
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="per-thread nice values are a Linux feature")
+def test_batched_cold_prompts_are_tokenized_at_the_loops_priority() -> None:
+    """Admitting ordinary cold prompts is every new request's work, not outsized work that may wait."""
+    pool = OffloadPool(1)
+    seen: list[int] = []
+
+    def own_niceness(items: list[Any]) -> list[BaseException | None]:
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return [None] * len(items)
+
+    try:
+        asyncio.run(pool.run_batched(own_niceness, None, 1))
+    finally:
+        pool.close()
+    assert seen == [os.getpriority(os.PRIO_PROCESS, threading.get_native_id())]
+
+
 def test_the_tokenizer_self_check_runs_on_an_offload_thread_not_the_loop() -> None:
     """The sampled whole-prompt check of the id caches (1 prompt in 512; 36 ms for 12K tokens) must not
     stall the loop: on the loop it goes to a thread, and still switches the caches off on a mismatch."""
@@ -169,3 +194,84 @@ def test_the_tokenizer_self_check_runs_on_an_offload_thread_not_the_loop() -> No
     assert tokenizer.cache.max_bytes == 0 and tokenizer.prefix_cache.max_entries == 0
     again = pipeline.prepare(to_chat_request(body, CONFIG, "c"))
     assert list(again.input_ids) == good
+
+
+def _held_until(gate: threading.Event) -> Any:
+    """A batch function that keeps the batch thread busy until ``gate`` is set."""
+
+    def hold(items: list[Any]) -> list[BaseException | None]:
+        assert gate.wait(30), "the gate was never opened"
+        return [None] * len(items)
+
+    return hold
+
+
+def test_cold_prompts_arriving_together_are_tokenized_in_one_call_each_with_its_own_ids() -> None:
+    """Cold prompts queued while the batch thread is busy go to the tokenizer together; each request
+    still gets exactly the ids a synchronous ``prepare`` gives, and a prompt whose text cannot be
+    tokenized fails alone."""
+    pipeline, reference = _pipeline(), _pipeline()
+    calls: list[int] = []
+    encode_texts = pipeline.tokenizer._encode_texts
+
+    def counting_encode(texts: list[str]) -> list[list[int]]:
+        calls.append(len(texts))
+        return encode_texts(texts)
+
+    pipeline.tokenizer._encode_texts = counting_encode  # type: ignore[method-assign]
+    bodies = [{"messages": [{"role": "user", "content": _text(1500, f"prompt {i}")}]} for i in range(12)]
+    bad = {"messages": [{"role": "user", "content": _text(1500, "bad") + "\ud800"}]}
+
+    async def scenario() -> list[PreparedRequest | BaseException]:
+        gate = threading.Event()
+        # hold the batch thread so that every prompt below queues behind this one
+        held = asyncio.ensure_future(pipeline.offload.run_batched(_held_until(gate), 0, 1))
+        await asyncio.sleep(0.05)
+        tasks = [
+            asyncio.ensure_future(pipeline.prepare_async(to_chat_request(body, CONFIG, f"r{i}")))
+            for i, body in enumerate([*bodies[:6], bad, *bodies[6:]])
+        ]
+        await asyncio.sleep(0.2)
+        gate.set()
+        await held
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    results = asyncio.run(scenario())
+    assert max(calls) >= 12, f"the cold prompts were tokenized in calls of {calls} texts"
+    failed = results.pop(6)
+    assert isinstance(failed, FormatError) and "surrogate" in failed.message
+    for body, prepared in zip(bodies, results, strict=True):
+        assert isinstance(prepared, PreparedRequest)
+        expected = reference.prepare(to_chat_request(body, CONFIG, "ref"))
+        assert prepared.input_ids == expected.input_ids
+
+
+def test_a_batched_job_whose_caller_left_is_not_run() -> None:
+    pool = OffloadPool(1)
+    seen: list[list[int]] = []
+
+    def record(items: list[int]) -> list[BaseException | None]:
+        seen.append(items)
+        return [None] * len(items)
+
+    async def scenario() -> None:
+        gate = threading.Event()
+        held = asyncio.ensure_future(pool.run_batched(_held_until(gate), 0, 1))
+        await asyncio.sleep(0.05)
+        gone = asyncio.ensure_future(pool.run_batched(record, 1, 1))
+        kept = asyncio.ensure_future(pool.run_batched(record, 2, 1))
+        await asyncio.sleep(0.05)
+        gone.cancel()
+        gate.set()
+        await held
+        await kept
+        deadline = time.monotonic() + 10
+        while pool.pending:
+            assert time.monotonic() < deadline, "a cancelled batched job was never counted done"
+            await asyncio.sleep(0.01)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        pool.close()
+    assert seen == [[2]]

@@ -146,7 +146,9 @@ class FrontendApp(Starlette):
     frontend: FrontendState | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        scope[RAW_SEND_KEY] = send
+        # a wrapper of the server's ``send`` that only watches the response's start may have put
+        # the server's own here already (server/http_protocol.py)
+        scope.setdefault(RAW_SEND_KEY, send)
         try:
             await super().__call__(scope, receive, send)
         finally:

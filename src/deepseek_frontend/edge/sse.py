@@ -23,6 +23,14 @@ SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 DONE = b"data: [DONE]\n\n"
 
 
+class FinalPart(bytes):
+    """The last part of an event stream's body, yielded as such by a body generator: the response
+    sends it together with the end of the body (one write for the last events and the end of the
+    chunked body, not two). A part that follows it anyway is still sent, after it."""
+
+    __slots__ = ()
+
+
 def data_event(payload: Any) -> bytes:
     """``data: <json>\\n\\n`` (OpenAI chunk framing)."""
     return b"data: " + orjson.dumps(payload) + b"\n\n"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import types
 from collections.abc import AsyncIterator, Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -19,6 +20,7 @@ import anyio
 from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
 
 from deepseek_frontend._tasks import DisconnectWatch
 from deepseek_frontend.errors import FrontendError
@@ -26,7 +28,7 @@ from deepseek_frontend.pipeline.offload import CURRENT_TURN
 
 from .context import RAW_SEND_KEY
 from .errors import ErrorBodyRenderer, as_frontend_error, openai_error_body
-from .sse import MEDIA_TYPE, SSE_HEADERS
+from .sse import MEDIA_TYPE, SSE_HEADERS, FinalPart
 from .turns import WARM_KEY
 
 if TYPE_CHECKING:
@@ -48,6 +50,12 @@ class EventStreamResponse(StreamingResponse):
     group: two tasks and a cancel scope per response, and its cancellation formats the task's repr
     -- about a tenth of a short request's cost. Here the body is written by the request's own task
     and a watcher task cancels it when the client disconnects.
+
+    Under uvicorn's httptools protocol (``serve``) the body parts -- one per engine chunk, the hot
+    path -- are written as HTTP/1.1 chunks straight into the connection's transport
+    (:class:`_ChunkWrites`), not each through the server's ``send`` coroutine and a message dict;
+    the start and the end of the body still go through ``send``, which keeps the connection's
+    bookkeeping. A :class:`~.sse.FinalPart` goes out with the end of the body, in one write.
     """
 
     def __init__(
@@ -69,10 +77,19 @@ class EventStreamResponse(StreamingResponse):
             await send(
                 {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
             )
+            direct = _ChunkWrites.of(body_send)  # after the start: the server has chosen its framing
+            final = b""
             async for part in self.body_iterator:
-                await body_send({"type": "http.response.body", "body": part, "more_body": True})
+                if final:  # a part after the final one: the final one first, in order
+                    part, final = final + part, b""
+                if part.__class__ is FinalPart:
+                    final = part
+                elif direct is None:
+                    await body_send({"type": "http.response.body", "body": part, "more_body": True})
+                elif direct.write(part):
+                    await direct.drain()
             watch.stop()  # the server answers http.disconnect once the response is complete
-            await body_send({"type": "http.response.body", "body": b"", "more_body": False})
+            await body_send({"type": "http.response.body", "body": bytes(final), "more_body": False})
             self._body_done = True
         except asyncio.CancelledError:
             if not watch.absorb():  # the client went away: the normal end of an abandoned stream
@@ -94,6 +111,50 @@ class EventStreamResponse(StreamingResponse):
                 else:
                     # the client went away before the end (nginx's "client closed request")
                     self._tracker.finish(499, "client_disconnected")
+
+
+class _ChunkWrites:
+    """An event stream's body parts written as HTTP/1.1 chunks straight into the transport of
+    uvicorn's httptools request cycle, as its ``send`` writes them for a ``http.response.body``
+    message with ``more_body`` -- without the coroutine, the message dict and its checks per part.
+
+    Only for a cycle whose response has started with chunked framing (not a ``HEAD``); the end of
+    the body goes through the cycle's ``send`` (the connection's keep-alive and completion
+    bookkeeping). Any other server's ``send`` gets every part as a message (:meth:`of` is None).
+    """
+
+    __slots__ = ("_cycle", "_flow", "_write")
+
+    def __init__(self, cycle: RequestResponseCycle) -> None:
+        self._cycle = cycle
+        self._flow = cycle.flow
+        self._write = cycle.transport.write
+
+    @classmethod
+    def of(cls, send: Send) -> _ChunkWrites | None:
+        """The direct writer of the cycle ``send`` belongs to, when it can take one (see the class)."""
+        if not isinstance(send, types.MethodType):
+            return None
+        cycle = send.__self__
+        if not isinstance(cycle, RequestResponseCycle) or send.__func__ is not RequestResponseCycle.send:
+            return None
+        if cycle.chunked_encoding is not True or not cycle.response_started or cycle.response_complete:
+            return None
+        return cls(cycle)
+
+    def write(self, part: bytes) -> bool:
+        """Write ``part`` as one chunk (nothing for an empty one, which would end the body, or once
+        the client is gone); True when the transport is over its high-water mark: then
+        :meth:`drain` before the next."""
+        if not part or self._cycle.disconnected:
+            return False
+        self._write(b"%x\r\n%b\r\n" % (len(part), part))
+        return self._flow.write_paused
+
+    async def drain(self) -> None:
+        """Wait until the client has read enough for writing to go on (or has gone)."""
+        if not self._cycle.disconnected:
+            await self._flow.drain()
 
 
 class ClientGoneError(FrontendError):

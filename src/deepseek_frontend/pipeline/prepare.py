@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from deepseek_frontend import _tracing
 from deepseek_frontend.errors import FrontendError, RequestError
+from deepseek_frontend.tokenization import encode_together
 
 from .offload import CURRENT_TURN, LoopTurns, OffloadPool, release_current_turn
 from .render import prompt_tools
@@ -64,13 +65,11 @@ class _Draft:
         self.preopened = preopened
         self.images = images
         self.encoding = encoding
-        #: seconds spent rendering, looking up and tokenizing (not waiting for a thread)
+        #: seconds spent rendering and looking up (the tokenizing's own are ``encoding.seconds``)
         self.seconds = 0.0
 
     def encode(self) -> None:
-        started = time.perf_counter()
         self.encoding.encode()
-        self.seconds += time.perf_counter() - started
 
 
 def _image_handoff(images: Sequence[Any]) -> tuple[tuple[str, ...], int]:
@@ -191,7 +190,8 @@ class PromptPreparer:
         started = time.perf_counter()
         input_ids = self._finish(draft)
         if self.metrics is not None:
-            self.metrics.tokenization.observe(draft.seconds + time.perf_counter() - started)
+            seconds = draft.seconds + draft.encoding.seconds + time.perf_counter() - started
+            self.metrics.tokenization.observe(seconds)
 
         handoff, extra = _image_handoff(images)
         if handoff:
@@ -254,7 +254,8 @@ class PromptPreparer:
             with _tracing.phase("tokenize", {"deepseek.uncached_chars": uncached}):
                 if uncached >= self.offload_min_chars:
                     release_current_turn()
-                    await self.offload.run(draft.encode)
+                    # with the cold text of every other request queued by then, in one call
+                    await self.offload.run_batched(encode_together, draft.encoding, uncached)
                 else:
                     draft.encode()
             return draft

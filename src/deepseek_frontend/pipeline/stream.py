@@ -319,9 +319,15 @@ class ChoiceStream:
         parser = self._parser
         if chunk.logprobs and parser is not None:
             return self._process_with_logprobs(chunk)
-        if chunk.finish_reason is not None or self._stop is not None or parser is None or self._drop_eos:
+        if (
+            chunk.finish_reason is not None
+            or self._stop is not None
+            or parser is None
+            or (self._drop_eos and self._pipeline.eos_token_id in chunk.token_ids)
+        ):
             return self._process_full(chunk)
-        # Fast path: a mid-stream chat chunk without stop strings (the common case).
+        # Fast path: a mid-stream chat chunk without stop strings (the common case; with
+        # ``ignore_eos`` too, as long as the chunk holds no EOS to leave out).
         started = time.perf_counter()
         ids = chunk.token_ids
         n_tokens = len(ids)
@@ -330,7 +336,12 @@ class ChoiceStream:
         usage.completion_tokens = reported if reported is not None else usage.completion_tokens + n_tokens
         text = self._detok.push(ids) if ids else ""
         events = parser.feed(text) if text else []
-        if self._mode_reasoning or (events and not self._never_reasoned(events)):
+        # (one content delta, the usual chunk of an answer, needs no look at each event)
+        if self._mode_reasoning or (
+            events
+            and (len(events) != 1 or events[0].__class__ is not ContentDelta)
+            and not self._never_reasoned(events)
+        ):
             self._count_reasoning(events, n_tokens)
         self._detok_seconds += time.perf_counter() - started
         return PipelineChunk(self._index, events, chunk.logprobs, None)

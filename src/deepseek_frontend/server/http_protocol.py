@@ -57,6 +57,7 @@ from typing import Any, ClassVar
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from deepseek_frontend.edge.arrivals import ArrivalPacer
+from deepseek_frontend.edge.context import RAW_SEND_KEY
 from deepseek_frontend.edge.turns import HEAD_BYTES, WARM_KEY, RecentHeads
 from deepseek_frontend.errors import FrontendError, OverloadedError, RequestError, RequestTimeoutError
 
@@ -416,7 +417,9 @@ def _still_connected(cycle: RequestResponseCycle) -> bool:
 
 
 def _answering(app: Any, answered: Callable[[], None]) -> Any:
-    """``app`` calling ``answered()`` at its response's first message, and when it ends."""
+    """``app`` calling ``answered()`` at its response's first message, and when it ends. The body
+    parts of an event stream need no marking: they may go straight to the server's ``send``
+    (``RAW_SEND_KEY``)."""
 
     async def answering_app(scope: Any, receive: Any, send: Any) -> None:
         def send_marking(message: Any) -> Any:
@@ -424,6 +427,7 @@ def _answering(app: Any, answered: Callable[[], None]) -> Any:
                 answered()
             return send(message)
 
+        scope[RAW_SEND_KEY] = send
         try:
             await app(scope, receive, send_marking)
         finally:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import socket
 import sys
 from collections.abc import Callable
@@ -78,6 +79,26 @@ def _startup_failed(line: str, slot: Any) -> int:
     else:
         slot.report_startup_failure(line)
     return STARTUP_FAILED
+
+
+#: the variable the Rust tokenizer's thread pool (rayon) reads once, when it starts
+TOKENIZER_THREADS_VARIABLE = "RAYON_NUM_THREADS"
+
+
+def _leave_a_core_to_the_loop() -> None:
+    """Size the Rust tokenizer's thread pool to one thread fewer than this process may run on.
+
+    The cold prompt text of a burst is tokenized in batches on that pool (pipeline/offload.py), at
+    the event loop's own priority; with as many threads as cores it would share every core with
+    the loop that streams every response. One core fewer keeps one for the loop: on 2 cores, the
+    loop streams on one while prompts are tokenized on the other. Set before the tokenizer is
+    first used (the pool starts then); an operator's own setting of the variable wins.
+    """
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    os.environ.setdefault(TOKENIZER_THREADS_VARIABLE, str(max(1, cores - 1)))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -196,6 +217,7 @@ def run(args: argparse.Namespace) -> int:
             log.error(
                 "the configuration no longer loads (%s); this process serves the one read at start", exc
             )
+    _leave_a_core_to_the_loop()
     try:
         app = create_app(
             config,

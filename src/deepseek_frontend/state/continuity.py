@@ -122,10 +122,18 @@ class ReasoningContinuity:
 
     def wrap(self, owner: str, ids_of: IdsOf | None = None) -> Callable[[Sequence[Any]], list[Any]]:
         """A function wrapping started choice streams so each remembers its answer at its end
-        (``ids_of``: as in :meth:`remember`, for an API that shows its own tool-call ids)."""
-        return lambda streams: [
-            _Remembering(stream, lambda acc: self.remember(owner, acc, ids_of)) for stream in streams
-        ]
+        (``ids_of``: as in :meth:`remember`, for an API that shows its own tool-call ids).
+
+        Without a store (``--state-store none``) there is nowhere to keep an answer: the streams
+        are returned as they are, without the wrapper's layer and accumulation on every chunk.
+        """
+
+        def wrap(streams: Sequence[Any]) -> list[Any]:
+            if not self.store.enabled:
+                return list(streams)
+            return [_Remembering(stream, lambda acc: self.remember(owner, acc, ids_of)) for stream in streams]
+
+        return wrap
 
 
 class _Remembering:

@@ -30,8 +30,8 @@ from deepseek_frontend.tokenization.caches import (
 )
 from deepseek_frontend.tokenization.detokenization import IncrementalDetokenizer
 from deepseek_frontend.tokenization.families import has_own_tokenizer, load_for_family, load_v41_stand_in
-from deepseek_frontend.tokenization.segment_encoding import PendingEncoding
-from deepseek_frontend.tokenization.text_encoding import GIL_RELEASE_MIN_CHARS, LONG_RUN_CHARS, split_long_run
+from deepseek_frontend.tokenization.segment_encoding import PendingEncoding, encode_together
+from deepseek_frontend.tokenization.text_encoding import LONG_RUN_CHARS, split_long_run
 from deepseek_frontend.tokenization.tokenizer import (
     BOS_SPELLING,
     EOS_SPELLING,
@@ -43,7 +43,6 @@ __all__ = [
     "BOS_SPELLING",
     "CACHE_IDLE_SECONDS",
     "EOS_SPELLING",
-    "GIL_RELEASE_MIN_CHARS",
     "LONG_RUN_CHARS",
     "PREFIX_CACHE_BYTES",
     "PREFIX_CACHE_MAX_ENTRIES",
@@ -58,6 +57,7 @@ __all__ = [
     "PromptTokenizer",
     "RunCache",
     "bundled_tokenizer_path",
+    "encode_together",
     "has_own_tokenizer",
     "load_for_family",
     "load_v41_stand_in",

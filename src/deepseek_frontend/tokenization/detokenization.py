@@ -4,7 +4,7 @@ table of a byte-level vocabulary that makes both it and :meth:`.PromptTokenizer.
 
 from __future__ import annotations
 
-import codecs
+from codecs import utf_8_decode
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -32,22 +32,32 @@ class IncrementalDetokenizer:
     needs ``</think>`` and EOS as text).
     """
 
-    __slots__ = ("_decoder", "_stream", "_table", "_tokenizer")
+    __slots__ = ("_pending", "_stream", "_table", "_tokenizer")
 
     def __init__(self, tokenizer: DecodingVocabulary) -> None:
         self._table = tokenizer._id_bytes
         self._tokenizer = tokenizer
-        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        #: the bytes of a character whose last bytes have not come yet
+        self._pending = b""
         self._stream: DecodeStream | None = None if self._table is not None else DecodeStream(False)
 
     def push(self, token_ids: Sequence[int]) -> str:
         table = self._table
         if table is not None:
+            # One engine chunk, once per token of every stream: the bytes joined and decoded in C
+            # (``codecs.utf_8_decode`` is what the incremental decoder's Python method calls).
             try:
-                data = b"".join([table[i] for i in token_ids])
+                if len(token_ids) == 1:
+                    data = table[token_ids[0]]
+                else:
+                    data = b"".join(map(table.__getitem__, token_ids))
             except IndexError:
                 raise FormatError(f"token id out of range in engine output: {max(token_ids)}") from None
-            return self._decoder.decode(data)
+            if self._pending:
+                data = self._pending + data
+            text, used = utf_8_decode(data, "replace", False)
+            self._pending = data[used:] if used != len(data) else b""
+            return text
         assert self._stream is not None
         full = self._tokenizer.full
         parts = [self._stream.step(full, i) for i in token_ids]
@@ -55,7 +65,8 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         if self._table is not None:
-            return self._decoder.decode(b"", final=True)
+            pending, self._pending = self._pending, b""
+            return utf_8_decode(pending, "replace", True)[0]
         return ""
 
 

@@ -1,5 +1,6 @@
 """Prompt ids from renderer segments, through the prompt-id caches: :class:`PendingEncoding` and the two
-steps around its tokenizing (:func:`start_encoding`, :func:`finish_encoding`).
+steps around its tokenizing (:func:`start_encoding`, :func:`finish_encoding`); the tokenizing of many
+prompts' text in one call (:func:`encode_together`).
 
 Why per-run ids equal whole-prompt ids
 --------------------------------------
@@ -19,6 +20,7 @@ the invariant ever fails (:meth:`.PromptTokenizer.self_check`).
 
 from __future__ import annotations
 
+import time
 from array import array
 from collections.abc import Sequence
 from random import Random
@@ -62,6 +64,7 @@ class PendingEncoding:
         "missing",
         "resolved",
         "runs",
+        "seconds",
         "segments",
         "self_check_due",
         "special_end",
@@ -94,6 +97,8 @@ class PendingEncoding:
         self.uncached_chars = sum(map(len, missing))
         #: the missing runs' ids, as compact arrays (see :meth:`encode`)
         self.encoded: list[array] | None = None if missing else []
+        #: seconds spent tokenizing them (in a batch, this prompt's share of it by characters)
+        self.seconds = 0.0
         self.finished = False
         #: the prompt was sampled for :meth:`PromptTokenizer.self_check` and the caller runs it
         self.self_check_due = False
@@ -106,7 +111,45 @@ class PendingEncoding:
         list itself converted every id again (0.16 ms of 0.37 for a 1,600-token prompt).
         """
         if self.encoded is None:
+            started = time.perf_counter()
             self.encoded = [id_array(ids) for ids in self.tokenizer._encode_texts(self.missing)]
+            self.seconds += time.perf_counter() - started
+
+
+def encode_together(pendings: list[PendingEncoding]) -> list[BaseException | None]:
+    """:meth:`PendingEncoding.encode` of every one of ``pendings``, in one tokenizer call per
+    tokenizer among them: the Rust tokenizer spreads a batch over its own threads with the GIL
+    released throughout, so many requests' cold text costs one call's GIL hand-offs, not one each.
+
+    Returns, per pending encoding, the exception its own ``encode`` raises (a ``FormatError`` for a
+    lone surrogate in its text), or None. A text that cannot be tokenized fails only its own
+    prompt: when a batch raises, its prompts are encoded one by one.
+    """
+    groups: dict[int, list[PendingEncoding]] = {}
+    for pending in pendings:
+        if pending.encoded is None:
+            groups.setdefault(id(pending.tokenizer), []).append(pending)
+    failed: dict[int, BaseException] = {}
+    for group in groups.values():
+        texts = [text for pending in group for text in pending.missing]
+        started = time.perf_counter()
+        try:
+            encoded = group[0].tokenizer._encode_texts(texts)
+        except Exception:
+            for pending in group:
+                try:
+                    pending.encode()
+                except Exception as exc:
+                    failed[id(pending)] = exc
+            continue
+        share = (time.perf_counter() - started) / max(1, sum(pending.uncached_chars for pending in group))
+        at = 0
+        for pending in group:
+            count = len(pending.missing)
+            pending.encoded = [id_array(ids) for ids in encoded[at : at + count]]
+            pending.seconds += share * pending.uncached_chars
+            at += count
+    return [failed.get(id(pending)) for pending in pendings]
 
 
 def start_encoding(

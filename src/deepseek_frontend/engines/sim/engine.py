@@ -294,6 +294,7 @@ class SimulatedEngine(EngineClient, Engine):
         #: memoised readings of prompt heads, by (length in ids, hash of their ids)
         self._heads: OrderedDict[tuple[int, int], PromptHead] = OrderedDict()
         self._special_ids: dict[str, int | None] = {}
+        self._filler: list[int] | None = None
         #: the decode-step clock every running stream of this engine waits on between chunks (None
         #: at zero delay: each chunk only yields to the loop)
         self._clock = StepClock(self.itl_s) if self.itl_s > 0 else None
@@ -457,6 +458,12 @@ class SimulatedEngine(EngineClient, Engine):
                 return full[written:]
         return self.plan_ids(input_ids, seed, constraint, data=data)
 
+    def _filler_ids(self) -> list[int]:
+        """The ids of the filler text an answer is padded with (:func:`_pad_past_stops`), encoded once."""
+        if self._filler is None:
+            self._filler = self.tokenizer.encode_text(_FILLER_TEXT)
+        return self._filler
+
     def _assistant_id(self) -> int | None:
         return self._special_id("<｜Assistant｜>")
 
@@ -514,7 +521,7 @@ class SimulatedEngine(EngineClient, Engine):
             )
         min_new = sampling.max_new_tokens if sampling.ignore_eos else sampling.min_new_tokens
         if min_new:
-            planned = _pad_past_stops(planned, min_new, sampling, self.tokenizer)
+            planned = _pad_past_stops(planned, min_new, sampling, self.tokenizer, self._filler_ids())
         ids, finish, matched = _cut(
             planned, sampling.max_new_tokens, sampling.stop_token_ids, self.tokenizer, sampling.ignore_eos
         )
@@ -560,8 +567,10 @@ class SimulatedEngine(EngineClient, Engine):
             clock = self._clock
             #: decode steps this stream's next chunk covers (more than one when its consumer fell behind)
             owed = 1
+            # bound once: on every step below only its time is read (no running-loop look-up)
+            time_now = clock.bind().time if clock is not None else None
             #: the clock's step count when this stream's last chunk was written
-            mark = clock.steps() if clock is not None else 0
+            mark = clock.steps_at(time_now()) if clock is not None and time_now is not None else 0
             while True:
                 if rid in self._abort_requested:
                     done = True
@@ -623,15 +632,15 @@ class SimulatedEngine(EngineClient, Engine):
                 yield chunk
                 if last:
                     return
-                if clock is not None:
+                if clock is not None and time_now is not None:
                     # A real engine decodes on its own clock whether or not the frontend has read the
                     # last chunk: the steps that passed while this stream's consumer was busy are
                     # ready now, as one chunk (a worker's socket would hold them as several events,
                     # which the HTTP clients merge the same way), and the next comes at the next step.
-                    owed = clock.steps() - mark
+                    owed = clock.steps_at(time_now()) - mark
                     if owed < 1:
-                        await clock.next_step()
-                        owed = max(1, clock.steps() - mark)
+                        await clock.wait()
+                        owed = max(1, clock.steps_at(time_now()) - mark)
                     mark += owed
                 else:
                     await asyncio.sleep(0)
@@ -853,21 +862,21 @@ def _touch(table: OrderedDict[object, object], key: object) -> None:
 
 
 def _pad_past_stops(
-    planned: list[int], min_new: int, sampling: SamplingParams, tokenizer: SimTokenizer
+    planned: list[int], min_new: int, sampling: SamplingParams, tokenizer: SimTokenizer, filler: list[int]
 ) -> list[int]:
     """The planned output as an engine that may not stop before ``min_new`` tokens writes it.
 
     A real engine masks EOS and the stop ids until ``min_new_tokens`` (``ignore_eos``: EOS for
     the whole request), so the model writes on: here those ids are left out of the first
     ``min_new`` tokens and filler text follows the answer up to ``min_new`` (capped at
-    ``max_new_tokens``). Stops after that point still end the request as usual.
+    ``max_new_tokens``). Stops after that point still end the request as usual. ``filler``: the
+    ids of :data:`_FILLER_TEXT`.
     """
     stops = set(sampling.stop_token_ids)
     stops.add(tokenizer.eos_token_id)
     out = [t for i, t in enumerate(planned) if i >= min_new or t not in stops]
     target = min(min_new, sampling.max_new_tokens)
     if len(out) < target:
-        filler = tokenizer.encode_text(_FILLER_TEXT)
         while len(out) < target:
             out.extend(filler)
         if not sampling.ignore_eos:
