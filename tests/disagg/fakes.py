@@ -107,6 +107,13 @@ class FakeSGLangPd(_Fake):
     ``fail_after`` (one token, then the connection breaks), ``slow`` (``itl_s`` between tokens).
     A prefill given ``hold`` answers only once it is set (after its decode partner has arrived),
     with an abort (status 500) when ``late`` is ``fail``.
+
+    Aborts are SGLang's (``managers/tokenizer_manager.py`` ``abort_request``, ``managers/scheduler.py``
+    ``Scheduler.abort_request``): ``/abort_request`` is forwarded only for a rid the worker holds,
+    and then ends every live request whose rid *starts with* it (an abort finish without a status);
+    a stream whose client left is aborted the same way. The scheduler applies an abort at its next
+    step, ``step_s`` later (0: at once), and a request whose client left stays held for
+    ``linger_s`` (until the scheduler has confirmed the abort). ``aborted`` lists the rids ended so.
     """
 
     def __init__(
@@ -131,6 +138,11 @@ class FakeSGLangPd(_Fake):
         self.dp_size = 1
         self.hold: asyncio.Event | None = None
         self.late = "ok"
+        #: live requests by rid: set when an abort reaches them
+        self.live: dict[str, asyncio.Event] = {}
+        self.step_s = 0.0
+        self.linger_s = 0.0
+        self.aborted: list[str] = []
 
     async def start(self, host: str | None = None, port: int = 0) -> str:  # type: ignore[override]
         app = Starlette(
@@ -149,15 +161,75 @@ class FakeSGLangPd(_Fake):
         return JSONResponse(info)
 
     async def _abort(self, request: Request) -> Response:
-        self.aborts.append(orjson.loads(await request.body())["rid"])
+        rid = orjson.loads(await request.body())["rid"]
+        self.aborts.append(rid)
+        if rid in self.live:  # the tokenizer manager forwards an abort only for a rid it holds
+            self._abort_prefix(rid)
         return JSONResponse({})
+
+    def _abort_prefix(self, rid: str) -> None:
+        """The scheduler's abort, at its next step: every live rid that starts with ``rid``."""
+
+        def apply() -> None:
+            for other, flag in self.live.items():
+                if other.startswith(rid):
+                    flag.set()
+
+        if self.step_s:
+            asyncio.get_running_loop().call_later(self.step_s, apply)
+        else:
+            apply()
 
     async def _generate(self, request: Request) -> Response:
         body = orjson.loads(await request.body())
         self.bodies.append(body)
         if self.mode == "http_500":
             return JSONResponse({"error": {"message": "worker down"}}, status_code=500)
-        return StreamingResponse(self._counted(self._events(body)), media_type="text/event-stream")
+        rid = str(body.get("rid"))
+        if rid in self.live:
+            return JSONResponse(
+                {"error": {"message": f"Duplicate request ID detected: {rid}"}}, status_code=400
+            )
+        self.live[rid] = asyncio.Event()
+        events = self._abortable(rid, self._events(body))
+        return StreamingResponse(self._counted(events), media_type="text/event-stream")
+
+    async def _abortable(self, rid: str, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """``events`` until an abort reaches ``rid``: then SGLang's abort finish (no status)."""
+        flag = self.live[rid]
+        ended = False
+        step: asyncio.Future[bytes] | None = None
+        try:
+            while True:
+                step = asyncio.ensure_future(anext(events))  # type: ignore[arg-type]
+                aborted = asyncio.ensure_future(flag.wait())
+                await asyncio.wait({step, aborted}, return_when=asyncio.FIRST_COMPLETED)
+                aborted.cancel()
+                if not step.done():
+                    self.aborted.append(rid)
+                    yield _chunk([], 0, {"type": "abort", "message": "Aborted", "status_code": None})
+                    yield b"data: [DONE]\n\n"
+                    ended = True
+                    return
+                try:
+                    part = step.result()
+                except StopAsyncIteration:
+                    ended = True
+                    return
+                yield part
+        finally:
+            if step is not None and not step.done():
+                step.cancel()
+                with contextlib.suppress(BaseException):
+                    await step
+            with contextlib.suppress(BaseException):
+                await events.aclose()  # type: ignore[attr-defined]
+            if ended or not self.linger_s:
+                self.live.pop(rid, None)
+            else:
+                asyncio.get_running_loop().call_later(self.linger_s, self.live.pop, rid, None)
+            if not ended:
+                self._abort_prefix(rid)  # the client left (or the stream broke): SGLang aborts it
 
     async def _events(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
         room = body.get("bootstrap_room")

@@ -22,7 +22,7 @@ from deepseek_frontend.routing.router import Router
 from tests.engines.conftest import wait_until
 
 from .fakes import TOKENS, FakeSGLangPd, Rendezvous
-from .test_pool import all_closed, collect, request, run, sglang_pd, sglang_pool, vllm_pd
+from .test_pool import RID, all_closed, collect, request, run, sglang_pd, sglang_pool, vllm_pd
 
 
 def test_the_vllm_prefill_leg_counts_in_flight_on_its_worker_while_it_runs() -> None:
@@ -61,7 +61,7 @@ def test_the_response_ends_with_the_decode_and_a_late_prefill_answer_is_checked_
                 p.hold.set()
                 await wait_until(lambda: pool.stats.outcomes["ok"] == 1)
             await all_closed(p, d)
-            assert "req-1" not in p.aborts  # the answer was read, not cut off
+            assert RID not in p.aborts  # the answer was read, not cut off
             assert pool.stats.late_prefill_failures == 1  # and its failure counted
             (line,) = [r.getMessage() for r in caplog.records if r.name == "deepseek_frontend.routing.pd"]
             assert (
@@ -78,7 +78,7 @@ def test_a_prefill_answer_missing_past_the_grace_is_aborted_and_counted() -> Non
             assert await collect(pool, request()) == TOKENS
             await wait_until(lambda: pool.stats.outcomes["ok"] == 1)
             await all_closed(p, d)
-            await wait_until(lambda: "req-1" in p.aborts)
+            await wait_until(lambda: RID in p.aborts)
             assert pool.stats.late_prefill_failures == 1
 
     run(scenario)
@@ -221,7 +221,7 @@ def test_a_client_leaving_a_migrating_request_counts_once_and_leaves_no_leg(
                 assert (await anext(stream)).token_ids == [TOKENS[0]]
                 await stream.aclose()  # type: ignore[attr-defined]
                 await all_closed(p, d)
-                await wait_until(lambda: "req-1" in d.aborts)
+                await wait_until(lambda: RID in d.aborts)
             assert dict(pool.stats.outcomes) == {"client_gone": 1}
             lines = [r.getMessage() for r in caplog.records if r.name == "deepseek_frontend.routing.pd"]
             assert len(lines) == 1 and "outcome=client_gone" in lines[0]

@@ -79,6 +79,7 @@ from deepseek_frontend.generation import (
     GenerateRequest,
     WorkerCapabilities,
     WorkerStatus,
+    leg_id,
 )
 
 from .legs import sglang_legs, sglang_prefill, vllm_prefill
@@ -367,7 +368,7 @@ class DisaggregatedPool(Engine):
                 leg_request = (
                     request
                     if not attempt
-                    else dataclasses.replace(request, request_id=f"{request.request_id}-pd{attempt}")
+                    else dataclasses.replace(request, request_id=leg_id(request.request_id, f"pd{attempt}"))
                 )
                 prefill_task: asyncio.Task[Any]
                 if self.config.engine == "vllm":

@@ -80,6 +80,7 @@ from deepseek_frontend.generation import (
     SamplingParams,
     TokenLogprob,
     WorkerCapabilities,
+    engine_rid,
 )
 
 __all__ = [
@@ -274,7 +275,7 @@ class VLLMClient(HTTPEngineClient):
             "return_token_ids": True,
             "stream": True,
             "stream_options": {"include_usage": True},
-            "request_id": request.request_id,
+            "request_id": engine_rid(request.request_id),
         }
         _add_length_and_seed(body, s)
         if s.logprobs:
@@ -308,7 +309,7 @@ class VLLMClient(HTTPEngineClient):
             params["structured_outputs"] = structured
         body: dict[str, Any] = {
             "model": self.model,
-            "request_id": request.request_id,
+            "request_id": engine_rid(request.request_id),
             "token_ids": request.input_ids,
             "sampling_params": params,
             "stream": True,
@@ -343,7 +344,7 @@ class VLLMClient(HTTPEngineClient):
         prompt_tokens: int | None = None
         completion = 0
         #: the id vLLM runs the request under (the generate stream says; abort needs it)
-        engine_id = _GENERATE_ID_PREFIX + request.request_id
+        engine_id = _GENERATE_ID_PREFIX + engine_rid(request.request_id)
         running = finished = consumer_left = silent = False
         try:
             # leaving the block closes the stream, which vLLM also treats as an abort
@@ -488,7 +489,7 @@ class VLLMClient(HTTPEngineClient):
         """Best effort: ``/inference/v1/abort_requests`` when the worker has the token-in API, else a
         no-op (``/v1/completions`` aborts when its stream closes, which the generator's ``finally`` does)."""
         if self.token_api:
-            await self._send_abort(_GENERATE_ID_PREFIX + request_id)
+            await self._send_abort(_GENERATE_ID_PREFIX + engine_rid(request_id))
 
 
 # ---------------------------------------------------------------------- wire helpers

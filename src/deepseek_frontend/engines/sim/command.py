@@ -185,7 +185,7 @@ def _add_disagg_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=SGLANG_BOOTSTRAP_TIMEOUT_S,
         metavar="S",
-        help="prefill: seconds a prefilled room waits for a decode worker "
+        help="prefill: seconds from a request's arrival for its decode worker to pre-allocate the KV "
         "(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, default %(default)g)",
     )
     group.add_argument(
@@ -193,8 +193,22 @@ def _add_disagg_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=SGLANG_WAITING_TIMEOUT_S,
         metavar="S",
-        help="decode: seconds to wait for a room's KV (SGLANG_DISAGGREGATION_WAITING_TIMEOUT, "
-        "default %(default)g)",
+        help="decode: seconds from pre-allocating a room's KV to receiving it "
+        "(SGLANG_DISAGGREGATION_WAITING_TIMEOUT, default %(default)g)",
+    )
+    group.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help="decode: the KV pool in tokens; a request pre-allocates its prompt plus max_new_tokens, "
+        "first come first served, and its prefill waits for that (default: unbounded)",
+    )
+    group.add_argument(
+        "--tokenizer-worker-num",
+        type=int,
+        default=1,
+        help="as SGLang's: with more than one, /abort_request matches by prefix even a rid this worker "
+        "does not hold (default %(default)s)",
     )
     group.add_argument(
         "--disaggregation-handshake-timeout",
@@ -220,6 +234,7 @@ def disagg_from_args(args: argparse.Namespace) -> SimDisagg | None:
             bootstrap_timeout_s=args.disaggregation_bootstrap_timeout,
             waiting_timeout_s=args.disaggregation_waiting_timeout,
             handshake_timeout_s=args.disaggregation_handshake_timeout,
+            max_total_tokens=getattr(args, "max_total_tokens", None),
         )
     )
 
@@ -264,7 +279,12 @@ async def _serve(args: argparse.Namespace) -> int:
     )
     faults = SimFaults(args.fail_after, args.fail_mode)
     app = build_sim_app(
-        engine, model_path=args.model_path, cumulative=args.cumulative, faults=faults, disagg=disagg
+        engine,
+        model_path=args.model_path,
+        cumulative=args.cumulative,
+        faults=faults,
+        disagg=disagg,
+        tokenizer_worker_num=getattr(args, "tokenizer_worker_num", 1),
     )
     if disagg is not None:
         try:
