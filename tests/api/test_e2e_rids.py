@@ -56,7 +56,7 @@ def test_sixteen_choices_with_a_stop_string_each_end_as_they_would_alone(
     # the simulated model writes a word cycle, each choice (its own seed) starting elsewhere in it:
     # choice 1 meets the stop string at once, choices 10-15 only after several words
     stop = re.findall(r"[a-z]{4,}", texts[1])[0]
-    assert all(0 < texts[i].index(stop) for i in range(10, 16))
+    assert all(texts[i].index(stop) > 0 for i in range(10, 16))
     stopped = choices(server, stop=[stop])
     for i in (1, *range(10, 16)):
         content = stopped[i]["message"]["content"]  # type: ignore[index]
