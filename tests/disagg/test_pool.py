@@ -113,9 +113,11 @@ def test_both_legs_get_the_same_body_with_the_bootstrap_trio_and_the_client_gets
             assert pb["bootstrap_host"] == "127.0.0.1" and pb["bootstrap_port"] == 8998
             assert 0 <= pb["bootstrap_room"] < 2**63
             assert "routed_dp_rank" not in pb and "disagg_prefill_dp_rank" not in pb
-            assert pool.stats.outcomes["ok"] == 1 and pool.stats.transfer_counts != [0] * len(
-                pool.stats.transfer_counts
-            )
+            assert pool.stats.outcomes["ok"] == 1
+            timings = pool.stats.timings
+            assert timings["first_token"].count == 1 and timings["prefill"].count == 1
+            # one of the two came first: the other is timed from it
+            assert timings["decode_after_prefill"].count + timings["prefill_lag"].count == 1
 
     run(scenario)
 
@@ -273,6 +275,27 @@ def test_a_decode_that_never_gets_its_kv_times_out_with_both_legs_aborted() -> N
     run(scenario)
 
 
+def test_a_pair_whose_kv_never_moves_times_out_though_neither_leg_answered() -> None:
+    """The prefill never sends the KV: it never answers, and the decode never gets a token. The
+    transfer timeout counts from the legs' start (plus the prompt's prefill allowance), not only
+    from a prefill answer that never comes."""
+
+    async def scenario() -> None:
+        async with sglang_pd(config=PdConfig(transfer_timeout_s=0.3)) as (pool, (p,), (d,)):
+            p.mode = d.mode = "hang"
+            with pytest.raises(EngineTimeoutError) as err:
+                await collect(pool, request())
+            assert err.value.status_code == 504 and "--pd-transfer-timeout" in err.value.message
+            assert (
+                "neither the prefill worker's answer nor the decode worker's first token" in err.value.message
+            )
+            await all_closed(p, d)
+            await wait_until(lambda: RID in p.aborts and RID in d.aborts)
+            assert pool.stats.outcomes["transfer_timeout"] == 1 and pool.stats.transfer_failures == 1
+
+    run(scenario)
+
+
 def test_a_refusal_by_a_leg_is_the_clients_error_and_aborts_the_other_leg() -> None:
     async def scenario() -> None:
         async with sglang_pd() as (pool, (p,), (d,)):
@@ -402,12 +425,14 @@ def test_metrics_and_the_log_line_name_both_workers_and_the_room(caplog: pytest.
             room = p.bodies[0]["bootstrap_room"]
             (line,) = [r.getMessage() for r in caplog.records if r.name == "deepseek_frontend.routing.pd"]
             assert f"prefill={p.url}" in line and f"decode={d.url}" in line and f"room={room}" in line
-            assert "outcome=ok" in line
+            assert "outcome=ok" in line and "first_token=" in line and "prefill_answer=" in line
             registry = CollectorRegistry()
             registry.register(PdCollector(pool))
             text = generate_latest(registry).decode()
             assert 'deepseek_frontend_pd_requests_total{outcome="ok"} 1.0' in text
-            assert "deepseek_frontend_pd_transfer_seconds_count 1.0" in text
+            assert "deepseek_frontend_pd_first_token_seconds_count 1.0" in text
+            assert "deepseek_frontend_pd_prefill_seconds_count 1.0" in text
+            assert "pd_transfer_seconds" not in text  # it measured no transfer: gone
             assert 'deepseek_frontend_pd_role_healthy_workers{role="decode"} 1.0' in text
 
     run(scenario)
@@ -418,9 +443,11 @@ def test_metrics_and_the_log_line_name_both_workers_and_the_room(caplog: pytest.
 
 @asynccontextmanager
 async def vllm_pd(
-    limits: StreamLimits | None = None, **config: Any
+    limits: StreamLimits | None = None, fake: dict[str, Any] | None = None, **config: Any
 ) -> AsyncIterator[tuple[DisaggregatedPool, FakeVllmPd, FakeVllmPd]]:
-    p, d = FakeVllmPd("prefill", "engine-p"), FakeVllmPd("decode", "engine-d")
+    """A vLLM pair of fakes (``fake``: their options, tests/disagg/fakes.py) under an orchestrator
+    with ``PdConfig(engine="vllm", **config)``."""
+    p, d = FakeVllmPd("prefill", "engine-p", **(fake or {})), FakeVllmPd("decode", "engine-d", **(fake or {}))
     d.prefills.append(p)
     await p.start()
     await d.start()
