@@ -1,4 +1,4 @@
-"""The prefill/decode orchestrator (routing/pd.py), continued: the load, routing metrics and role
+"""The prefill/decode orchestrator (disagg/pool.py), continued: the load, routing metrics and role
 checks each role's pool keeps, and how a request ends when the decode finishes before the prefill's
 answer (the client's response ends with the decode; the answer is read in the background, bounded).
 Fake PD workers over real HTTP (tests/disagg/fakes.py), as in test_pool.py.

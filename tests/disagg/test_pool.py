@@ -1,4 +1,4 @@
-"""The prefill/decode orchestrator (routing/pd.py) over real HTTP against fake PD workers.
+"""The prefill/decode orchestrator (disagg/pool.py) over real HTTP against fake PD workers.
 
 The fakes (tests/disagg/fakes.py) only finish a request when both legs of a room arrive, so every
 successful request here also proves the legs went out concurrently. After every request, whatever

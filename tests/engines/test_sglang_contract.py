@@ -280,7 +280,7 @@ def test_sglang_rejects_input_ids_that_are_not_ints_and_so_does_the_sim(
 
 
 def test_both_legs_of_a_disaggregated_request_are_valid_sglang_generate_requests(api: ModuleType) -> None:
-    """The prefill/decode orchestrator (routing/pd.py) sends SGLang's PD fields; SGLang's own decoder
+    """The prefill/decode orchestrator (disagg/pool.py) sends SGLang's PD fields; SGLang's own decoder
     reads both legs' bodies, the bootstrap trio and the DP rank hints included, with the largest room."""
     from deepseek_frontend.disagg.parts import ROOM_LIMIT
     from deepseek_frontend.disagg.pool import DisaggregatedPool
