@@ -5,6 +5,7 @@ Usage::
     python benchmarks/bench_disagg.py                 # the mixed trace, then the prompt-length sweep
     python benchmarks/bench_disagg.py --quick         # shorter runs, a smaller sweep
     python benchmarks/bench_disagg.py --sweep         # only the sweep (fixed long-prompt lengths)
+    python benchmarks/bench_disagg.py --quick --coupling 80000   # prefill held by a full decode pool
 
 What runs (all real processes on loopback):
 
@@ -28,7 +29,11 @@ p50/p99** of the steady streams (gaps between consecutive content chunks), **tok
 tokens of all requests / wall time), **lost** (requests that failed or ended without ``[DONE]``),
 **frontend CPU ms/req** (the serve process's CPU time / requests: the difference between the two
 setups is what PD orchestration costs per request). The sweep repeats the trace with one fixed
-long-prompt length per row.
+long-prompt length per row. ``--coupling TOKENS`` runs only the mixed trace on the PD pair, once with
+an unbounded decode pool and once with a pool of TOKENS tokens (the decode sim's ``--max-total-tokens``),
+adding **prefill wait ms/req**: how long the prefill sim's legs waited, on average, for their decode
+to pre-allocate before computing (SGLang's ``early`` allocation policy couples prefill to decode
+memory).
 """
 
 from __future__ import annotations
@@ -70,6 +75,8 @@ class Run:
     wall_s: float = 0.0
     frontend_cpu_s: float = 0.0
     errors: list[str] = field(default_factory=list)
+    #: disaggregated: ms the prefill sim's legs waited for their decode's pre-allocation, per transfer
+    prefill_wait_ms: float = 0.0
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -114,6 +121,12 @@ class Proc:
         self.handle.close()
 
 
+def decode_pool(args: argparse.Namespace) -> list[str]:
+    """The decode sim's KV pool flag (``--decode-max-total-tokens``; none: unbounded)."""
+    tokens = getattr(args, "decode_max_total_tokens", None)
+    return ["--max-total-tokens", str(tokens)] if tokens else []
+
+
 def start_setup(disaggregated: bool, args: argparse.Namespace, tag: str) -> tuple[list[Proc], Proc, str]:
     """The workers and ``serve`` of one setup; returns (workers, frontend, frontend URL)."""
     common = [
@@ -129,7 +142,7 @@ def start_setup(disaggregated: bool, args: argparse.Namespace, tag: str) -> tupl
         ]  # fmt: skip
         roles = (
             ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "0", *transfer],
-            ["--disaggregation-mode", "decode", *transfer],
+            ["--disaggregation-mode", "decode", *transfer, *decode_pool(args)],
         )
     else:
         roles = ([], [])
@@ -261,6 +274,9 @@ def measure(disaggregated: bool, args: argparse.Namespace, lengths: Sequence[int
         cpu = _cpu_seconds(serve.proc.pid)
         run = asyncio.run(drive(url, args, lengths, seed=args.seed))
         run.frontend_cpu_s = _cpu_seconds(serve.proc.pid) - cpu
+        if disaggregated:
+            stats = httpx.get(workers[0].url() + "/sim/stats", timeout=10).json()
+            run.prefill_wait_ms = stats["pd_bootstrap_wait_ms"] / max(1, stats["pd_transfers_sent"])
         return run
     finally:
         serve.stop()
@@ -303,6 +319,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration-s", type=float, default=40.0)
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 4096, 16_384, 65_536])
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--decode-max-total-tokens",
+        type=int,
+        default=None,
+        help="the decode sim's KV pool in tokens (its --max-total-tokens; default unbounded)",
+    )
+    parser.add_argument(
+        "--coupling",
+        type=int,
+        metavar="TOKENS",
+        default=None,
+        help="only the mixed trace on the PD pair, with an unbounded decode pool and one of TOKENS tokens: "
+        "the prefill waits for the decode's pre-allocation (SGLang's early policy)",
+    )
     args = parser.parse_args(argv)
     # a terminated run still stops its workers and frontend (the finally blocks run on SystemExit)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
@@ -317,6 +347,21 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.duration_s:g} s per run; {os.cpu_count()} CPUs",
         flush=True,
     )
+    if args.coupling:
+        header = HEADER.replace(" |\n", " | prefill wait ms/req |\n", 1) + "---|"
+        print(
+            f"\nprefill coupled to decode memory: mixed trace, long prompts {args.long_min}-{args.long_max} "
+            f"tokens\n\n{header}",
+            flush=True,
+        )
+        for pool in (None, args.coupling):
+            args.decode_max_total_tokens = pool
+            name = f"PD, decode pool {pool if pool else 'unbounded'}"
+            run = measure(True, args, None, f"coupling{pool}")
+            print(f"{row(name, run)} {run.prefill_wait_ms:.0f} |", flush=True)
+            if run.errors:
+                print(f"  errors: {run.errors[:3]}", file=sys.stderr)
+        return 0
     if not args.sweep:
         print(f"\nmixed trace: long prompts {args.long_min}-{args.long_max} tokens\n\n{HEADER}", flush=True)
         for disaggregated, name in ((False, "2 aggregated"), (True, "1 prefill + 1 decode")):

@@ -1,4 +1,4 @@
-"""The prefill/decode orchestrator's own cost per request (routing/pd.py), engines taken out.
+"""The prefill/decode orchestrator's own cost per request (disagg/pool.py), engines taken out.
 
 Usage::
 

@@ -4,6 +4,15 @@ chunks that come back, a decoding constraint, and what a worker can serve.
 These plain data types sit below every layer that uses them (parsing builds constraints,
 routing reads requests and capabilities, engines send and receive them, the pipeline fills
 them), so each of those layers imports them from here and none imports another for them.
+
+Request ids: a request's id (``GenerateRequest.request_id``: what logs and ``x-request-id`` show,
+with a leg tag per kind of leg, :func:`leg_id`) is never sent to a worker as it is. The worker gets
+:func:`engine_rid`: the id, escaped, then :data:`RID_END`, a character no escaped id contains.
+SGLang aborts every live request whose rid *starts with* the aborted one (``/abort_request``, and a
+client closing an unfinished stream: ``managers/scheduler.py`` ``Scheduler.abort_request``,
+``req.rid.startswith(recv_req.rid)``), so no two live rids on a worker may be prefixes of one
+another -- ``X-1`` and ``X-10`` were. With the terminator none is: a rid ends at its only
+``RID_END``, so one that starts with another's whole rid, terminator included, is that rid.
 """
 
 from __future__ import annotations
@@ -22,6 +31,28 @@ DEFAULT_PRIORITY = 0
 MIN_PRIORITY = -1_000_000
 MAX_PRIORITY = 1_000_000
 LOWEST_PRIORITY = -(1 << 31)
+
+#: ends every engine request id (:func:`engine_rid`); escaped inside the id
+RID_END = "~"
+#: joins a request id and the tag of one of its legs (:func:`leg_id`)
+LEG_SEPARATOR = "."
+
+
+def leg_id(request_id: str, tag: str) -> str:
+    """The id of one leg of ``request_id``: a choice (``c3``), a continuation after a migration
+    (``m1``), a prefill/decode pair retried (``pd1``). Legs of legs nest (``X.c3.m1.pd1``)."""
+    return f"{request_id}{LEG_SEPARATOR}{tag}"
+
+
+def engine_rid(request_id: str) -> str:
+    """The rid a worker runs ``request_id`` under: the id with ``%`` and :data:`RID_END` escaped,
+    then :data:`RID_END`. Distinct ids give distinct rids, and no rid is a prefix of another (see
+    the module docstring); the bare request id is never itself a rid."""
+    if "%" in request_id or RID_END in request_id:
+        request_id = request_id.replace("%", "%25").replace(RID_END, "%7E")
+    return request_id + RID_END
+
+
 ConstraintKind = Literal["ebnf", "json_schema", "regex", "structural_tag"]
 
 

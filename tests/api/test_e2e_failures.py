@@ -17,6 +17,7 @@ import openai
 import pytest
 from openai.types.chat import ChatCompletionChunk
 
+from deepseek_frontend.generation import engine_rid
 from tests.support.fixtures import server_fixture
 from tests.support.servers import Server, start_frontend, start_sim_engine
 from tests.support.waiting import wait_until
@@ -156,9 +157,8 @@ def test_a_client_disconnect_aborts_the_engine_request(flaky: Server, flaky_fron
             break
     stream.close()
     assert request_id is not None
-    wait_until(
-        lambda: request_id in sim_stats(flaky)["aborted_ids"], "the engine saw the abort of this request"
-    )
+    rid = engine_rid(request_id)  # the rid the worker runs the request under
+    wait_until(lambda: rid in sim_stats(flaky)["aborted_ids"], "the engine saw the abort of this request")
     text = httpx.get(flaky_frontend.url + "/metrics").text
     assert 'status="499"' in text
 

@@ -33,6 +33,8 @@ from tests.engines.conftest import serve_app
 #: the first token every fake prefill samples, and the tokens a decode streams after it
 FIRST = 1000
 TOKENS = [FIRST, 1001, 1002, 1003, 1004]
+#: the fake vLLM model's EOS
+EOS = 1
 #: seconds a leg waits for its partner before failing like SGLang's bootstrap / transfer timeout
 PARTNER_WAIT_S = 5.0
 
@@ -107,6 +109,13 @@ class FakeSGLangPd(_Fake):
     ``fail_after`` (one token, then the connection breaks), ``slow`` (``itl_s`` between tokens).
     A prefill given ``hold`` answers only once it is set (after its decode partner has arrived),
     with an abort (status 500) when ``late`` is ``fail``.
+
+    Aborts are SGLang's (``managers/tokenizer_manager.py`` ``abort_request``, ``managers/scheduler.py``
+    ``Scheduler.abort_request``): ``/abort_request`` is forwarded only for a rid the worker holds,
+    and then ends every live request whose rid *starts with* it (an abort finish without a status);
+    a stream whose client left is aborted the same way. The scheduler applies an abort at its next
+    step, ``step_s`` later (0: at once), and a request whose client left stays held for
+    ``linger_s`` (until the scheduler has confirmed the abort). ``aborted`` lists the rids ended so.
     """
 
     def __init__(
@@ -131,6 +140,11 @@ class FakeSGLangPd(_Fake):
         self.dp_size = 1
         self.hold: asyncio.Event | None = None
         self.late = "ok"
+        #: live requests by rid: set when an abort reaches them
+        self.live: dict[str, asyncio.Event] = {}
+        self.step_s = 0.0
+        self.linger_s = 0.0
+        self.aborted: list[str] = []
 
     async def start(self, host: str | None = None, port: int = 0) -> str:  # type: ignore[override]
         app = Starlette(
@@ -149,15 +163,75 @@ class FakeSGLangPd(_Fake):
         return JSONResponse(info)
 
     async def _abort(self, request: Request) -> Response:
-        self.aborts.append(orjson.loads(await request.body())["rid"])
+        rid = orjson.loads(await request.body())["rid"]
+        self.aborts.append(rid)
+        if rid in self.live:  # the tokenizer manager forwards an abort only for a rid it holds
+            self._abort_prefix(rid)
         return JSONResponse({})
+
+    def _abort_prefix(self, rid: str) -> None:
+        """The scheduler's abort, at its next step: every live rid that starts with ``rid``."""
+
+        def apply() -> None:
+            for other, flag in self.live.items():
+                if other.startswith(rid):
+                    flag.set()
+
+        if self.step_s:
+            asyncio.get_running_loop().call_later(self.step_s, apply)
+        else:
+            apply()
 
     async def _generate(self, request: Request) -> Response:
         body = orjson.loads(await request.body())
         self.bodies.append(body)
         if self.mode == "http_500":
             return JSONResponse({"error": {"message": "worker down"}}, status_code=500)
-        return StreamingResponse(self._counted(self._events(body)), media_type="text/event-stream")
+        rid = str(body.get("rid"))
+        if rid in self.live:
+            return JSONResponse(
+                {"error": {"message": f"Duplicate request ID detected: {rid}"}}, status_code=400
+            )
+        self.live[rid] = asyncio.Event()
+        events = self._abortable(rid, self._events(body))
+        return StreamingResponse(self._counted(events), media_type="text/event-stream")
+
+    async def _abortable(self, rid: str, events: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+        """``events`` until an abort reaches ``rid``: then SGLang's abort finish (no status)."""
+        flag = self.live[rid]
+        ended = False
+        step: asyncio.Future[bytes] | None = None
+        try:
+            while True:
+                step = asyncio.ensure_future(anext(events))  # type: ignore[arg-type]
+                aborted = asyncio.ensure_future(flag.wait())
+                await asyncio.wait({step, aborted}, return_when=asyncio.FIRST_COMPLETED)
+                aborted.cancel()
+                if not step.done():
+                    self.aborted.append(rid)
+                    yield _chunk([], 0, {"type": "abort", "message": "Aborted", "status_code": None})
+                    yield b"data: [DONE]\n\n"
+                    ended = True
+                    return
+                try:
+                    part = step.result()
+                except StopAsyncIteration:
+                    ended = True
+                    return
+                yield part
+        finally:
+            if step is not None and not step.done():
+                step.cancel()
+                with contextlib.suppress(BaseException):
+                    await step
+            with contextlib.suppress(BaseException):
+                await events.aclose()  # type: ignore[attr-defined]
+            if ended or not self.linger_s:
+                self.live.pop(rid, None)
+            else:
+                asyncio.get_running_loop().call_later(self.linger_s, self.live.pop, rid, None)
+            if not ended:
+                self._abort_prefix(rid)  # the client left (or the stream broke): SGLang aborts it
 
     async def _events(self, body: dict[str, Any]) -> AsyncIterator[bytes]:
         room = body.get("bootstrap_room")
@@ -213,26 +287,74 @@ class FakeSGLangPd(_Fake):
 
 class FakeVllmPd(_Fake):
     """A vLLM worker with a KV connector (see module docstring); ``role`` is ``prefill`` or
-    ``decode``. ``mode``: ``ok``, ``http_500`` (prefill), ``hang`` (no answer, no first token)."""
+    ``decode``. ``mode``: ``ok``, ``http_500`` (prefill), ``hang`` (no answer, no first token).
 
-    def __init__(self, role: str, engine_id: str) -> None:
+    ``connector`` ``nixl`` (NixlConnector's flow, above) or ``mooncake`` (MooncakeConnector,
+    vLLM's ``mooncake_connector.py``): a prefill needs the router's ``transfer_id``, answers no
+    ``kv_transfer_params`` and keeps the KV only when it finishes by length -- with EOS (``EOS``) as
+    its one token it finishes by stop, unless ``ignore_eos``; a decode needs ``transfer_id``,
+    ``remote_engine_id`` (one its prefill's bootstrap server lists) and ``remote_bootstrap_addr``.
+    ``ranks``: the prefill's data-parallel ranks (its bootstrap server lists ``{engine_id}_dp{r}``
+    each; the rank is pinned with ``X-data-parallel-rank``). ``report``: what a dev-mode
+    ``/server_info`` says of the KV transfer config (None: no such route, as without
+    ``VLLM_SERVER_DEV_MODE``). Both check ``min_tokens <= max_tokens`` as vLLM does (400).
+    """
+
+    def __init__(
+        self,
+        role: str,
+        engine_id: str,
+        *,
+        connector: str = "nixl",
+        ranks: int = 1,
+        report: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         self.role = role
         self.engine_id = engine_id
+        self.connector = connector
+        self.ranks = ranks
+        self.report = report
         self.mode = "ok"
-        #: the kv_transfer_params a prefill answered, by request id
+        #: the one token a prefill samples (EOS: a Mooncake prefill that may stop there does)
+        self.first = FIRST
+        #: the kv_transfer_params a prefill answered (Nixl) or kept the KV for (Mooncake), by request id
         self.issued: dict[str, dict[str, Any]] = {}
+        #: Mooncake: transfer ids whose KV a prefill holds, with the engine id that holds it
+        self.held: dict[str, str] = {}
         #: the prefill fakes whose issued params a decode accepts
         self.prefills: list[FakeVllmPd] = []
+        #: the headers of every request
+        self.headers: list[dict[str, str]] = []
+        self.bootstrap_url = ""
 
     async def start(self) -> str:  # type: ignore[override]
-        app = Starlette(
-            routes=[
-                Route("/v1/models", self._models, methods=["GET"]),
-                Route("/v1/completions", self._completions, methods=["POST"]),
-            ]
+        routes = [
+            Route("/v1/models", self._models, methods=["GET"]),
+            Route("/v1/completions", self._completions, methods=["POST"]),
+        ]
+        if self.report is not None:
+            routes.append(Route("/server_info", self._server_info, methods=["GET"]))
+        url = await super().start(Starlette(routes=routes))
+        if self.connector == "mooncake" and self.role == "prefill":
+            query = Starlette(routes=[Route("/query", self._query, methods=["GET"])])
+            self.bootstrap_url = await self._stack.enter_async_context(serve_app(query))
+        return url
+
+    async def _server_info(self, request: Request) -> Response:
+        env = (
+            {"VLLM_MOONCAKE_BOOTSTRAP_PORT": int(self.bootstrap_url.rsplit(":", 1)[1])}
+            if self.bootstrap_url
+            else {}
         )
-        return await super().start(app)
+        return JSONResponse({"vllm_config": {"kv_transfer_config": self.report}, "vllm_env": env})
+
+    async def _query(self, request: Request) -> Response:
+        addr = {"0": {"0": "127.0.0.1:17000"}}
+        engines = (
+            [self.engine_id] if self.ranks == 1 else [f"{self.engine_id}_dp{r}" for r in range(self.ranks)]
+        )
+        return JSONResponse({str(r): {"engine_id": e, "worker_addr": addr} for r, e in enumerate(engines)})
 
     async def _models(self, request: Request) -> Response:
         return JSONResponse({"data": [{"id": "m", "max_model_len": 4096}]})
@@ -240,7 +362,18 @@ class FakeVllmPd(_Fake):
     async def _completions(self, request: Request) -> Response:
         body = orjson.loads(await request.body())
         self.bodies.append(body)
+        self.headers.append(dict(request.headers))
         params = body.get("kv_transfer_params") or {}
+        if int(body.get("min_tokens", 0)) > int(body["max_tokens"]):
+            message = (
+                f"min_tokens must be less than or equal to max_tokens={body['max_tokens']}, "
+                f"got {body['min_tokens']}."
+            )
+            return JSONResponse(
+                {"error": {"message": message, "type": "BadRequestError", "code": 400}}, status_code=400
+            )
+        if self.connector == "mooncake":
+            return await self._mooncake(request, body, params)
         if self.role == "prefill":
             if self.mode == "http_500":
                 return JSONResponse({"error": {"message": "worker down"}}, status_code=500)
@@ -269,6 +402,34 @@ class FakeVllmPd(_Fake):
         known = [p for f in self.prefills for p in f.issued.values()]
         return StreamingResponse(
             self._counted(self._decode(body, params in known)), media_type="text/event-stream"
+        )
+
+    async def _mooncake(self, request: Request, body: dict[str, Any], params: dict[str, Any]) -> Response:
+        if self.role == "prefill":
+            if body.get("stream") or body.get("max_tokens") != 1 or not params.get("do_remote_decode"):
+                return JSONResponse({"error": {"message": "not a prefill request"}}, status_code=400)
+            rank = int(request.headers.get("x-data-parallel-rank", "0"))
+            engine = self.engine_id if self.ranks == 1 else f"{self.engine_id}_dp{rank}"
+            stops = (
+                {EOS, *body.get("stop_token_ids", ())}
+                if not body.get("ignore_eos")
+                else set(body["stop_token_ids"])
+            )
+            finish = "stop" if self.first in stops else "length"
+            transfer = params.get("transfer_id")
+            if transfer and finish == "length":  # request_finished keeps the KV only then
+                self.held[transfer] = engine
+            choice = {"index": 0, "text": "", "token_ids": [self.first], "finish_reason": finish}
+            return JSONResponse({"id": body["request_id"], "choices": [choice], "kv_transfer_params": None})
+        known = {t: e for f in self.prefills for t, e in f.held.items()}
+        bootstraps = {f"http://127.0.0.1:{f.bootstrap_url.rsplit(':', 1)[1]}" for f in self.prefills}
+        transferred = (
+            params.get("do_remote_prefill") is True
+            and known.get(params.get("transfer_id", "")) == params.get("remote_engine_id")
+            and params.get("remote_bootstrap_addr") in bootstraps
+        )
+        return StreamingResponse(
+            self._counted(self._decode(body, transferred)), media_type="text/event-stream"
         )
 
     async def _decode(self, body: dict[str, Any], transferred: bool) -> AsyncIterator[bytes]:

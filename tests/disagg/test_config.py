@@ -56,9 +56,27 @@ def test_a_transfer_timeout_of_zero_means_none_and_the_defaults_are_sglangs() ->
     assert default.pd.orchestrator.transfer_timeout_s == 60.0
 
 
+def test_the_vllm_kv_connector_flag_reaches_the_orchestrator() -> None:
+    argv = ("--engine", "vllm", "--prefill-worker", "http://p", "--decode-worker", "http://d")
+    mooncake = ServerConfig.from_args(parse(*argv, "--vllm-kv-connector", "mooncake"))
+    assert mooncake.pd.orchestrator.kv_connector == "mooncake" and mooncake.pd.orchestrator.engine == "vllm"
+    assert ServerConfig.from_args(parse(*argv)).pd.orchestrator.kv_connector == "nixl"
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
+        (
+            (
+                "--prefill-worker",
+                "http://p",
+                "--decode-worker",
+                "http://d",
+                "--vllm-kv-connector",
+                "mooncake",
+            ),
+            "--vllm-kv-connector applies to vLLM prefill/decode workers only",
+        ),
         (("--prefill-worker", "http://p"), "both --prefill-worker and --decode-worker"),
         (("--decode-worker", "http://d"), "both --prefill-worker and --decode-worker"),
         (

@@ -4,7 +4,10 @@ SGLang's PD roles (the decode sim fetches the room's KV from the prefill sim's b
 * a disaggregated answer is the one an aggregated worker gives, streamed or not, on both APIs' SDKs;
 * a worker started in the wrong role keeps the frontend from starting, with a message naming it;
 * a decode leg that cannot reach the prefill's bootstrap port fails the request (503) with no room or
-  leg left behind on either worker; a client that leaves mid-stream leaves nothing running either.
+  leg left behind on either worker; a client that leaves mid-stream leaves nothing running either;
+* a prefill that never sends the KV ends the request at the transfer timeout (504), not at the
+  decode's own waiting timeout, with both legs aborted;
+* a prefill or decode worker given as a plain ``--worker`` stops ``serve`` with one line naming it.
 """
 
 from __future__ import annotations
@@ -179,3 +182,32 @@ def test_an_unreachable_bootstrap_port_fails_the_request_with_nothing_left_behin
             wait_until(lambda: nothing_running(p, d), "no leg or room left")
             assert metric(fe, "deepseek_frontend_pd_pair_retries_total")[""] == 1
             assert metric(fe, "deepseek_frontend_pd_transfer_failures_total")[""] == 2
+
+
+def test_a_prefill_that_never_sends_the_kv_ends_at_the_transfer_timeout() -> None:
+    """Neither leg answers (the prefill sim holds the KV; the decode sim would wait its 300 s): the
+    transfer timeout fires on whichever leg is missing."""
+    with prefill_sim() as p, decode_sim() as d:
+        httpx.post(p.url + "/sim/fault", json={"pd_transfer": "hang"}, timeout=10)
+        args = ("--prefill-worker", p.url, "--decode-worker", d.url, "--pd-transfer-timeout", "2")
+        with start_frontend(*args, "--health-check-interval", "300") as fe:
+            body = {"model": "deepseek-v4-flash", "messages": MESSAGES, "max_tokens": 20}
+            r = httpx.post(fe.url + "/v1/chat/completions", json=body, timeout=60)
+            assert r.status_code == 504, r.text
+            assert "--pd-transfer-timeout" in r.json()["error"]["message"]
+            wait_until(lambda: nothing_running(p, d), "both legs aborted, no room held")
+            assert metric(fe, "deepseek_frontend_pd_requests_total")['{outcome="transfer_timeout"}'] == 1
+
+
+@pytest.mark.parametrize("role", ["prefill", "decode"])
+def test_a_pd_worker_given_as_a_plain_worker_keeps_the_frontend_from_starting(role: str) -> None:
+    starter = prefill_sim if role == "prefill" else decode_sim
+    with starter() as w:
+        args = ["serve", "--port", str(free_port()), "--worker", w.url]
+        done = subprocess.run(
+            [sys.executable, "-m", "deepseek_frontend", *args], capture_output=True, text=True, timeout=120
+        )
+        assert done.returncode != 0
+        output = done.stderr + done.stdout
+        reported = f'{w.url} reports disaggregation_mode "{role}" (an SGLang {role} worker)'
+        assert f"{reported} but was given as --worker" in output

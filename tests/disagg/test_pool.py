@@ -1,4 +1,4 @@
-"""The prefill/decode orchestrator (routing/pd.py) over real HTTP against fake PD workers.
+"""The prefill/decode orchestrator (disagg/pool.py) over real HTTP against fake PD workers.
 
 The fakes (tests/disagg/fakes.py) only finish a request when both legs of a room arrive, so every
 successful request here also proves the legs went out concurrently. After every request, whatever
@@ -27,6 +27,7 @@ from deepseek_frontend.errors import (
     EngineTimeoutError,
     NoHealthyWorkerError,
 )
+from deepseek_frontend.generation import RID_END, engine_rid, leg_id
 from deepseek_frontend.routing.router import Router, RouterConfig
 from deepseek_frontend.routing.session import use_session
 from tests.engines.conftest import wait_until
@@ -34,6 +35,13 @@ from tests.engines.conftest import wait_until
 from .fakes import FIRST, TOKENS, FakeSGLangPd, FakeVllmPd, Rendezvous
 
 PROMPT = list(range(100, 300))
+#: the rid the workers run request "req-1" under
+RID = engine_rid("req-1")
+
+
+def pair_retry(rid: str) -> str:
+    """The rid of the pair retry of the request a worker ran as ``rid``."""
+    return engine_rid(leg_id(rid.removesuffix(RID_END), "pd1"))
 
 
 def run(test: Callable[[], Awaitable[None]]) -> None:
@@ -102,13 +110,15 @@ def test_both_legs_get_the_same_body_with_the_bootstrap_trio_and_the_client_gets
             await wait_until(lambda: pool.stats.outcomes["ok"] == 1)
             (pb,), (db,) = p.bodies, d.bodies
             assert pb == db  # one body, token ids included, sent to both legs
-            assert pb["input_ids"] == PROMPT and pb["rid"] == "req-1" and pb["stream"] is True
+            assert pb["input_ids"] == PROMPT and pb["rid"] == RID and pb["stream"] is True
             assert pb["bootstrap_host"] == "127.0.0.1" and pb["bootstrap_port"] == 8998
             assert 0 <= pb["bootstrap_room"] < 2**63
             assert "routed_dp_rank" not in pb and "disagg_prefill_dp_rank" not in pb
-            assert pool.stats.outcomes["ok"] == 1 and pool.stats.transfer_counts != [0] * len(
-                pool.stats.transfer_counts
-            )
+            assert pool.stats.outcomes["ok"] == 1
+            timings = pool.stats.timings
+            assert timings["first_token"].count == 1 and timings["prefill"].count == 1
+            # one of the two came first: the other is timed from it
+            assert timings["decode_after_prefill"].count + timings["prefill_lag"].count == 1
 
     run(scenario)
 
@@ -179,12 +189,12 @@ def test_a_prefill_failing_before_the_first_token_aborts_the_decode_and_retries_
             for body in bad.bodies:
                 rid, room = body["rid"], body["bootstrap_room"]
                 # the retry ran on the other prefill worker, with a new room and rid
-                retry = next(b for b in good.bodies if b["rid"] == f"{rid}-pd1")
+                retry = next(b for b in good.bodies if b["rid"] == pair_retry(rid))
                 assert retry["bootstrap_room"] != room
                 # the failed pair's decode leg was aborted, and the retry went to the other decode worker
                 first = next(f for f in dec if any(b["rid"] == rid for b in f.bodies))
                 await wait_until(lambda first=first, rid=rid: rid in first.aborts)
-                assert all(b["rid"] != f"{rid}-pd1" for b in first.bodies)
+                assert all(b["rid"] != pair_retry(rid) for b in first.bodies)
 
     run(scenario)
 
@@ -216,7 +226,7 @@ def test_a_decode_failing_before_its_first_token_aborts_the_prefill_and_retries(
                 rid = body["rid"]
                 # the prefill leg waited for the failed decode: aborted, then the pair retried elsewhere
                 await wait_until(lambda rid=rid: rid in p.aborts)
-                assert any(b["rid"] == f"{rid}-pd1" for b in good.bodies)
+                assert any(b["rid"] == pair_retry(rid) for b in good.bodies)
 
     run(scenario)
 
@@ -259,8 +269,29 @@ def test_a_decode_that_never_gets_its_kv_times_out_with_both_legs_aborted() -> N
                 await collect(pool, request())
             assert err.value.status_code == 504 and "--pd-transfer-timeout" in err.value.message
             await all_closed(p, d)
-            await wait_until(lambda: "req-1" in d.aborts)
+            await wait_until(lambda: RID in d.aborts)
             assert len(d.bodies) == 1  # not retried: the client's deadline would not be met either
+            assert pool.stats.outcomes["transfer_timeout"] == 1 and pool.stats.transfer_failures == 1
+
+    run(scenario)
+
+
+def test_a_pair_whose_kv_never_moves_times_out_though_neither_leg_answered() -> None:
+    """The prefill never sends the KV: it never answers, and the decode never gets a token. The
+    transfer timeout counts from the legs' start (plus the prompt's prefill allowance), not only
+    from a prefill answer that never comes."""
+
+    async def scenario() -> None:
+        async with sglang_pd(config=PdConfig(transfer_timeout_s=0.3)) as (pool, (p,), (d,)):
+            p.mode = d.mode = "hang"
+            with pytest.raises(EngineTimeoutError) as err:
+                await collect(pool, request())
+            assert err.value.status_code == 504 and "--pd-transfer-timeout" in err.value.message
+            assert (
+                "neither the prefill worker's answer nor the decode worker's first token" in err.value.message
+            )
+            await all_closed(p, d)
+            await wait_until(lambda: RID in p.aborts and RID in d.aborts)
             assert pool.stats.outcomes["transfer_timeout"] == 1 and pool.stats.transfer_failures == 1
 
     run(scenario)
@@ -289,7 +320,7 @@ def test_a_client_leaving_mid_stream_aborts_the_decode_leg() -> None:
             assert first.token_ids == [FIRST]
             await stream.aclose()  # type: ignore[attr-defined]
             await all_closed(p, d)
-            await wait_until(lambda: "req-1" in d.aborts)
+            await wait_until(lambda: RID in d.aborts)
             assert pool.stats.outcomes["client_gone"] == 1
 
     run(scenario)
@@ -305,7 +336,7 @@ def test_a_client_leaving_before_the_first_token_aborts_both_legs() -> None:
             with pytest.raises(asyncio.CancelledError):
                 await task
             await all_closed(p, d)
-            await wait_until(lambda: "req-1" in p.aborts and "req-1" in d.aborts)
+            await wait_until(lambda: RID in p.aborts and RID in d.aborts)
             assert pool.stats.outcomes["client_gone"] == 1
 
     run(scenario)
@@ -435,12 +466,14 @@ def test_metrics_and_the_log_line_name_both_workers_and_the_room(caplog: pytest.
             room = p.bodies[0]["bootstrap_room"]
             (line,) = [r.getMessage() for r in caplog.records if r.name == "deepseek_frontend.routing.pd"]
             assert f"prefill={p.url}" in line and f"decode={d.url}" in line and f"room={room}" in line
-            assert "outcome=ok" in line
+            assert "outcome=ok" in line and "first_token=" in line and "prefill_answer=" in line
             registry = CollectorRegistry()
             registry.register(PdCollector(pool))
             text = generate_latest(registry).decode()
             assert 'deepseek_frontend_pd_requests_total{outcome="ok"} 1.0' in text
-            assert "deepseek_frontend_pd_transfer_seconds_count 1.0" in text
+            assert "deepseek_frontend_pd_first_token_seconds_count 1.0" in text
+            assert "deepseek_frontend_pd_prefill_seconds_count 1.0" in text
+            assert "pd_transfer_seconds" not in text  # it measured no transfer: gone
             assert 'deepseek_frontend_pd_role_healthy_workers{role="decode"} 1.0' in text
 
     run(scenario)
@@ -451,9 +484,11 @@ def test_metrics_and_the_log_line_name_both_workers_and_the_room(caplog: pytest.
 
 @asynccontextmanager
 async def vllm_pd(
-    limits: StreamLimits | None = None, **config: Any
+    limits: StreamLimits | None = None, fake: dict[str, Any] | None = None, **config: Any
 ) -> AsyncIterator[tuple[DisaggregatedPool, FakeVllmPd, FakeVllmPd]]:
-    p, d = FakeVllmPd("prefill", "engine-p"), FakeVllmPd("decode", "engine-d")
+    """A vLLM pair of fakes (``fake``: their options, tests/disagg/fakes.py) under an orchestrator
+    with ``PdConfig(engine="vllm", **config)``."""
+    p, d = FakeVllmPd("prefill", "engine-p", **(fake or {})), FakeVllmPd("decode", "engine-d", **(fake or {}))
     d.prefills.append(p)
     await p.start()
     await d.start()
@@ -495,7 +530,7 @@ def test_vllm_prefill_answer_kv_transfer_params_go_verbatim_into_the_decode_requ
                 "remote_host": None,
                 "remote_port": None,
             }
-            assert db["kv_transfer_params"] == p.issued["req-1"]
+            assert db["kv_transfer_params"] == p.issued[RID]
             assert db["stream"] is True and db["max_tokens"] == 5 and db["prompt"] == PROMPT
 
     run(scenario)
@@ -526,5 +561,49 @@ def test_a_vllm_prefill_that_never_answers_ends_at_the_first_token_deadline_with
             assert err.value.status_code == 504 and "prefill worker did not answer" in err.value.message
             await all_closed(p, d)
             assert d.bodies == []  # no decode leg was started
+
+    run(scenario)
+
+
+# ---------------------------------------------------------------------------------------- rids
+
+
+def test_a_pair_retried_on_the_same_workers_survives_the_abort_of_the_failed_pair() -> None:
+    """One worker per role: the retry runs where the failed pair ran, while that pair's decode leg is
+    still held by the worker (its scheduler has not processed the closed stream yet) and the aborts of
+    it -- the closed stream's and the frontend's ``/abort_request`` -- are applied at the scheduler's
+    next step, by prefix. The retry's rid must not start with the failed leg's."""
+
+    async def scenario() -> None:
+        async with sglang_pd() as (pool, (p,), (d,)):
+            p.fail_times = 1
+            d.step_s, d.linger_s = 0.2, 1.0
+            d.mode, d.itl_s = "slow", 0.1  # the retry's decode is still streaming at that step
+            assert await collect(pool, request()) == TOKENS
+            await all_closed(p, d)
+            first, retry = d.bodies
+            assert (first["rid"], retry["rid"]) == (RID, pair_retry(RID))
+            await wait_until(lambda: RID in d.aborts)
+            assert d.aborted == [] and pool.stats.retries == 1
+
+    run(scenario)
+
+
+def test_a_migration_to_the_same_workers_survives_the_abort_of_the_broken_leg() -> None:
+    """The decode leg breaks after its first token; the continuation runs on the same two workers
+    while the broken leg's abort, by prefix, is still to be applied there."""
+
+    async def scenario() -> None:
+        async with sglang_pd(migration_limit=1) as (pool, (p,), (d,)):
+            d.break_times = 1
+            d.step_s, d.linger_s = 0.2, 1.0
+            d.mode, d.itl_s = "slow", 0.1
+            assert await collect(pool, request()) == [FIRST, *TOKENS[:4]]
+            await all_closed(p, d)
+            first, continued = d.bodies
+            assert continued["rid"] == engine_rid(leg_id("req-1", "m1"))
+            assert not continued["rid"].startswith(first["rid"])
+            await wait_until(lambda: RID in d.aborts)
+            assert d.aborted == [] and dict(pool.stats.outcomes) == {"migrated": 1}
 
     run(scenario)

@@ -363,3 +363,54 @@ def test_a_readmitted_worker_is_asked_its_capabilities_again() -> None:
 
     run(readmit())
     assert worker.discovered == 2 and pool.supports_constraint("ebnf")
+
+
+def test_an_unreachable_worker_is_not_reported_healthy_after_its_discovery_failed() -> None:
+    """Its discovery did not answer and its probe fails: out at once, not after three failed probes
+    of the health loop; a probe that passes later re-admits it."""
+    unreachable = SGLangClient("http://127.0.0.1:9")  # nothing listens on port 9
+    pool = WorkerPool([unreachable], health_interval_s=0)
+
+    async def scenario() -> None:
+        await pool.start()
+        [status] = pool.statuses()
+        assert status.healthy is False and "unreachable at start" in (status.last_error or "")
+        assert pool.healthy_count == 0
+        await pool.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_that_answers_its_probe_but_not_discovery_stays_admitted() -> None:
+    worker = ScriptedWorker("w")  # discover() says nothing; its probe passes
+    pool = WorkerPool([worker], health_interval_s=0)
+
+    async def scenario() -> None:
+        await pool.start()
+        [status] = pool.statuses()
+        assert status.healthy is True
+        ids, _ = await collect(pool, request_for([1]))
+        assert ids == [7, 1]
+        await pool.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_the_vet_refuses_at_start_stops_a_pool_that_refuses_at_start(prompt_tokenizer: Any) -> None:
+    from deepseek_frontend.engines.upkeep import WorkerRoleError, aggregated_role_refusal
+
+    engine = SimulatedEngine(prompt_tokenizer)
+
+    async def scenario() -> None:
+        async with serve_app(build_sim_app(engine)) as plain:
+            pool = from_urls("sglang", [plain], health_interval_s=0, discover_in_background=True)
+            pool.vet, pool.refuse_at_start = aggregated_role_refusal, True
+            await pool.start()  # an aggregated worker: accepted
+            assert pool.healthy_count == 1
+            await pool.aclose()
+
+    asyncio.run(scenario())
+    refused = WorkerCapabilities(extra={"disaggregation_mode": "decode"})
+    message = aggregated_role_refusal("http://w", refused)
+    assert message is not None and message.startswith('http://w reports disaggregation_mode "decode"')
+    assert issubclass(WorkerRoleError, ValueError)

@@ -15,7 +15,7 @@ from deepseek_frontend.engines.sglang import SGLangClient, capabilities_from_ser
 from deepseek_frontend.engines.sim.engine import SimulatedEngine
 from deepseek_frontend.engines.sim.scheduler import SchedulerSettings
 from deepseek_frontend.engines.sim.server import build_sim_app
-from deepseek_frontend.generation import LOWEST_PRIORITY
+from deepseek_frontend.generation import LOWEST_PRIORITY, engine_rid
 from deepseek_frontend.routing.migration import continuation
 
 from .conftest import collect, prompt_ids, request_for, serve_app, wait_until
@@ -129,7 +129,7 @@ def test_the_sim_engine_with_priority_scheduling_serves_the_sglang_client_by_pri
 
     admitted, caps = asyncio.run(asyncio.wait_for(body(), 30))
     assert caps.priority_order == "high_first"
-    assert admitted == ["holder", "urgent", "default"]
+    assert admitted == [engine_rid(r) for r in ("holder", "urgent", "default")]
 
 
 def test_the_sim_engine_aborts_a_priority_it_takes_none_of_as_sglang_does(prompt_tokenizer: Any) -> None:

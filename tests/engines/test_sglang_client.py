@@ -89,7 +89,7 @@ def test_request_body_follows_the_documented_shape() -> None:
         constraint=DecodingConstraint("ebnf", 'root ::= "x"'),
     )
     body = SGLangClient.request_body(request)
-    assert body["rid"] == "r9" and body["input_ids"] == [1, 2, 3] and body["stream"] is True
+    assert body["rid"] == "r9~" and body["input_ids"] == [1, 2, 3] and body["stream"] is True
     params = body["sampling_params"]
     assert params["max_new_tokens"] == 5 and params["sampling_seed"] == 42
     assert params["stop_token_ids"] == [1] and params["skip_special_tokens"] is False
@@ -342,7 +342,7 @@ def test_closing_the_stream_early_aborts_on_the_worker(prompt_tokenizer: Any) ->
             )
             await anext(stream)
             await stream.aclose()
-            await wait_until(lambda: "gone-1" in engine.stats.aborted_ids)
+            await wait_until(lambda: "gone-1~" in engine.stats.aborted_ids)
             assert engine.stats.running == 0
             await client.aclose()
 
@@ -374,7 +374,7 @@ def test_cancelling_the_consumer_sends_abort_request() -> None:
             with pytest.raises(asyncio.CancelledError):
                 await task
             await wait_until(
-                lambda: app.state.seen["aborts"] == ["cancel-me"] and app.state.seen["closed"] == 1
+                lambda: app.state.seen["aborts"] == ["cancel-me~"] and app.state.seen["closed"] == 1
             )
             await client.aclose()
 
@@ -456,7 +456,7 @@ def test_faults_can_be_switched_while_the_server_runs(prompt_tokenizer: Any) -> 
             set_fault = await http.post(
                 url + "/sim/fault", json={"fail_after": 3, "fail_mode": "error-event"}
             )
-            assert set_fault.json() == {"fail_after": 3, "fail_mode": "error-event"}
+            assert set_fault.json() == {"fail_after": 3, "fail_mode": "error-event", "pd_transfer": "ok"}
             with pytest.raises(EngineStreamError, match="simulated failure after 3 tokens"):
                 await collect(client, request_for(ids, rid="failing"))
             await http.post(url + "/sim/fault", json={"fail_after": None})

@@ -127,7 +127,7 @@ def test_every_generate_body_the_client_sends_is_a_valid_sglang_generate_request
     asyncio.run(scenario())
     (raw,) = seen
     decoded = api.GenerateRequest.from_json_value(orjson.loads(raw))
-    assert decoded.input_ids == [1, 2, 3] and decoded.rid == "contract-1" and decoded.stream is True
+    assert decoded.input_ids == [1, 2, 3] and decoded.rid == "contract-1~" and decoded.stream is True
     params = decoded.sampling_params
     assert params.max_new_tokens == 9 and params.skip_special_tokens is False
     constraint = sampling.get("constraint")
@@ -280,7 +280,7 @@ def test_sglang_rejects_input_ids_that_are_not_ints_and_so_does_the_sim(
 
 
 def test_both_legs_of_a_disaggregated_request_are_valid_sglang_generate_requests(api: ModuleType) -> None:
-    """The prefill/decode orchestrator (routing/pd.py) sends SGLang's PD fields; SGLang's own decoder
+    """The prefill/decode orchestrator (disagg/pool.py) sends SGLang's PD fields; SGLang's own decoder
     reads both legs' bodies, the bootstrap trio and the DP rank hints included, with the largest room."""
     from deepseek_frontend.disagg.parts import ROOM_LIMIT
     from deepseek_frontend.disagg.pool import DisaggregatedPool
@@ -316,7 +316,7 @@ def test_both_legs_of_a_disaggregated_request_are_valid_sglang_generate_requests
     asyncio.run(asyncio.wait_for(scenario(), 60))
     prefill, decode, big_prefill, big_decode = (api.GenerateRequest.from_json_value(b) for b in bodies)
     for leg in (prefill, decode):
-        assert leg.input_ids == [1, 2, 3] and leg.rid == "pd-1" and leg.stream is True
+        assert leg.input_ids == [1, 2, 3] and leg.rid == "pd-1~" and leg.stream is True
         assert leg.bootstrap_host == "127.0.0.1" and leg.bootstrap_port == 8998
     assert prefill.bootstrap_room == decode.bootstrap_room and 0 <= prefill.bootstrap_room < ROOM_LIMIT
     assert big_prefill.bootstrap_room == big_decode.bootstrap_room == ROOM_LIMIT - 1

@@ -322,7 +322,7 @@ def test_abort_ends_the_stream_with_finish_abort(prompt_tokenizer: Any) -> None:
 
     chunks = asyncio.run(scenario())
     assert len(chunks) == 4 and chunks[-1].finish_reason == "abort" and chunks[-1].token_ids == []
-    assert list(engine.stats.aborted_ids) == ["r-abort"]
+    assert list(engine.stats.aborted_ids) == ["r-abort~"]
 
 
 def test_closing_the_stream_early_counts_as_an_abort(prompt_tokenizer: Any) -> None:

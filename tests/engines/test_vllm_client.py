@@ -417,7 +417,7 @@ def test_token_api_is_detected_and_carries_ids_finish_and_usage() -> None:
     assert (last.prompt_tokens, last.completion_tokens, last.cached_tokens) == (3, 3, 2)
     body = app.state.seen["body"]
     assert body["token_ids"] == [10, 11, 12] and body["model"] == "deepseek-v4"
-    assert body["request_id"] == "req-1" and body["stream"] is True
+    assert body["request_id"] == "req-1~" and body["stream"] is True
     assert body["stream_options"] == {"include_usage": True}
     params = body["sampling_params"]
     assert params["max_tokens"] == 1000 and params["seed"] == 3 and params["stop_token_ids"] == [1]

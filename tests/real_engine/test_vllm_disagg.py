@@ -183,12 +183,13 @@ def test_the_decode_continues_whatever_kv_it_was_handed(pd_servers: dict[str, VL
     assert answer != _tokens(_generate(aggregated, named, MAX_TOKENS))
 
 
-def _chat(frontend: Server, text: str) -> dict[str, Any]:
+def _chat(frontend: Server, text: str, **extra: Any) -> dict[str, Any]:
     body = {
         "model": SERVED_MODEL,
         "messages": [{"role": "user", "content": text}],
         "temperature": 0.0,
         "max_tokens": MAX_TOKENS,
+        **extra,
     }
     response = httpx.post(frontend.url + "/v1/chat/completions", json=body, timeout=120.0)
     assert response.status_code == 200, response.text
@@ -218,4 +219,28 @@ def test_the_frontend_in_pd_mode_answers_as_over_the_aggregated_worker(
     assert answer["usage"]["prompt_tokens"] == prompt_tokens
     assert after["external_kv_transfer"] - before["external_kv_transfer"] == prompt_tokens
     assert after["local_compute"] == before["local_compute"]
+    assert after["failed"] == before["failed"]
+
+
+def test_min_tokens_reaches_the_decode_and_not_the_one_token_prefill(
+    pd_servers: dict[str, VLLMServer],
+) -> None:
+    """``min_tokens`` above 1 on the pair: vLLM answers a prefill request carrying it with a 400
+    ("min_tokens must be less than or equal to max_tokens=1"), so the prefill leg drops it; the decode
+    leg keeps it, and the answer is the aggregated worker's for the same request."""
+    prefill, decode = pd_servers["prefill"], pd_servers["decode"]
+    text = " ".join(f"entry {i} of the min_tokens check" for i in range(40))
+    extra = {"min_tokens": 6, "max_tokens": 12}
+    with vllm_frontend(("--worker", pd_servers["aggregated"].url)) as aggregated:
+        expected = _chat(aggregated, text, **extra)
+    before = _sources(decode)
+    with vllm_frontend(("--prefill-worker", prefill.url, "--decode-worker", decode.url)) as frontend:
+        answer = _chat(frontend, text, **extra)
+    after = _sources(decode)
+    assert answer["usage"]["completion_tokens"] >= 6
+    assert answer["choices"][0]["message"] == expected["choices"][0]["message"]
+    assert answer["usage"]["completion_tokens"] == expected["usage"]["completion_tokens"]
+    assert (
+        after["external_kv_transfer"] - before["external_kv_transfer"] == expected["usage"]["prompt_tokens"]
+    )
     assert after["failed"] == before["failed"]

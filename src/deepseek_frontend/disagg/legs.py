@@ -1,5 +1,6 @@
 """The two legs of a prefill/decode pair (disagg/pool.py): the legs' requests (SGLang's bootstrap
-fields and DP rank hints) and the runs of the prefill leg (SGLang streamed, vLLM unstreamed)."""
+fields and DP rank hints) and the runs of the prefill leg (SGLang streamed, vLLM unstreamed; vLLM's
+MooncakeConnector params are disagg/mooncake.py's)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import dataclasses
 from typing import Any
 from urllib.parse import urlsplit
 
+from deepseek_frontend.engines.limits import Slot
 from deepseek_frontend.engines.pool import WorkerPool
 from deepseek_frontend.engines.vllm import VLLMClient
 from deepseek_frontend.errors import EngineTimeoutError, EngineUnavailableError
@@ -81,10 +83,12 @@ def sglang_legs(
     )
 
 
-async def sglang_prefill(prefill: WorkerPool, url: str, request: GenerateRequest) -> float:
-    """Run the SGLang prefill leg on ``url`` to its end; the loop time it ended. Raises on a bad answer
-    (an answer that is missing or an abort)."""
-    stream = prefill.generate_on(url, request)
+async def sglang_prefill(
+    prefill: WorkerPool, url: str, request: GenerateRequest, slot: Slot | None = None
+) -> float:
+    """Run the SGLang prefill leg on ``url`` (in ``slot``, held for it) to its end; the loop time it
+    ended. Raises on a bad answer (an answer that is missing or an abort)."""
+    stream = prefill.generate_on(url, request, slot)
     last: EngineChunk | None = None
     try:
         async for chunk in stream:
@@ -102,21 +106,33 @@ async def sglang_prefill(prefill: WorkerPool, url: str, request: GenerateRequest
     return asyncio.get_running_loop().time()
 
 
-async def vllm_prefill(prefill: WorkerPool, url: str, request: GenerateRequest) -> dict[str, Any]:
+async def vllm_prefill(
+    prefill: WorkerPool,
+    url: str,
+    request: GenerateRequest,
+    slot: Slot | None = None,
+    *,
+    params: dict[str, Any] | None = None,
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Run vLLM's unstreamed prefill leg on ``url``; the answer's ``kv_transfer_params``.
 
-    The leg holds a slot of the prefill pool while it runs (``WorkerPool.occupy``: in flight, the
-    router's load, the worker's health) and is bounded by the pool's first-token deadline (the
-    prefill is the wait for the first token): past it, ``EngineTimeoutError`` (504).
+    ``params``: the leg's ``kv_transfer_params`` (None: NixlConnector's, :data:`VLLM_PREFILL_PARAMS`,
+    whose answer must carry the decode's; given: MooncakeConnector's, disagg/mooncake.py, whose
+    answer carries none). The leg holds a slot of the prefill pool while it runs (``slot``, or one
+    ``WorkerPool.occupy`` waits for: in flight, the router's load, the worker's health) and is bounded
+    by the pool's first-token deadline (the prefill is the wait for the first token): past it,
+    ``EngineTimeoutError`` (504).
     """
     limit = prefill.limits.first_token_timeout_s
-    leg = dataclasses.replace(request, extra_fields={"kv_transfer_params": dict(VLLM_PREFILL_PARAMS)})
-    async with prefill.occupy(url, request) as client:
+    sent = dict(params if params is not None else VLLM_PREFILL_PARAMS)
+    leg = dataclasses.replace(request, extra_fields={"kv_transfer_params": sent})
+    async with prefill.occupy(url, request, slot) as client:
         if not isinstance(client, VLLMClient):
             raise EngineUnavailableError(f"{url}: not a vLLM worker")
         try:
             async with asyncio.timeout(limit):
-                params = await client.remote_prefill(leg)
+                params = await client.remote_prefill(leg, returns_params=params is None, headers=headers)
         except TimeoutError:
             raise EngineTimeoutError(
                 f"the prefill worker did not answer within {limit:g} s; the request was aborted"

@@ -6,10 +6,14 @@ Exported (prefix ``deepseek_frontend_``):
   whatever pairs it used (``ok``, ``migrated`` (finished by a continuation), ``client_gone``,
   ``rejected``, ``prefill_failed``, ``decode_failed``, ``transfer_timeout``, ``no_worker``, ``error``);
 * ``pd_bootstrap_failures_total`` -- prefill legs that failed (handshake, prefill or KV send);
-* ``pd_transfer_failures_total`` -- decode legs that failed before their first token or waited past
-  ``--pd-transfer-timeout``;
-* ``pd_pair_retries_total`` -- pairs retried on other workers; ``pd_late_prefill_failures_total``;
-* ``pd_transfer_seconds`` (histogram) -- from the prefill leg's end to the decode's first token;
+* ``pd_transfer_failures_total`` -- decode legs that failed before their first token, and pairs
+  whose KV did not move within ``--pd-transfer-timeout``;
+* ``pd_pair_retries_total`` -- pairs retried on other workers; ``pd_late_prefill_failures_total`` --
+  prefill answers that were bad after the decode had started, or missing 30 s after its end;
+* the timing histograms ``pd_<name>_seconds`` of :data:`~.parts.TIMINGS` (``first_token``,
+  ``prefill``, ``decode_after_prefill``, ``prefill_lag``), each with what it measures as its help.
+  None of them is "the KV transfer": SGLang's prefill answers only after it, so the frontend never
+  sees where it starts; ``decode_after_prefill`` (vLLM) is the closest;
 * ``pd_role_in_flight{role}`` / ``pd_role_healthy_workers{role}`` -- per-role load and admission
   (a refused worker is not admitted);
 * ``pd_role_mismatches_total{role}`` -- discoveries of a worker reporting another role than the one
@@ -25,7 +29,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 
 from deepseek_frontend.engines.pool import WorkerPool
 
-from .parts import OUTCOMES, TRANSFER_BUCKETS, PdStats
+from .parts import OUTCOMES, TIMING_BUCKETS, TIMINGS, PdStats
 
 __all__ = ["PdCollector", "PdSource"]
 
@@ -76,29 +80,28 @@ class PdCollector:
             ),
             (
                 "pd_transfer_failures",
-                "Decode legs that failed before their first token or waited past the transfer timeout.",
+                "Decode legs that failed before their first token, and pairs whose KV did not move in time.",
                 stats.transfer_failures,
             ),
             ("pd_pair_retries", "Prefill/decode pairs retried on other workers.", stats.retries),
             (
                 "pd_late_prefill_failures",
-                "Prefill answers that were bad after the decode had started.",
+                "Prefill answers that were bad after the decode had started, or missing 30 s after its end.",
                 stats.late_prefill_failures,
             ),
         ):
             yield CounterMetricFamily(f"{PREFIX}_{name}", text, value)
-        buckets = []
-        cumulative = 0
-        for bound, n in zip(TRANSFER_BUCKETS, stats.transfer_counts, strict=False):
-            cumulative += n
-            buckets.append((repr(float(bound)), cumulative))
-        buckets.append(("+Inf", cumulative + stats.transfer_counts[-1]))
-        yield HistogramMetricFamily(
-            f"{PREFIX}_pd_transfer_seconds",
-            "Seconds from the prefill leg's end to the decode leg's first token.",
-            buckets=buckets,
-            sum_value=stats.transfer_sum,
-        )
+        for name, text in TIMINGS.items():
+            histogram = stats.timings[name]
+            buckets = []
+            cumulative = 0
+            for bound, n in zip(TIMING_BUCKETS, histogram.counts, strict=False):
+                cumulative += n
+                buckets.append((repr(float(bound)), cumulative))
+            buckets.append(("+Inf", cumulative + histogram.counts[-1]))
+            yield HistogramMetricFamily(
+                f"{PREFIX}_pd_{name}_seconds", text, buckets=buckets, sum_value=histogram.total
+            )
         in_flight = GaugeMetricFamily(
             f"{PREFIX}_pd_role_in_flight", "Engine requests in flight per role.", labels=["role"]
         )

@@ -25,9 +25,12 @@ __all__ = [
     "DEFAULT_BOOTSTRAP_PORT",
     "OUTCOMES",
     "PAIR_ATTEMPTS",
-    "PREFILL_GRACE_S",
-    "TRANSFER_BUCKETS",
+    "PREFILL_ALLOWANCE_S_PER_TOKEN",
+    "PREFILL_SETTLE_S",
+    "TIMINGS",
+    "TIMING_BUCKETS",
     "TRANSFER_TIMEOUT_S",
+    "Histogram",
     "LegFailed",
     "PdConfig",
     "PdDeployment",
@@ -51,15 +54,25 @@ ROOM_LIMIT = 1 << 63
 #: rooms remembered so that none is drawn twice (a bounded cache; a repeat of a random 63-bit number
 #: beyond it is as likely as a hardware fault)
 RECENT_ROOMS = 1 << 16
-#: default seconds from the prefill leg's end to the decode's first token (``--pd-transfer-timeout``)
+#: default ``--pd-transfer-timeout``: seconds the second of a pair's two signals (the prefill's
+#: answer, the decode's first token) may trail the first; with neither, seconds past the prefill
+#: allowance (:data:`PREFILL_ALLOWANCE_S_PER_TOKEN`)
 TRANSFER_TIMEOUT_S = 60.0
+#: seconds of prefill allowed per prompt token before a pair with neither signal counts as stuck:
+#: 2,000 tokens/s, far below any GPU prefill (a 1M-token prompt gets 500 s)
+PREFILL_ALLOWANCE_S_PER_TOKEN = 0.0005
 #: pairs one request may try before its first token (the first and one retry)
 PAIR_ATTEMPTS = 2
-#: seconds a prefill answer still on its way when the decode finished is awaited (in the background,
-#: after the client's response has ended) before that leg is aborted and counted as a late failure
-PREFILL_GRACE_S = 1.0
-#: histogram bounds (seconds) of the time from the prefill's end to the decode's first token
-TRANSFER_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+#: seconds a prefill answer still on its way when the decode finished is awaited, in the background
+#: (after the client's response has ended), before that leg is aborted and counted as a late
+#: failure. SGLang's prefill answers at its scheduler's next poll after the transfer, after the
+#: forward in progress -- seconds under long chunked prefills -- and Dynamo waits 30 s for it
+#: (``BOOTSTRAP_PREFILL_COMPLETION_TIMEOUT``, ``kv_router/prefill_router/bootstrap.rs``)
+PREFILL_SETTLE_S = 30.0
+#: histogram bounds (seconds) of the PD timings (:class:`Timings`)
+TIMING_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+)  # fmt: skip
 
 Role = Literal["prefill", "decode"]
 #: how a PD request ended (the ``outcome`` label of ``pd_requests_total``)
@@ -104,14 +117,17 @@ class Rooms:
 
 @dataclass(frozen=True, slots=True)
 class PdConfig:
-    """``engine``: the workers' protocol; ``transfer_timeout_s`` (None: unbounded) and
-    ``bootstrap_port`` (None: each prefill worker's own) as described in the module docstring."""
+    """``engine``: the workers' protocol; ``kv_connector``: vLLM's KV connector (``nixl`` or
+    ``mooncake``; ``--vllm-kv-connector``); ``transfer_timeout_s`` (None: unbounded; see
+    :data:`TRANSFER_TIMEOUT_S`) and ``bootstrap_port`` (None: each prefill worker's own) as described
+    in disagg/pool.py's docstring."""
 
     engine: Literal["sglang", "vllm"] = "sglang"
     transfer_timeout_s: float | None = TRANSFER_TIMEOUT_S
     bootstrap_port: int | None = None
-    #: see :data:`PREFILL_GRACE_S`
-    prefill_grace_s: float = PREFILL_GRACE_S
+    #: see :data:`PREFILL_SETTLE_S`
+    prefill_settle_s: float = PREFILL_SETTLE_S
+    kv_connector: Literal["nixl", "mooncake"] = "nixl"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,17 +156,46 @@ class PdStats:
     transfer_failures: int = 0
     #: pairs retried on other workers before the first token
     retries: int = 0
-    #: prefill answers that were bad, or missing past the grace, after the decode had started
-    #: (logged, the client unaffected)
+    #: prefill answers that were bad after the decode had started, or missing
+    #: :data:`PREFILL_SETTLE_S` after the decode's end (logged, the client unaffected)
     late_prefill_failures: int = 0
     #: workers refused because their ``/server_info`` reports another role, by the role they were given
     role_mismatches: Counter[str] = field(default_factory=Counter)
-    transfer_counts: list[int] = field(default_factory=lambda: [0] * (len(TRANSFER_BUCKETS) + 1))
-    transfer_sum: float = 0.0
+    #: the PD timings, by name (:data:`TIMINGS`)
+    timings: dict[str, Histogram] = field(default_factory=lambda: {name: Histogram() for name in TIMINGS})
 
-    def observe_transfer(self, seconds: float) -> None:
-        self.transfer_counts[bisect_left(TRANSFER_BUCKETS, seconds)] += 1
-        self.transfer_sum += seconds
+    def observe(self, timing: str, seconds: float) -> None:
+        self.timings[timing].observe(max(0.0, seconds))
+
+
+#: the PD timings (histograms ``deepseek_frontend_pd_<name>_seconds``) and what each measures; the
+#: same text is their metric help
+TIMINGS = {
+    "first_token": "From sending a pair's legs (vLLM: its prefill leg) to the decode leg's first token: "
+    "prefill queue and compute, KV transfer, first decode step.",
+    "prefill": "From sending the prefill leg to its answer. SGLang answers after the KV transfer, at its "
+    "scheduler's next poll; vLLM answers before the transfer.",
+    "decode_after_prefill": "From the prefill leg's answer to the decode leg's first token, when the answer "
+    "came first (vLLM: always): the decode's scheduling, its KV transfer and first step.",
+    "prefill_lag": "From the decode leg's first token to the prefill leg's answer, when the token came first "
+    "(SGLang: nearly always): how long SGLang's prefill answer trails the transfer.",
+}
+
+
+@dataclass(slots=True)
+class Histogram:
+    """Counts per bound of :data:`TIMING_BUCKETS` (one more for above them all) and their sum."""
+
+    counts: list[int] = field(default_factory=lambda: [0] * (len(TIMING_BUCKETS) + 1))
+    total: float = 0.0
+
+    def observe(self, seconds: float) -> None:
+        self.counts[bisect_left(TIMING_BUCKETS, seconds)] += 1
+        self.total += seconds
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
 
 
 class LegFailed(Exception):
@@ -173,7 +218,9 @@ class Trace:
     pairs: list[tuple[str, str, int | None]] = field(default_factory=list)
     migrations: int = 0
     outcome: str = "error"
-    transfer_s: float | None = None
+    #: seconds from the last pair's start to its decode's first token, and to its prefill's answer
+    first_token_s: float | None = None
+    prefill_s: float | None = None
     details: list[str] = field(default_factory=list)
     pending: int = 1
     #: something went wrong that the outcome does not say (a late prefill failure): log at WARNING
@@ -245,14 +292,15 @@ async def quietly_cancel(*tasks: asyncio.Task[Any]) -> None:
 
 
 def log_request(trace: Trace) -> None:
-    """The request's one log line; ``prefill``, ``decode`` and ``room`` list every pair, in order."""
-    transfer = f"{trace.transfer_s * 1000:.1f}ms" if trace.transfer_s is not None else "-"
+    """The request's one log line; ``prefill``, ``decode`` and ``room`` list every pair, in order;
+    ``first_token`` and ``prefill_answer`` are the last pair's :data:`TIMINGS` of those names."""
     pairs = trace.pairs or [("-", "-", None)]
     detail = "; ".join(trace.details)
     bad = trace.warn or trace.outcome not in ("ok", "migrated", "client_gone", "rejected")
     logger.log(
         logging.WARNING if bad else logging.INFO,
-        "pd request %s outcome=%s prefill=%s decode=%s room=%s attempts=%d migrations=%d transfer=%s%s",
+        "pd request %s outcome=%s prefill=%s decode=%s room=%s attempts=%d migrations=%d first_token=%s "
+        "prefill_answer=%s%s",
         trace.rid,
         trace.outcome,
         ",".join(p for p, _, _ in pairs),
@@ -260,6 +308,11 @@ def log_request(trace: Trace) -> None:
         ",".join("-" if r is None else str(r) for _, _, r in pairs),
         len(trace.pairs),
         trace.migrations,
-        transfer,
+        _ms(trace.first_token_s),
+        _ms(trace.prefill_s),
         f" detail={detail!r}" if detail else "",
     )
+
+
+def _ms(seconds: float | None) -> str:
+    return f"{seconds * 1000:.1f}ms" if seconds is not None else "-"

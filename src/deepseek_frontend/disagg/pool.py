@@ -3,9 +3,11 @@
 :class:`DisaggregatedPool` looks like one engine to the pipeline (``generate``, ``abort``,
 ``statuses``, ...) and runs two :class:`~deepseek_frontend.engines.pool.WorkerPool` s, one per role,
 each with its own :class:`~deepseek_frontend.routing.router.Router` (so ``--router-mode`` and
-session affinity apply to each role). Per request it picks a pair -- the prefill worker by the
-prefill router (KV overlap from the prefill workers' events, plus load), the decode worker by the
-decode router (load, plus overlap where decode workers publish a cache) -- and runs the two legs:
+session affinity apply to each role). Per request it waits for room in both roles, picks a pair --
+the prefill worker by the prefill router (KV overlap from the prefill workers' events, plus load),
+the decode worker by the decode router (load, plus overlap where decode workers publish a cache)
+-- and holds a place on both before any leg is sent (``WorkerPool.reserve_on``), so a finished
+prefill never meets a decode worker at its limit; then it runs the two legs:
 
 * **SGLang** (its gateway's ``pd_router`` flow): a random ``bootstrap_room`` (0..2**63-1, drawn
   with :mod:`secrets` and never one drawn recently, :class:`Rooms`), ``bootstrap_host`` = the
@@ -17,23 +19,27 @@ decode router (load, plus overlap where decode workers publish a cache) -- and r
   neither asks the prefill's bootstrap server for the rank nor applies its
   ``follow_bootstrap_room`` check, ``room % dp_size``); the decode router's rank, if any, is the
   decode leg's ``routed_dp_rank``.
-* **vLLM** (NixlConnector's sequential flow): the prefill leg is a non-streamed request with
-  ``max_tokens`` 1 and ``kv_transfer_params`` ``{"do_remote_decode": true, "do_remote_prefill":
-  false, "remote_engine_id": null, "remote_block_ids": null, "remote_host": null, "remote_port":
-  null}``; its answer's ``kv_transfer_params`` go verbatim into the decode request.
+* **vLLM** (sequential, as smg runs it): the prefill leg is a non-streamed request with
+  :func:`~deepseek_frontend.engines.vllm.prefill_sampling` (``max_tokens`` 1, no ``min_tokens``,
+  no stop on EOS or stop ids); then the decode leg streams. NixlConnector: the prefill carries
+  ``kv_transfer_params`` ``{"do_remote_decode": true, "do_remote_prefill": false, ...}`` and its
+  answer's params go verbatim into the decode request. MooncakeConnector (``--vllm-kv-connector
+  mooncake``): the params of both legs are built here, around a minted ``transfer_id``
+  (disagg/mooncake.py).
 
 The client's stream is the decode leg's. The prefill leg's answer is read to the end and checked
 (a finish that is not an abort); a bad answer after the decode's first token is logged and counted.
-The client's response ends when the decode ends: a prefill answer still on its way then is read in
-the background, at most ``PdConfig.prefill_grace_s``, then the leg is aborted (a late failure).
+The client's response ends when the decode ends: a prefill answer still on its way then (SGLang's
+answers at its scheduler's next poll after the transfer) is read in the background, at most
+``PdConfig.prefill_settle_s`` (30 s, Dynamo's wait), then the leg is aborted (a late failure).
 
-Roles: every worker's ``/server_info`` ``disaggregation_mode`` is checked at start (a mismatch stops
-``serve``), and each pool's vet checks it again at every later discovery: a worker found later by
-DNS gets no leg until it is checked, and none of a role it does not report (logged, counted).
+Roles: every worker's ``/server_info`` ``disaggregation_mode`` (and a vLLM worker's KV connector
+and role, when its ``/server_info`` says) is checked at start (a mismatch stops ``serve``), and each
+pool's vet checks it again at every later discovery (disagg/roles.py).
 
 Faults (no leg outlives the client's request -- every exit path closes both -- except a prefill leg
-whose answer is awaited, at most ``prefill_grace_s``, after a decode that finished; ``aclose`` aborts
-those at once):
+whose answer is awaited, at most ``prefill_settle_s``, after a decode that finished; ``aclose``
+aborts those at once):
 
 * prefill leg fails before the decode's first token -> the decode leg is aborted (SGLang
   ``/abort_request`` with its rid, by closing its stream) and the pair retried once, on other
@@ -41,17 +47,19 @@ those at once):
 * decode leg fails before its first token -> the prefill leg is aborted, the pair retried once;
   after the first token -> the prefill leg is aborted and the error propagates to migration
   (routing/migration.py) as for aggregated workers: a new pair continues the stream;
-* no first token within ``transfer_timeout_s`` of the prefill leg's end (``--pd-transfer-timeout``)
-  -> both legs aborted, :class:`~deepseek_frontend.errors.EngineTimeoutError` (504, the APIs'
+* the KV does not move (``--pd-transfer-timeout`` T, ``transfer_timeout_s``): whichever leg is
+  missing -- the decode's first token T after the prefill answered, or, SGLang, both the prefill's
+  answer and the decode's first token T plus a prefill allowance
+  (:data:`~.parts.PREFILL_ALLOWANCE_S_PER_TOKEN` per prompt token) after the legs were sent -- both
+  legs are aborted, :class:`~deepseek_frontend.errors.EngineTimeoutError` (504, the APIs'
   worker-fault shape);
 * a refusal (4xx) by either leg is the client's error: both legs aborted, no retry;
 * the client leaves -> both legs aborted.
 
 Each request -- whatever the pairs its retries and migrations used -- ends with one log line (logger
 ``deepseek_frontend.routing.pd``, the name it had before disagg/ was a package) naming every pair's
-workers and room, one outcome (``migrated`` when a continuation finished it) and the transfer time;
-:class:`PdStats` feeds ``disagg/metrics.py``. The vLLM prefill leg holds a slot of the prefill pool
-like any leg.
+workers and room, one outcome (``migrated`` when a continuation finished it) and the last pair's
+timings; :class:`PdStats` feeds ``disagg/metrics.py``.
 """
 
 from __future__ import annotations
@@ -64,6 +72,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from deepseek_frontend.engines.base import Engine
+from deepseek_frontend.engines.limits import Slot
 from deepseek_frontend.engines.pool import WorkerPool
 from deepseek_frontend.errors import (
     EngineError,
@@ -71,6 +80,7 @@ from deepseek_frontend.errors import (
     EngineUnavailableError,
     FrontendError,
     NoHealthyWorkerError,
+    OverloadedError,
     RequestError,
 )
 from deepseek_frontend.generation import (
@@ -79,14 +89,16 @@ from deepseek_frontend.generation import (
     GenerateRequest,
     WorkerCapabilities,
     WorkerStatus,
+    leg_id,
 )
 
 from .legs import sglang_legs, sglang_prefill, vllm_prefill
+from .mooncake import MooncakeEngines
 from .parts import (
     DEFAULT_BOOTSTRAP_PORT,
     OUTCOMES,
     PAIR_ATTEMPTS,
-    TRANSFER_BUCKETS,
+    TIMINGS,
     TRANSFER_TIMEOUT_S,
     LegFailed,
     PdConfig,
@@ -101,6 +113,8 @@ from .parts import (
     log_request,
     quietly_cancel,
 )
+from .roles import role_problem
+from .waits import PairTiming, PairWaits
 
 if TYPE_CHECKING:
     from prometheus_client.registry import Collector
@@ -112,7 +126,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_BOOTSTRAP_PORT",
     "OUTCOMES",
-    "TRANSFER_BUCKETS",
+    "TIMINGS",
     "TRANSFER_TIMEOUT_S",
     "DisaggregatedPool",
     "PdConfig",
@@ -125,7 +139,7 @@ __all__ = [
 logger = logging.getLogger("deepseek_frontend.routing.pd")
 
 
-class DisaggregatedPool(Engine):
+class DisaggregatedPool(PairWaits, Engine):
     """Prefill and decode pools behind one :class:`Engine` (see module docstring)."""
 
     def __init__(
@@ -142,6 +156,8 @@ class DisaggregatedPool(Engine):
         self.migration_limit = max(0, migration_limit)
         self.rooms = Rooms()
         self.stats = PdStats()
+        #: MooncakeConnector engine ids per prefill worker (``--vllm-kv-connector mooncake``)
+        self.mooncake = MooncakeEngines()
         #: background aborts of legs stopped before their first token (aclose waits for them)
         self._aborts: set[asyncio.Task[None]] = set()
         #: background reads of prefill answers still on their way when the decode finished, each
@@ -260,48 +276,41 @@ class DisaggregatedPool(Engine):
         self.check_roles()
 
     def check_roles(self) -> None:
-        """Compare each worker's reported ``disaggregation_mode`` with the flag that named it.
-
-        A worker that reports another role (``null`` included) is a :class:`RoleMismatchError`; one
-        that reports nothing (unreachable, or vLLM, which has no such field) is only logged. Workers
-        found later by DNS are checked by :meth:`_vet` as they are discovered.
-        """
+        """Check each worker against the role of the flag that named it (disagg/roles.py): a problem
+        is a :class:`RoleMismatchError`; a worker that reports nothing (unreachable, or a vLLM
+        without ``VLLM_SERVER_DEV_MODE``) is only logged when SGLang. Workers found later by DNS are
+        checked by :meth:`_vet` as they are discovered."""
         problems = []
         for role, pool in (("prefill", self.prefill), ("decode", self.decode)):
             for status in pool.statuses():
                 found = pool.client_of(status.url)
                 caps = found[1] if found is not None else None
-                mode = caps.extra.get("disaggregation_mode") if caps is not None else None
-                if mode is None:
-                    if self.config.engine == "sglang":
-                        logger.warning(
-                            "%s worker %s did not report its disaggregation_mode; its role is unchecked",
-                            role,
-                            status.url,
-                        )
-                elif mode != role:
-                    problems.append(
-                        f"{status.url} was given as --{role}-worker but its /server_info says "
-                        f'disaggregation_mode "{mode}" (start it with --disaggregation-mode {role})'
+                unreported = caps is None or caps.extra.get("disaggregation_mode") is None
+                if unreported and self.config.engine == "sglang":
+                    logger.warning(
+                        "%s worker %s did not report its disaggregation_mode; its role is unchecked",
+                        role,
+                        status.url,
                     )
+                if caps is not None:
+                    problem = role_problem(role, status.url, caps, self.config)  # type: ignore[arg-type]
+                    if problem is not None:
+                        problems.append(problem)
         if problems:
             raise RoleMismatchError("; ".join(problems))
 
     def _vet(self, role: Role, url: str, caps: WorkerCapabilities) -> str | None:
-        """The pools' vet (each discovery of a worker): why a worker that reports another role than
-        ``role`` must get no ``role`` leg (counted in ``role_mismatches``), or None."""
-        mode = caps.extra.get("disaggregation_mode")
-        if mode is None or mode == role:
+        """The pools' vet (each discovery of a worker): why a worker must get no ``role`` leg
+        (counted in ``role_mismatches``), or None."""
+        problem = role_problem(role, url, caps, self.config)
+        if problem is None:
             return None
         self.stats.role_mismatches[role] += 1
-        return (
-            f'{role} worker reports disaggregation_mode "{mode}"; it gets no {role} legs until it '
-            f"reports {role}"
-        )
+        return f"it gets no {role} legs: {problem}"
 
     async def aclose(self) -> None:
         for leg in self._settles.values():
-            leg.cancel()  # aborts the leg; its settle then counts it missing and writes the line
+            leg.cancel()  # aborts the leg; its settle then writes the request's line
         await asyncio.gather(*self._settles, *self._aborts, return_exceptions=True)
         await asyncio.gather(self.prefill.aclose(), self.decode.aclose())
 
@@ -321,6 +330,31 @@ class DisaggregatedPool(Engine):
         if p is None or d is None:
             return None
         return p, d
+
+    async def _reserve_pair(
+        self, request: GenerateRequest, tried_p: set[str], tried_d: set[str]
+    ) -> tuple[str, str, Slot | None, Slot | None] | None:
+        """A pair, with a place held on both workers before any leg is sent (the decode's is held
+        while the prefill runs: a finished prefill never meets a decode worker at its limit). Waits,
+        in arrival order, for room in both roles (``OverloadedError``, 429, after the pools'
+        ``capacity_wait_s``); None when a role has no admitted worker."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(self.decode.limits.capacity_wait_s, self.prefill.limits.capacity_wait_s)
+        while True:
+            await self.decode.wait_for_capacity()
+            await self.prefill.wait_for_capacity()
+            pair = self._choose_pair(request, tried_p, tried_d)
+            if pair is not None:
+                p_url, d_url = pair
+                # chosen and held in one step (no await between): nobody takes these places
+                return p_url, d_url, self.prefill.reserve_on(p_url), self.decode.reserve_on(d_url)
+            if self.decode.has_capacity() and self.prefill.has_capacity():
+                return None  # room, but no admitted worker to choose
+            if loop.time() >= deadline:
+                raise OverloadedError(
+                    "every prefill/decode pair is at its limit of in-flight requests; retry later",
+                    retry_after_s=1,
+                )
 
     def sglang_legs(
         self, request: GenerateRequest, prefill_url: str, decode_url: str, room: int
@@ -356,91 +390,98 @@ class DisaggregatedPool(Engine):
         loop = asyncio.get_running_loop()
         try:
             for attempt in range(PAIR_ATTEMPTS):
-                pair = self._choose_pair(request, tried_p, tried_d)
-                if pair is None:
+                reserved = await self._reserve_pair(request, tried_p, tried_d)
+                if reserved is None:
                     break
-                p_url, d_url = pair
-                tried_p.add(p_url)
-                tried_d.add(d_url)
-                if attempt:
-                    stats.retries += 1
-                leg_request = (
-                    request
-                    if not attempt
-                    else dataclasses.replace(request, request_id=f"{request.request_id}-pd{attempt}")
-                )
-                prefill_task: asyncio.Task[Any]
-                if self.config.engine == "vllm":
-                    trace.pairs.append((p_url, d_url, None))
-                    prefill_task = loop.create_task(vllm_prefill(self.prefill, p_url, leg_request))
-                    try:
-                        await asyncio.wait({prefill_task})
-                    except BaseException:
-                        await quietly_cancel(prefill_task)
-                        raise
-                    failure = leg_failure("prefill", prefill_task.exception())
-                    if failure is not None:
-                        stats.bootstrap_failures += 1
-                        trace.outcome = "prefill_failed"
-                        errors.append(failure)
-                        continue
-                    prefill_end: float | None = loop.time()
-                    decode_request = dataclasses.replace(
-                        leg_request, extra_fields={"kv_transfer_params": prefill_task.result()}
-                    )
-                else:
-                    room = self.rooms.draw()
-                    trace.pairs.append((p_url, d_url, room))
-                    prefill_request, decode_request = self.sglang_legs(leg_request, p_url, d_url, room)
-                    prefill_task = loop.create_task(sglang_prefill(self.prefill, p_url, prefill_request))
-                    prefill_end = None
-                decode = self.decode.generate_on(d_url, decode_request)
-                first_task: asyncio.Task[EngineChunk] = loop.create_task(first_chunk(decode))
+                p_url, d_url, p_slot, d_slot = reserved
                 try:
-                    await self._await_first(prefill_task, first_task, prefill_end, trace)
-                except LegFailed as exc:
-                    await self._stop_legs(
-                        prefill_task, first_task, decode, p_url, d_url, leg_request.request_id
+                    tried_p.add(p_url)
+                    tried_d.add(d_url)
+                    if attempt:
+                        stats.retries += 1
+                    leg_request = (
+                        request
+                        if not attempt
+                        else dataclasses.replace(
+                            request, request_id=leg_id(request.request_id, f"pd{attempt}")
+                        )
                     )
-                    errors.append(exc.message)
-                    continue
-                except BaseException:
-                    await self._stop_legs(
-                        prefill_task, first_task, decode, p_url, d_url, leg_request.request_id
-                    )
-                    raise
-                first = first_task.result()
-                if served is not None:
-                    served.append(d_url)
-                # settled before each yield: a consumer holding the last chunk closes the stream there
-                finished = first.finish_reason is not None
-                if finished:
-                    trace.outcome = "ok"
-                try:
-                    yield first
-                    while not finished:
-                        chunk = await anext(decode)
-                        finished = chunk.finish_reason is not None
-                        if finished:
-                            trace.outcome = "ok"
-                        yield chunk
-                except StopAsyncIteration:
-                    trace.note(f"{d_url}: stream ended without a finish", "decode_failed")
-                    raise EngineUnavailableError(
-                        f"{d_url}: the decode stream ended without a finish"
-                    ) from None
-                except EngineError as exc:
-                    trace.note(f"{d_url}: {exc.message}", "decode_failed")
-                    raise
-                finally:
-                    if finished and not prefill_task.done():
-                        # the client's response ends with the decode: the answer is read in the background
-                        self._settle_later(prefill_task, p_url, trace)
+                    started = loop.time()
+                    prefill_task: asyncio.Task[Any]
+                    prefill_end: float | None = None
+                    if self.config.engine == "vllm":
+                        trace.pairs.append((p_url, d_url, None))
+                        ran = await self._vllm_prefill(leg_request, p_url, p_slot, trace)
+                        if isinstance(ran, str):
+                            errors.append(ran)
+                            continue
+                        prefill_task, decode_params = ran
+                        prefill_end = loop.time()
+                        decode_request = dataclasses.replace(
+                            leg_request, extra_fields={"kv_transfer_params": decode_params}
+                        )
                     else:
-                        await quietly_cancel(prefill_task)
-                        self._check_late_prefill(prefill_task, p_url, trace)
-                    await decode.aclose()  # type: ignore[attr-defined]
-                return
+                        room = self.rooms.draw()
+                        trace.pairs.append((p_url, d_url, room))
+                        prefill_request, decode_request = self.sglang_legs(leg_request, p_url, d_url, room)
+                        prefill_task = loop.create_task(
+                            sglang_prefill(self.prefill, p_url, prefill_request, p_slot)
+                        )
+                    decode = self.decode.generate_on(d_url, decode_request, d_slot)
+                    first_task: asyncio.Task[EngineChunk] = loop.create_task(first_chunk(decode))
+                    timing = PairTiming(started, prefill_end)
+                    try:
+                        await self._await_first(
+                            prefill_task, first_task, timing, len(request.input_ids), trace
+                        )
+                    except LegFailed as exc:
+                        await self._stop_legs(
+                            prefill_task, first_task, decode, p_url, d_url, leg_request.request_id
+                        )
+                        self.mooncake.forget(p_url)  # its bootstrap server is asked again next time
+                        errors.append(exc.message)
+                        continue
+                    except BaseException:
+                        await self._stop_legs(
+                            prefill_task, first_task, decode, p_url, d_url, leg_request.request_id
+                        )
+                        raise
+                    first = first_task.result()
+                    if served is not None:
+                        served.append(d_url)
+                    # settled before each yield: a consumer holding the last chunk closes the stream there
+                    finished = first.finish_reason is not None
+                    if finished:
+                        trace.outcome = "ok"
+                    try:
+                        yield first
+                        while not finished:
+                            chunk = await anext(decode)
+                            finished = chunk.finish_reason is not None
+                            if finished:
+                                trace.outcome = "ok"
+                            yield chunk
+                    except StopAsyncIteration:
+                        trace.note(f"{d_url}: stream ended without a finish", "decode_failed")
+                        raise EngineUnavailableError(
+                            f"{d_url}: the decode stream ended without a finish"
+                        ) from None
+                    except EngineError as exc:
+                        trace.note(f"{d_url}: {exc.message}", "decode_failed")
+                        raise
+                    finally:
+                        if finished and not prefill_task.done():
+                            # the client's response ends with the decode: the answer is read in the background
+                            self._settle_later(prefill_task, p_url, trace, timing)
+                        else:
+                            await quietly_cancel(prefill_task)
+                            self._check_late_prefill(prefill_task, p_url, trace, timing)
+                        await decode.aclose()  # type: ignore[attr-defined]
+                    return
+                finally:
+                    for slot in (p_slot, d_slot):
+                        if slot is not None:
+                            slot.release()  # a place no leg took (a prefill that failed first, say)
             if not errors:
                 trace.outcome = "no_worker"  # else the last pair's failure (prefill_failed, decode_failed)
             detail = "; ".join(errors) if errors else "no prefill or no decode worker is admitted"
@@ -464,108 +505,40 @@ class DisaggregatedPool(Engine):
             if owned:
                 self._release(trace)
 
-    async def _await_first(
-        self,
-        prefill_task: asyncio.Task[Any],
-        first_task: asyncio.Task[EngineChunk],
-        prefill_end: float | None,
-        trace: Trace,
-    ) -> None:
-        """Wait for the decode's first chunk while watching the prefill leg.
-
-        Raises :class:`LegFailed` for a failure another pair may not repeat, the leg's own
-        ``RequestError`` for a refusal, and ``EngineTimeoutError`` past the transfer timeout.
-        """
-        stats = self.stats
+    async def _vllm_prefill(
+        self, request: GenerateRequest, p_url: str, slot: Slot | None, trace: Trace
+    ) -> tuple[asyncio.Task[Any], dict[str, Any]] | str:
+        """vLLM's prefill leg, run to its end: its task and the decode leg's ``kv_transfer_params``
+        (the answer's, NixlConnector; built, MooncakeConnector), or what went wrong (a failure
+        another pair may not repeat; counted)."""
+        mooncake = None
         loop = asyncio.get_running_loop()
-        if prefill_end is None:
-            await asyncio.wait({prefill_task, first_task}, return_when=asyncio.FIRST_COMPLETED)
-            if not first_task.done():
-                failure = leg_failure("prefill", prefill_task.exception())
-                if failure is not None:
-                    stats.bootstrap_failures += 1
-                    trace.outcome = "prefill_failed"
-                    raise LegFailed("prefill", failure)
-                prefill_end = prefill_task.result()
-        if not first_task.done():
-            timeout = self.config.transfer_timeout_s
-            await asyncio.wait({first_task}, timeout=timeout)
-            if not first_task.done():
-                stats.transfer_failures += 1
-                trace.outcome = "transfer_timeout"
-                raise EngineTimeoutError(
-                    f"the decode worker did not receive the prompt's KV cache from the prefill worker "
-                    f"within {timeout:g} s (--pd-transfer-timeout); both legs were aborted"
-                )
-        failure = leg_failure("decode", first_task.exception())
-        if failure is not None:
-            stats.transfer_failures += 1
-            trace.outcome = "decode_failed"
-            raise LegFailed("decode", failure)
-        if prefill_end is not None:
-            trace.transfer_s = max(0.0, loop.time() - prefill_end)
-            stats.observe_transfer(trace.transfer_s)
-
-    async def _stop_legs(
-        self,
-        prefill_task: asyncio.Task[Any],
-        first_task: asyncio.Task[EngineChunk],
-        decode: AsyncIterator[EngineChunk],
-        p_url: str,
-        d_url: str,
-        rid: str,
-    ) -> None:
-        """Abort both legs of a pair before its first token: cancel their tasks (closing a stream the
-        worker has answered sends ``/abort_request`` too) and, because a leg cancelled before its
-        worker answered may still have reached it, send each worker an abort for ``rid`` as well
-        (in the background: the next pair or the client's error must not wait for it)."""
-        prefill_running, decode_running = not prefill_task.done(), not first_task.done()
-        await quietly_cancel(first_task, prefill_task)
-        await decode.aclose()  # type: ignore[attr-defined]
-        for running, pool, url in (
-            (prefill_running, self.prefill, p_url),
-            (decode_running, self.decode, d_url),
-        ):
-            found = pool.client_of(url) if running else None
-            if found is not None:
-                task = asyncio.get_running_loop().create_task(found[0].abort(rid))
-                self._aborts.add(task)
-                task.add_done_callback(self._aborts.discard)
-
-    def _settle_later(self, task: asyncio.Task[Any], url: str, trace: Trace) -> None:
-        """Read the prefill answer of a finished request in the background (:meth:`_settle`); the
-        request's line waits for it."""
-        trace.pending += 1
-        settle = asyncio.get_running_loop().create_task(self._settle(task, url, trace))
-        self._settles[settle] = task
-        settle.add_done_callback(lambda done: self._settles.pop(done, None))
-
-    async def _settle(self, task: asyncio.Task[Any], url: str, trace: Trace) -> None:
-        """Wait at most ``prefill_grace_s`` for the prefill answer, then abort the leg (a missing
-        answer is a late failure), check the answer and release the request's trace."""
-        grace = self.config.prefill_grace_s
         try:
-            await asyncio.wait({task}, timeout=grace)
-        finally:
-            missing = not task.done() or task.cancelled()  # cancelled: by aclose
+            if self.config.kv_connector == "mooncake":
+                mooncake = await self.mooncake.pair(self.prefill, self.config, p_url, request)
+        except EngineUnavailableError as exc:
+            self.stats.bootstrap_failures += 1
+            trace.outcome = "prefill_failed"
+            return f"prefill leg: {leg_message(exc)}"
+        task = loop.create_task(
+            vllm_prefill(
+                self.prefill,
+                p_url,
+                request,
+                slot,
+                params=mooncake.prefill_params if mooncake is not None else None,
+                headers=mooncake.headers if mooncake is not None else None,
+            )
+        )
+        try:
+            await asyncio.wait({task})
+        except BaseException:
             await quietly_cancel(task)
-            if missing:
-                self.stats.late_prefill_failures += 1
-                trace.warn = True
-                trace.note(f"{url}: no prefill answer within {grace:g} s of the decode's end; aborted")
-            self._check_late_prefill(task, url, trace)
-            self._release(trace)
-
-    def _check_late_prefill(self, task: asyncio.Task[Any], url: str, trace: Trace) -> None:
-        """Count a prefill answer that went wrong after the decode had started (the request's line,
-        at WARNING, says what)."""
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None:
-            self.stats.late_prefill_failures += 1
-            trace.warn = True
-            trace.note(f"late prefill answer: {leg_message(exc)}")
-        elif trace.transfer_s is None and isinstance(task.result(), float):
-            self.stats.observe_transfer(0.0)  # the decode started before the prefill's answer arrived
-            trace.transfer_s = 0.0
+            raise
+        failure = leg_failure("prefill", task.exception())
+        if failure is not None:
+            self.stats.bootstrap_failures += 1
+            trace.outcome = "prefill_failed"
+            self.mooncake.forget(p_url)
+            return failure
+        return task, mooncake.decode_params if mooncake is not None else task.result()

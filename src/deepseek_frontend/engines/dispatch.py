@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from deepseek_frontend import _tracing
 from deepseek_frontend.engines.base import EngineClient
-from deepseek_frontend.engines.limits import StreamLimits, Watch
+from deepseek_frontend.engines.limits import Slot, StreamLimits, Watch
 from deepseek_frontend.engines.workers import Worker
 from deepseek_frontend.errors import (
     EngineStreamError,
@@ -186,26 +186,46 @@ class Dispatch:
         worker = self._pick(tried, constraint.kind if constraint is not None else None, request)
         return None if worker is None else worker.url
 
-    def generate_on(self, url: str, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
+    def reserve_on(self, url: str) -> Slot | None:
+        """Hold a place on worker ``url`` now, before its request is sent (the prefill/decode
+        orchestrator holds the decode worker's while the prefill runs, so a finished prefill never
+        meets a full decode worker); None when the worker is gone. The caller chose ``url`` with
+        :meth:`choose_url` in the same step, so it is below its limit. See
+        :class:`~deepseek_frontend.engines.limits.Slot`."""
+        worker = next((w for w in self._workers if w.url == url), None)
+        return None if worker is None else self.reserve(worker)  # type: ignore[attr-defined]
+
+    def generate_on(
+        self, url: str, request: GenerateRequest, slot: Slot | None = None
+    ) -> AsyncIterator[EngineChunk]:
         """Stream ``request`` on worker ``url`` alone, with the pool's limits, deadlines, output checks
-        and health accounting; a failure before the first chunk raises (no other worker is tried)."""
+        and health accounting; a failure before the first chunk raises (no other worker is tried).
+        ``slot``: the place :meth:`reserve_on` held for it (no wait for capacity then)."""
         others = frozenset(w.url for w in self._workers if w.url != url)
-        return self._generate_once(request, others, routed=False)  # chosen already: not a decision
+        return self._generate_once(request, others, routed=False, slot=slot)  # chosen already
 
     @contextlib.asynccontextmanager
-    async def occupy(self, url: str, request: GenerateRequest) -> AsyncIterator[EngineClient]:
+    async def occupy(
+        self, url: str, request: GenerateRequest, slot: Slot | None = None
+    ) -> AsyncIterator[EngineClient]:
         """Hold a slot on worker ``url`` for a request the caller sends through the yielded client
-        itself (vLLM's unstreamed prefill leg): it waits for capacity, counts in flight and with
-        the router as a stream of :meth:`generate_on` does, and charges the worker an
-        ``EngineUnavailableError`` or ``EngineTimeoutError`` raised inside (a success clears them)."""
-        await self._await_capacity()
-        worker = next((w for w in self._workers if w.url == url), None)
-        if worker is None:
-            raise NoHealthyWorkerError(f"no healthy engine worker could take the request ({url}: gone)")
+        itself (vLLM's unstreamed prefill leg): it waits for capacity (unless ``slot`` holds one
+        already), counts in flight and with the router as a stream of :meth:`generate_on` does, and
+        charges the worker an ``EngineUnavailableError`` or ``EngineTimeoutError`` raised inside (a
+        success clears them)."""
+        if slot is not None:
+            worker = slot.claim()  # type: ignore[assignment]
+        else:
+            await self._await_capacity()
+            found = next((w for w in self._workers if w.url == url), None)
+            if found is None:
+                raise NoHealthyWorkerError(f"no healthy engine worker could take the request ({url}: gone)")
+            worker = found
+            worker.in_flight += 1
+            self._total_in_flight += 1
+        assert isinstance(worker, Worker)
         ticket = self.router.begin(url, request) if self.router is not None else None
-        worker.in_flight += 1
         worker.requests += 1
-        self._total_in_flight += 1
         try:
             yield worker.client
         except (EngineUnavailableError, EngineTimeoutError) as exc:
@@ -245,10 +265,12 @@ class Dispatch:
         served: list[str] | None = None,
         *,
         routed: bool = True,
+        slot: Slot | None = None,
     ) -> AsyncIterator[EngineChunk]:
         """One request on one worker at a time (see :meth:`generate`); ``avoid``: worker URLs not to
         use; ``served`` (out): the URL of the worker that produced the first chunk; ``routed=False``:
-        the worker was chosen by :meth:`choose_url` already (the router counts no second decision)."""
+        the worker was chosen by :meth:`choose_url` already (the router counts no second decision);
+        ``slot``: the first attempt's place, held already (:meth:`reserve_on`)."""
         tried: set[int] = {id(w) for w in self._workers if w.url in avoid}
         errors: list[str] = []
         constraint = request.sampling.constraint
@@ -256,22 +278,32 @@ class Dispatch:
         limits = self.limits
         watch = Watch(asyncio.get_running_loop().time(), limits.request_timeout_s)
         for _ in range(self.max_attempts):
-            with _tracing.phase("routing") as span:
-                await self._await_capacity()
-                worker = self._pick(tried, kind, request if routed else None)
-                if span is not None:
-                    router = self.router.mode if self.router is not None else "least-in-flight"
-                    url = worker.url if worker is not None else ""
-                    span.set_attributes(
-                        {"deepseek.worker": url, "deepseek.router": router, "deepseek.attempt": len(tried)}
-                    )
-            if worker is None:
-                break
+            worker: Worker | None
+            if slot is not None:
+                worker = slot.claim()  # type: ignore[assignment]
+                slot = None
+            else:
+                with _tracing.phase("routing") as span:
+                    await self._await_capacity()
+                    worker = self._pick(tried, kind, request if routed else None)
+                    if span is not None:
+                        router = self.router.mode if self.router is not None else "least-in-flight"
+                        url = worker.url if worker is not None else ""
+                        span.set_attributes(
+                            {
+                                "deepseek.worker": url,
+                                "deepseek.router": router,
+                                "deepseek.attempt": len(tried),
+                            }
+                        )
+                if worker is None:
+                    break
+                worker.in_flight += 1
+                self._total_in_flight += 1
+            assert worker is not None
             tried.add(id(worker))
             ticket = self.router.begin(worker.url, request) if self.router is not None else None
-            worker.in_flight += 1
             worker.requests += 1
-            self._total_in_flight += 1
             stream = worker.client.generate(with_rank(request, ticket.rank if ticket is not None else None))
             started = False
             if limits.watched:

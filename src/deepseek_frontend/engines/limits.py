@@ -23,7 +23,7 @@ from deepseek_frontend.engines._http import RESPONSE_TIMEOUT_S
 from deepseek_frontend.errors import EngineTimeoutError, EngineUnavailableError, OverloadedError
 from deepseek_frontend.generation import EngineChunk
 
-__all__ = ["CONTROL_CONNECTIONS", "CapacityAndDeadlines", "Occupancy", "StreamLimits", "Watch"]
+__all__ = ["CONTROL_CONNECTIONS", "CapacityAndDeadlines", "Occupancy", "Slot", "StreamLimits", "Watch"]
 
 #: engine requests one worker runs at once (more wait for a slot; SGLang queues what it cannot batch)
 MAX_IN_FLIGHT_PER_WORKER = 1024
@@ -114,6 +114,33 @@ class Occupancy(Protocol):
     in_flight: int
 
 
+class Slot:
+    """A place on one worker held before the request that will use it is sent
+    (:meth:`CapacityAndDeadlines.reserve`): it counts in flight on the worker and in the pool from
+    the moment it is taken, so no other request can take it. The request's stream consumes it
+    (:meth:`claim`); one never sent gives it back with :meth:`release` (a no-op once claimed)."""
+
+    __slots__ = ("_owner", "claimed", "worker")
+
+    def __init__(self, owner: CapacityAndDeadlines, worker: Occupancy) -> None:
+        self._owner = owner
+        self.worker = worker
+        self.claimed = False
+
+    def claim(self) -> Occupancy:
+        """The worker; from now on the request's stream gives the place back when it ends."""
+        self.claimed = True
+        return self.worker
+
+    def release(self) -> None:
+        """Give the place back if no request claimed it (idempotent)."""
+        if not self.claimed:
+            self.claimed = True
+            self.worker.in_flight -= 1
+            self._owner._total_in_flight -= 1
+            self._owner._wake_capacity_waiter()
+
+
 class CapacityAndDeadlines:
     """The part of :class:`~deepseek_frontend.engines.pool.WorkerPool` that enforces its
     :class:`StreamLimits`: a FIFO wait for a free slot, and a watchdog task that cancels a request's
@@ -166,6 +193,23 @@ class CapacityAndDeadlines:
                 if self._capacity_waiters:
                     self._wake_capacity_waiter()
                 return
+
+    async def wait_for_capacity(self) -> None:
+        """Return once some admitted worker is below its limit and the pool below its total, in
+        arrival order with the pool's other waiters; ``OverloadedError`` (429) after
+        ``capacity_wait_s``. Nothing is held: :meth:`reserve` takes the place."""
+        await self._await_capacity()
+
+    def has_capacity(self) -> bool:
+        """Whether a request would find a place now (an admitted worker below its limit, the pool
+        below its total; with no worker admitted, True: choosing one decides then)."""
+        return self._has_capacity()
+
+    def reserve(self, worker: Occupancy) -> Slot:
+        """Hold a place on ``worker`` now (see :class:`Slot`); the caller checked it has room."""
+        worker.in_flight += 1
+        self._total_in_flight += 1
+        return Slot(self, worker)
 
     def _wake_capacity_waiter(self) -> None:
         waiters = self._capacity_waiters

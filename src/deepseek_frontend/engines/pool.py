@@ -145,6 +145,9 @@ class WorkerPool(Dispatch, CapacityAndDeadlines, WorkerUpkeep, Engine):
         self.vet: Callable[[str, WorkerCapabilities], str | None] | None = None
         #: :meth:`start` returns at once, its discoveries running in the background
         self.discover_in_background = discover_in_background
+        #: a vet's refusal of a worker given at start stops :meth:`start` (engines/upkeep.py)
+        self.refuse_at_start = False
+        self._start_refusals: list[str] = []
         self.name = "pool"
 
     def __repr__(self) -> str:
@@ -157,7 +160,7 @@ class WorkerPool(Dispatch, CapacityAndDeadlines, WorkerUpkeep, Engine):
         return [
             WorkerStatus(
                 w.url,
-                w.healthy and not w.discovering,
+                w.healthy and not w.discovering and w.refused is None,
                 w.in_flight,
                 w.consecutive_failures,
                 w.last_error,

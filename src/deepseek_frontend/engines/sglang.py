@@ -82,6 +82,7 @@ from deepseek_frontend.generation import (
     GenerateRequest,
     TokenLogprob,
     WorkerCapabilities,
+    engine_rid,
 )
 
 __all__ = ["GRAMMAR_BACKEND_KINDS", "SGLangClient", "capabilities_from_server_info", "new_http_client"]
@@ -343,7 +344,7 @@ class SGLangClient(HTTPEngineClient):
         if s.constraint is not None:
             params[s.constraint.kind] = s.constraint.value
         body: dict[str, Any] = {
-            "rid": request.request_id,
+            "rid": engine_rid(request.request_id),
             "input_ids": request.input_ids,
             "sampling_params": params,
             "stream": True,
@@ -369,7 +370,7 @@ class SGLangClient(HTTPEngineClient):
         return caps.priority_order if caps is not None else None
 
     async def generate(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
-        rid = request.request_id
+        rid = engine_rid(request.request_id)
         body = orjson.dumps(self.request_body(request, self.priority_order))
         differ = _ChunkDiffer(self.cumulative)
         progress = StreamProgress(self.name)
@@ -457,18 +458,19 @@ class SGLangClient(HTTPEngineClient):
                 await self._abort_unfinished(rid, consumer_left=consumer_left)
 
     async def _send_abort(self, engine_id: str) -> None:
-        """``/abort_request`` (:meth:`abort`): SGLang runs the request under its own id."""
-        await self.abort(engine_id)
-
-    async def abort(self, request_id: str) -> None:
-        """Best effort: errors are swallowed (the worker also aborts on disconnect)."""
+        """``/abort_request`` for the rid the worker runs the request under (:func:`engine_rid`)."""
         with contextlib.suppress(httpx.HTTPError):
             await self._http.post(
                 self.base_url + "/abort_request",
-                content=orjson.dumps({"rid": request_id}),
+                content=orjson.dumps({"rid": engine_id}),
                 headers={"content-type": "application/json"},
                 timeout=self.control_timeout_s,
             )
+
+    async def abort(self, request_id: str) -> None:
+        """Best effort: errors are swallowed (the worker also aborts on disconnect). SGLang aborts
+        every live rid that starts with this one's; :func:`engine_rid` makes that this one alone."""
+        await self._send_abort(engine_rid(request_id))
 
     def supports_constraint(self, kind: ConstraintKind) -> bool:
         """Per the discovered grammar backend; True while nothing was discovered (the worker decides)."""

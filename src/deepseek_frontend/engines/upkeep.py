@@ -19,7 +19,16 @@ Service) is resolved every ``dns_interval_s``; each A/AAAA record becomes a work
 Vetting: an owner may set ``WorkerPool.vet`` (``(url, capabilities) -> reason or None``); it
 runs on every discovery, and a worker it refuses gets no request until a later discovery accepts
 it. With a vet set, a worker added after construction (DNS) is held back until its first discovery
-has been vetted (the prefill/decode orchestrator checks roles this way).
+has been vetted (the prefill/decode orchestrator checks roles this way; the server's aggregated
+pool refuses prefill and decode workers with :func:`aggregated_role_refusal`). With
+``refuse_at_start`` a refusal of a worker given at start stops :meth:`WorkerUpkeep.start`
+(:class:`WorkerRoleError`, one line naming the worker and what it reports); :meth:`start` waits for
+those first discoveries even when they run in the background, at most :data:`START_CHECK_S` (a
+worker slower than that is vetted, and refused, when it answers).
+
+A worker is not reported healthy before its first discovery has answered: one whose discovery did
+not answer and whose health probe fails then is taken out at once (not after
+``eject_after_failures`` failed probes); the health loop re-admits it when it answers.
 """
 
 from __future__ import annotations
@@ -47,9 +56,12 @@ __all__ = [
     "DNS_INTERVAL_S",
     "HEALTH_INTERVAL_S",
     "HEALTH_TIMEOUT_S",
+    "START_CHECK_S",
     "DnsSource",
     "Resolver",
+    "WorkerRoleError",
     "WorkerUpkeep",
+    "aggregated_role_refusal",
     "system_resolver",
 ]
 
@@ -63,6 +75,28 @@ HEALTH_INTERVAL_S = 5.0
 HEALTH_TIMEOUT_S = 30.0
 #: seconds between DNS resolutions of dns+ worker URLs
 DNS_INTERVAL_S = 10.0
+#: seconds :meth:`WorkerUpkeep.start` waits for background first discoveries before it checks the
+#: workers given at start (``refuse_at_start``)
+START_CHECK_S = 5.0
+
+
+class WorkerRoleError(ValueError):
+    """Workers given at start that the pool's vet refuses (``refuse_at_start``): serving cannot start."""
+
+
+def aggregated_role_refusal(url: str, caps: WorkerCapabilities) -> str | None:
+    """Why an aggregated pool (``--worker``) must not use a worker: an SGLang worker started with
+    ``--disaggregation-mode prefill`` or ``decode`` (its ``/server_info`` ``disaggregation_mode``)
+    refuses every request without a bootstrap room with a 400 that would reach clients as their
+    fault. None for an aggregated worker, or one that does not say (vLLM)."""
+    mode = caps.extra.get("disaggregation_mode")
+    if mode not in ("prefill", "decode"):
+        return None
+    return (
+        f'{url} reports disaggregation_mode "{mode}" (an SGLang {mode} worker) but was given as --worker: '
+        f"give prefill and decode workers as --prefill-worker and --decode-worker, or start it without "
+        f"--disaggregation-mode"
+    )
 
 
 Resolver = Callable[[str, int], Awaitable[Iterable[str]]]
@@ -115,6 +149,9 @@ class WorkerUpkeep:
     _owned_http: httpx.AsyncClient | None
     _owned_streams: StreamSession | None
     discover_in_background: bool
+    #: a vet's refusal of a worker given at start stops :meth:`start` (see the module docstring)
+    refuse_at_start: bool
+    _start_refusals: list[str]
 
     async def discover(self) -> WorkerCapabilities | None:
         """Ask every worker now (as :meth:`start` does); the combined :meth:`capabilities`."""
@@ -160,6 +197,18 @@ class WorkerUpkeep:
             return
         self._discoveries.add(task)
         task.add_done_callback(self._discoveries.discard)
+
+    async def _probe_unknown(self, worker: Worker) -> None:
+        """A worker whose first discovery did not answer: probe it once, and take it out at once
+        when that fails too (it is not reported healthy meanwhile; a passing probe re-admits it)."""
+        try:
+            ok = await asyncio.wait_for(worker.client.check_health(), self.health_timeout_s)
+        except Exception:  # a probe error is a failed check, whatever it is
+            ok = False
+        if not ok:
+            self._record_failure(
+                worker, "unreachable at start: discovery and health check failed", eject=True
+            )
 
     async def check_all(self) -> None:
         """One health-check round over every worker (the loop calls this; tests may too)."""
@@ -248,6 +297,11 @@ class WorkerUpkeep:
         self._startup = asyncio.create_task(self._start_up(pending))
         if wait_for_discovery:
             await self.wait_discovered()
+        elif self.refuse_at_start and self.vet is not None:
+            # long enough for a worker that answers to be vetted; a slower one is refused later
+            await asyncio.wait({self._startup}, timeout=START_CHECK_S)
+        if self._start_refusals:
+            raise WorkerRoleError("; ".join(self._start_refusals))
 
     async def wait_discovered(self) -> None:
         """Return once :meth:`start`'s DNS resolution and first discoveries are done."""
@@ -258,6 +312,10 @@ class WorkerUpkeep:
         async def first_discovery(worker: Worker) -> None:
             try:
                 await self._discover(worker)
+                if worker.capabilities is None:
+                    await self._probe_unknown(worker)
+                elif worker.refused is not None and self.refuse_at_start:
+                    self._start_refusals.append(worker.refused)
             finally:
                 worker.discovering = False
                 self._notify(worker)

@@ -59,6 +59,7 @@ import dataclasses
 import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import orjson
@@ -89,6 +90,7 @@ from deepseek_frontend.generation import (
     SamplingParams,
     TokenLogprob,
     WorkerCapabilities,
+    engine_rid,
 )
 
 __all__ = [
@@ -97,6 +99,7 @@ __all__ = [
     "GENERATE_PATH",
     "VLLM_MAX_LOGPROBS",
     "VLLMClient",
+    "prefill_sampling",
 ]
 
 log = logging.getLogger("deepseek_frontend.engines.vllm")
@@ -192,7 +195,7 @@ class VLLMClient(HTTPEngineClient):
         kinds = set(_VLLM_KINDS)
         if self.grammar is False:
             kinds.discard("ebnf")
-        extra: dict[str, object] = {"token_api": self.token_api}
+        extra: dict[str, object] = {"token_api": self.token_api, **_kv_transfer(server_info)}
         if isinstance(version, dict) and isinstance(version.get("version"), str):
             extra["version"] = version["version"]
         if policy is not None:
@@ -287,7 +290,7 @@ class VLLMClient(HTTPEngineClient):
             "return_token_ids": True,
             "stream": True,
             "stream_options": {"include_usage": True},
-            "request_id": request.request_id,
+            "request_id": engine_rid(request.request_id),
         }
         _add_length_and_seed(body, s)
         if s.logprobs:
@@ -333,7 +336,7 @@ class VLLMClient(HTTPEngineClient):
             params["structured_outputs"] = structured
         body: dict[str, Any] = {
             "model": self.model,
-            "request_id": request.request_id,
+            "request_id": engine_rid(request.request_id),
             "token_ids": request.input_ids,
             "sampling_params": params,
             "stream": True,
@@ -369,7 +372,7 @@ class VLLMClient(HTTPEngineClient):
         prompt_tokens: int | None = None
         completion = 0
         #: the id vLLM runs the request under (the generate stream says; abort needs it)
-        engine_id = _GENERATE_ID_PREFIX + request.request_id
+        engine_id = _GENERATE_ID_PREFIX + engine_rid(request.request_id)
         running = finished = consumer_left = silent = False
         try:
             # leaving the block closes the stream, which vLLM also treats as an abort
@@ -454,18 +457,28 @@ class VLLMClient(HTTPEngineClient):
             if running and not finished and not completions:
                 await self._abort_unfinished(engine_id, consumer_left=consumer_left)
 
-    async def remote_prefill(self, request: GenerateRequest) -> dict[str, Any]:
-        """The prefill leg of vLLM's disaggregated flow (NixlConnector and kin); the answer's
-        ``kv_transfer_params``, which the decode leg must carry verbatim.
+    async def remote_prefill(
+        self,
+        request: GenerateRequest,
+        *,
+        returns_params: bool = True,
+        headers: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """The prefill leg of vLLM's disaggregated flow; the answer's ``kv_transfer_params``.
 
         ``request`` (its ``extra_fields`` holding ``kv_transfer_params`` with ``do_remote_decode``
-        true) goes out unstreamed with ``max_tokens`` 1, on the endpoint :meth:`generate` would use.
-        Failures follow the client contract: a refusal (4xx) is ``EngineRejectedRequestError``,
-        anything else (no connection, 5xx, an answer without ``kv_transfer_params``)
-        ``EngineUnavailableError``.
+        true) goes out unstreamed, on the endpoint :meth:`generate` would use, with
+        :func:`prefill_sampling` (``max_tokens`` 1 and nothing that conflicts with it or lets the
+        one token stop the request). ``returns_params``: the connector answers with the params the
+        decode leg must carry verbatim (NixlConnector) -- an answer without them is the worker's
+        failure; MooncakeConnector never returns any (the orchestrator builds the decode's), but
+        needs the prefill to finish by length, so any other finish is the worker's failure.
+        ``headers``: extra request headers (``X-data-parallel-rank``). Failures follow the client
+        contract: a refusal (4xx) is ``EngineRejectedRequestError``, anything else (no connection,
+        5xx, a missing answer) ``EngineUnavailableError``.
         """
         await self._ensure_protocol()
-        one = dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, max_new_tokens=1))
+        one = dataclasses.replace(request, sampling=prefill_sampling(request.sampling))
         if self.uses_completions(one):
             path, body = COMPLETIONS_PATH, self.request_body(one)
             body.pop("stream_options", None)
@@ -477,7 +490,11 @@ class VLLMClient(HTTPEngineClient):
             response = await self._http.post(
                 self.base_url + path,
                 content=orjson.dumps(body),
-                headers={"content-type": "application/json", **(request.trace_headers or {})},
+                headers={
+                    "content-type": "application/json",
+                    **(request.trace_headers or {}),
+                    **(headers or {}),
+                },
                 timeout=None,  # a long prompt's prefill takes minutes; the orchestrator bounds it
             )
         except httpx.HTTPError as exc:
@@ -493,12 +510,49 @@ class VLLMClient(HTTPEngineClient):
         except orjson.JSONDecodeError as exc:
             raise EngineUnavailableError(f"{self.name}: prefill answer is not JSON") from exc
         params = answer.get("kv_transfer_params") if isinstance(answer, dict) else None
+        if not returns_params:
+            choices = answer.get("choices") if isinstance(answer, dict) else None
+            first = (
+                choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+            )
+            finish = first.get("finish_reason")
+            if finish != "length":
+                # MooncakeConnector keeps the KV for the decode only after a length finish
+                # (mooncake_connector.py request_finished): any other frees it
+                raise EngineUnavailableError(
+                    f"{self.name}: the prefill finished {finish!r}, not by length: its KV was freed"
+                )
+            return params if isinstance(params, dict) else {}
         if not isinstance(params, dict) or not params:
             raise EngineUnavailableError(
                 f"{self.name}: the prefill answer carries no kv_transfer_params "
                 "(is the worker started with a KV connector, --kv-transfer-config?)"
             )
         return params
+
+    async def mooncake_engines(self, port: int) -> dict[int, str]:
+        """The engine id of each data-parallel rank of this prefill worker's MooncakeConnector, from
+        its bootstrap server (``GET http://HOST:port/query``, ``mooncake_utils.py``
+        ``MooncakeBootstrapServer.query``: ``{rank: {"engine_id", "worker_addr"}}``; a DP rank's id
+        is ``{engine_id}_dp{rank}``). Raises ``EngineUnavailableError`` when it cannot be read."""
+        host = urlsplit(self.base_url).hostname or ""
+        netloc = f"[{host}]" if ":" in host else host
+        url = f"http://{netloc}:{port}/query"
+        try:
+            response = await self._http.get(url, timeout=self.control_timeout_s)
+            response.raise_for_status()
+            data = orjson.loads(response.content)
+        except (httpx.HTTPError, orjson.JSONDecodeError) as exc:
+            raise EngineUnavailableError(f"{self.name}: Mooncake bootstrap server {url}: {exc!r}") from exc
+        engines: dict[int, str] = {}
+        if isinstance(data, dict):
+            for rank, entry in data.items():
+                engine_id = entry.get("engine_id") if isinstance(entry, dict) else None
+                if isinstance(engine_id, str) and str(rank).isdigit():
+                    engines[int(rank)] = engine_id
+        if not engines:
+            raise EngineUnavailableError(f"{self.name}: Mooncake bootstrap server {url} lists no engine")
+        return engines
 
     async def _send_abort(self, engine_id: str) -> None:
         """``/inference/v1/abort_requests`` for the id vLLM runs the request under."""
@@ -514,10 +568,37 @@ class VLLMClient(HTTPEngineClient):
         """Best effort: ``/inference/v1/abort_requests`` when the worker has the token-in API, else a
         no-op (``/v1/completions`` aborts when its stream closes, which the generator's ``finally`` does)."""
         if self.token_api:
-            await self._send_abort(_GENERATE_ID_PREFIX + request_id)
+            await self._send_abort(_GENERATE_ID_PREFIX + engine_rid(request_id))
 
 
 # ---------------------------------------------------------------------- wire helpers
+
+
+def prefill_sampling(s: SamplingParams) -> SamplingParams:
+    """The sampling of a prefill leg: one token, and nothing that conflicts with that or lets it
+    finish otherwise than by length. Field by field (vLLM 0.32/0.33 ``sampling_params.py``
+    ``_verify_args``, ``v1/core/sched/utils.py`` ``check_stop``):
+
+    * ``max_tokens`` 1;
+    * ``min_tokens`` dropped: above ``max_tokens`` it is a 400 ("min_tokens must be less than or
+      equal to max_tokens");
+    * ``ignore_eos`` on and ``stop_token_ids`` dropped: an EOS or stop id sampled as the one token
+      finishes the request STOPPED, and MooncakeConnector then frees the KV instead of keeping it
+      for the decode (only a LENGTH_CAPPED prefill keeps it; NixlConnector keeps both);
+    * logprobs and the decoding constraint dropped: the prefill's token is discarded (the decode
+      samples the first token itself), so they would only cost (a grammar compiled per request);
+    * temperature, top-p/k, min-p, penalties, seed: valid whatever ``max_tokens`` is; kept.
+    """
+    return dataclasses.replace(
+        s,
+        max_new_tokens=1,
+        min_new_tokens=0,
+        ignore_eos=True,
+        stop_token_ids=(),
+        logprobs=False,
+        top_logprobs=0,
+        constraint=None,
+    )
 
 
 def _add_length_and_seed(params: dict[str, Any], s: SamplingParams) -> None:
@@ -558,6 +639,30 @@ def _scheduling_policy(server_info: Any) -> str | None:
     section = config.get("scheduler_config") if isinstance(config, dict) else None
     policy = section.get("policy") if isinstance(section, dict) else None
     return policy if isinstance(policy, str) and policy else None
+
+
+def _kv_transfer(server_info: Any) -> dict[str, object]:
+    """The KV connector settings in a ``/server_info?config_format=json`` answer (only with
+    ``VLLM_SERVER_DEV_MODE=1``): ``kv_connector``, ``kv_role``, ``kv_engine_id`` and the Mooncake
+    bootstrap port (``vllm_env`` ``VLLM_MOONCAKE_BOOTSTRAP_PORT``); empty when it does not say."""
+    if not isinstance(server_info, dict):
+        return {}
+    config = server_info.get("vllm_config")
+    section = config.get("kv_transfer_config") if isinstance(config, dict) else None
+    out: dict[str, object] = {}
+    if isinstance(section, dict):
+        for key, name in (
+            ("kv_connector", "kv_connector"),
+            ("kv_role", "kv_role"),
+            ("engine_id", "kv_engine_id"),
+        ):
+            if isinstance(section.get(key), str) and section[key]:
+                out[name] = section[key]
+    env = server_info.get("vllm_env")
+    port = env.get("VLLM_MOONCAKE_BOOTSTRAP_PORT") if isinstance(env, dict) else None
+    if isinstance(port, int | str) and str(port).isdigit():
+        out["mooncake_bootstrap_port"] = int(port)
+    return out
 
 
 def _apply_usage(chunk: EngineChunk, usage: dict[str, Any]) -> None:

@@ -300,6 +300,13 @@ class ServerConfig:
             )
         if engine != "sim" and not workers and not prefill_workers:
             raise ValueError(f"--engine {engine} needs at least one --worker URL")
+        if getattr(args, "vllm_kv_connector", "nixl") != "nixl" and not (
+            engine == "vllm" and prefill_workers
+        ):
+            raise ValueError(
+                "--vllm-kv-connector applies to vLLM prefill/decode workers only (--engine vllm "
+                "--prefill-worker ... --decode-worker ...)"
+            )
         if (
             family == "deepseek_v41"
             and engine != "sim"
@@ -389,6 +396,7 @@ class ServerConfig:
                     engine="vllm" if engine == "vllm" else "sglang",
                     transfer_timeout_s=getattr(args, "pd_transfer_timeout", 60.0) or None,
                     bootstrap_port=getattr(args, "disaggregation_bootstrap_port", None),
+                    kv_connector=getattr(args, "vllm_kv_connector", "nixl"),
                 ),
             ),
             limits=limits,

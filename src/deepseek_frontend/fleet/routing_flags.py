@@ -160,9 +160,18 @@ def add_pd_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=TRANSFER_TIMEOUT_S,
         metavar="SECONDS",
-        help="seconds a decode worker may take to its first token once the prefill leg has ended "
-        f"(the KV transfer); then both legs are aborted and the client gets a 504 "
+        help="seconds the KV transfer may take: the decode's first token after the prefill's answer, "
+        "or (SGLang, both legs running) either of them after the legs were sent, beyond 0.5 ms of "
+        "prefill per prompt token; then both legs are aborted and the client gets a 504 "
         f"(0: no limit; default {TRANSFER_TIMEOUT_S:g})",
+    )
+    group.add_argument(
+        "--vllm-kv-connector",
+        choices=("nixl", "mooncake"),
+        default="nixl",
+        help="the vLLM KV connector of the prefill/decode workers: nixl (NixlConnector: the prefill's "
+        "answer carries the decode's kv_transfer_params) or mooncake (MooncakeConnector: the frontend "
+        "mints the transfer_id and builds them; docs/routing.md) (default %(default)s)",
     )
     group.add_argument(
         "--disaggregation-bootstrap-port",

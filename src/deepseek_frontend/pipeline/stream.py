@@ -32,7 +32,7 @@ from deepseek_frontend.errors import (
     EngineUnavailableError,
     WorkersStartingError,
 )
-from deepseek_frontend.generation import EngineChunk, GenerateRequest, SamplingParams, TokenLogprob
+from deepseek_frontend.generation import EngineChunk, GenerateRequest, SamplingParams, TokenLogprob, leg_id
 from deepseek_frontend.parsing import (
     ContentDelta,
     Finish,
@@ -141,7 +141,8 @@ class ChoiceStream:
         if req.seed is not None and index:
             # n > 1 with a seed: each choice gets its own (still reproducible) seed.
             sampling = _replace_seed(sampling, req.seed + index)
-        rid = req.request_id if req.n == 1 else f"{req.request_id}-{index}"
+        # each choice its own leg (generation.py: no engine rid is a prefix of another's)
+        rid = req.request_id if req.n == 1 else leg_id(req.request_id, f"c{index}")
         #: the engine span (tracing on) and the trace context the worker gets
         self._trace, trace_headers = _tracing.engine_call(rid, index)
         self._scheduling = req.scheduling

@@ -25,7 +25,7 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from deepseek_frontend.errors import EngineStreamError, EngineUnavailableError
-from deepseek_frontend.generation import EngineChunk, GenerateRequest
+from deepseek_frontend.generation import EngineChunk, GenerateRequest, leg_id
 
 __all__ = ["Attempt", "continuation", "migrating_stream"]
 
@@ -45,7 +45,7 @@ def continuation(request: GenerateRequest, generated: list[int], migration: int)
         min_new_tokens=max(0, getattr(sampling, "min_new_tokens", 0) - produced),
     )
     return GenerateRequest(
-        request_id=f"{request.request_id}-m{migration}",
+        request_id=leg_id(request.request_id, f"m{migration}"),
         input_ids=[*request.input_ids, *generated],
         sampling=new_sampling,
         # the continuation is the same request: it keeps its place in the workers' queues

@@ -25,6 +25,7 @@ from deepseek_frontend.engines.base import Engine
 from deepseek_frontend.engines.config import EngineConfig
 from deepseek_frontend.engines.pool import StreamLimits, WorkerPool, pool_from_config
 from deepseek_frontend.engines.sim.engine import SimulatedEngine
+from deepseek_frontend.engines.upkeep import aggregated_role_refusal
 from deepseek_frontend.errors import StartupError
 from deepseek_frontend.fleet.config import ModelConfig, ServerConfig, ServingLimits
 from deepseek_frontend.fleet.metrics import FrontendMetrics
@@ -105,7 +106,11 @@ def build_engine(config: ServerConfig, tokenizer: PromptTokenizer) -> Engine:
     limits = stream_limits(config.limits, tokenizer.vocab_size)
     if config.pd.enabled:
         return _disaggregated(config, engine, limits)
-    return pool_from_config(engine, limits, Router(config.router), discover_in_background=True)
+    pool = pool_from_config(engine, limits, Router(config.router), discover_in_background=True)
+    # a prefill or decode worker given as --worker stops the start (a role the pool cannot use)
+    pool.vet = aggregated_role_refusal
+    pool.refuse_at_start = True
+    return pool
 
 
 def _disaggregated(config: ServerConfig, engine: EngineConfig, limits: StreamLimits) -> DisaggregatedPool:

@@ -188,7 +188,7 @@ def _add_disagg_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=SGLANG_BOOTSTRAP_TIMEOUT_S,
         metavar="S",
-        help="prefill: seconds a prefilled room waits for a decode worker "
+        help="prefill: seconds from a request's arrival for its decode worker to pre-allocate the KV "
         "(SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, default %(default)g)",
     )
     group.add_argument(
@@ -196,8 +196,22 @@ def _add_disagg_arguments(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=SGLANG_WAITING_TIMEOUT_S,
         metavar="S",
-        help="decode: seconds to wait for a room's KV (SGLANG_DISAGGREGATION_WAITING_TIMEOUT, "
-        "default %(default)g)",
+        help="decode: seconds from pre-allocating a room's KV to receiving it "
+        "(SGLANG_DISAGGREGATION_WAITING_TIMEOUT, default %(default)g)",
+    )
+    group.add_argument(
+        "--max-total-tokens",
+        type=int,
+        default=None,
+        help="decode: the KV pool in tokens; a request pre-allocates its prompt plus max_new_tokens, "
+        "first come first served, and its prefill waits for that (default: unbounded)",
+    )
+    group.add_argument(
+        "--tokenizer-worker-num",
+        type=int,
+        default=1,
+        help="as SGLang's: with more than one, /abort_request matches by prefix even a rid this worker "
+        "does not hold (default %(default)s)",
     )
     group.add_argument(
         "--disaggregation-handshake-timeout",
@@ -297,6 +311,7 @@ def disagg_from_args(args: argparse.Namespace) -> SimDisagg | None:
             bootstrap_timeout_s=args.disaggregation_bootstrap_timeout,
             waiting_timeout_s=args.disaggregation_waiting_timeout,
             handshake_timeout_s=args.disaggregation_handshake_timeout,
+            max_total_tokens=getattr(args, "max_total_tokens", None),
         )
     )
 
@@ -353,6 +368,7 @@ async def _serve(args: argparse.Namespace) -> int:
         disagg=disagg,
         attn_dp_size=getattr(args, "attn_dp_size", 1),
         kv_publishers=publishers,
+        tokenizer_worker_num=getattr(args, "tokenizer_worker_num", 1),
     )
     if disagg is not None:
         try:

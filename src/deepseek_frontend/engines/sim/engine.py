@@ -36,7 +36,7 @@ import random
 import zlib
 from array import array
 from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -75,6 +75,7 @@ from deepseek_frontend.generation import (
     TokenLogprob,
     WorkerCapabilities,
     WorkerStatus,
+    engine_rid,
 )
 
 __all__ = [
@@ -304,12 +305,17 @@ class SimulatedEngine(EngineClient, Engine):
         self.enable_mixed_chunk = enable_mixed_chunk
         #: streams past their prefill, writing output (what a prefill chunk holds up)
         self._decoding = 0
+        #: the loop time the forward in progress (a prefill chunk) ends (:meth:`after_forward`)
+        self._forward_end = 0.0
         self._capabilities: tuple[SimBehavior, WorkerCapabilities] | None = None
         #: the running batch and waiting queue (engines/sim/scheduler.py); None: every request runs
         #: at once and priorities are ignored
         self.scheduler = SimScheduler(scheduling) if scheduling is not None else None
         self._running: set[str] = set()
         self._abort_requested: set[str] = set()
+        #: what a stream closed before its finish aborts, by prefix: this engine's streams
+        #: (:meth:`abort_rid`); the sim server adds a PD role's legs
+        self.on_close_abort: Callable[[str], object] = self.abort_rid
         self._failed: set[str] = set()
 
     @classmethod
@@ -477,7 +483,12 @@ class SimulatedEngine(EngineClient, Engine):
 
     # ------------------------------------------------------------------ EngineClient
 
-    async def generate(
+    def generate(self, request: GenerateRequest) -> AsyncIterator[EngineChunk]:
+        """Stream the planned output of ``request`` (see :class:`EngineClient`), run under
+        :func:`~deepseek_frontend.generation.engine_rid` of its id as an engine client sends it."""
+        return self.run(dataclasses.replace(request, request_id=engine_rid(request.request_id)))
+
+    async def run(
         self,
         request: GenerateRequest,
         prompt: SimPrompt | None = None,
@@ -486,7 +497,13 @@ class SimulatedEngine(EngineClient, Engine):
         transferred_plan: Sequence[int] | None = None,
         dp_rank: int | None = None,
     ) -> AsyncIterator[EngineChunk]:
-        """Stream the planned output of ``request`` (see :class:`EngineClient`).
+        """Stream the planned output of ``request``, whose ``request_id`` is the rid the worker runs
+        it under (the ``rid`` of a ``/generate`` body: the sim server calls this).
+
+        A rid already running is refused as SGLang's tokenizer manager refuses it ("Duplicate
+        request ID detected", HTTP 400; ``managers/tokenizer_manager.py``). A stream closed before
+        its finish is an abort, and SGLang's is by prefix (:meth:`abort_rid`): every other running
+        rid that starts with this one is aborted too (``on_close_abort``).
 
         ``dp_rank``: the data-parallel rank that serves it (its cache model; rank 0 when None).
 
@@ -534,6 +551,10 @@ class SimulatedEngine(EngineClient, Engine):
         elif kv is None:
             cached = self.prefix_cache.lookup_and_insert(request.input_ids, prompt=prompt)
         rid = request.request_id
+        if rid in self._running:  # checked and held in one step (nothing awaited in between)
+            raise EngineRejectedRequestError(
+                f"the engine rejected the request: Duplicate request ID detected: {rid}", status_code=400
+            )
         scheduler = self.scheduler
         # a priority the worker refuses is refused before the request starts (QueueAbortError)
         ticket = scheduler.ticket(rid, request.priority) if scheduler is not None else None
@@ -658,8 +679,11 @@ class SimulatedEngine(EngineClient, Engine):
             if rid in self._failed:
                 self._failed.discard(rid)
             elif not done:
-                # closed early (client disconnect, cancellation): the engine drops the request
+                # closed early (client disconnect, cancellation): the engine drops the request, and
+                # SGLang's abort of it matches by prefix (tokenizer_manager.py
+                # _release_req_states_on_failure -> abort_request -> Scheduler.abort_request)
                 self._count_abort(rid)
+                self.on_close_abort(rid)
 
     async def _admit(self, ticket: Ticket) -> bool:
         """Wait for the request's place in the running batch (False: ``/abort_request`` removed it
@@ -690,19 +714,34 @@ class SimulatedEngine(EngineClient, Engine):
         """
         size = self.chunked_prefill_size if self.chunked_prefill_size > 0 else max(tokens, 1)
         clock, stats = self._clock, self.stats
+        loop = asyncio.get_running_loop()
         chunks = [min(size, tokens - start) * seconds_per_token for start in range(0, tokens, size)]
         stats.prefill_chunks += len(chunks)
         if clock is None or not self._decoding:
-            await asyncio.sleep(sum(chunks))
+            for seconds in chunks:  # one forward each: a poll between forwards waits for its end
+                self._forward_end = loop.time() + seconds
+                await asyncio.sleep(seconds)
             return
         stats.prefill_chunks_holding_decode += len(chunks)
         stats.decode_held_s += sum(chunks)
         if not self.enable_mixed_chunk:
-            await asyncio.sleep(clock.hold(sum(chunks)) + sum(chunks))
+            wait = clock.hold(sum(chunks)) + sum(chunks)
+            self._forward_end = loop.time() + wait
+            await asyncio.sleep(wait)
             return
         for seconds in chunks:
             clock.hold(seconds, carries_step=True)
+            self._forward_end = loop.time() + seconds
             await asyncio.sleep(seconds)
+
+    async def after_forward(self) -> None:
+        """Return once the forward in progress (a prefill chunk) is done, at once when none runs: when
+        a scheduler that polls between forwards gets to look (SGLang's PD prefill answers a request
+        whose KV was sent there, ``disaggregation/prefill.py`` ``process_disagg_prefill_inflight_queue``,
+        run after each forward by ``event_loop_normal_disagg_prefill``)."""
+        left = self._forward_end - asyncio.get_running_loop().time()
+        if left > 0:
+            await asyncio.sleep(left)
 
     def plan_request(self, request: GenerateRequest, prompt: SimPrompt | None = None) -> list[int]:
         """The whole output :meth:`generate` would write for ``request`` before its length limits
@@ -793,11 +832,32 @@ class SimulatedEngine(EngineClient, Engine):
             self._failed.add(request_id)
             self.stats.failed += 1
 
+    def is_running(self, rid: str) -> bool:
+        """Whether a stream runs under ``rid`` now."""
+        return rid in self._running
+
+    def abort_rid(self, rid: str) -> int:
+        """SGLang's scheduler abort (``managers/scheduler.py`` ``Scheduler.abort_request``): every
+        running rid that *starts with* ``rid`` ends at its next step with finish ``abort``; how many."""
+        hit = [r for r in self._running if r.startswith(rid)]
+        self._abort_requested.update(hit)
+        if self.scheduler is not None:
+            for r in hit:
+                self.scheduler.abort(r)  # still waiting: it leaves the queue at once
+        return len(hit)
+
+    def abort_all(self) -> int:
+        """``AbortReq(abort_all=True)``: every running stream."""
+        self._abort_requested.update(self._running)
+        return len(self._running)
+
     async def abort(self, request_id: str) -> None:
-        if request_id in self._running:
-            self._abort_requested.add(request_id)
-            if self.scheduler is not None:
-                self.scheduler.abort(request_id)  # still waiting: it leaves the queue at once
+        """``/abort_request`` for ``request_id`` as an engine client sends it: its rid
+        (:func:`~deepseek_frontend.generation.engine_rid`), forwarded only while that exact rid runs
+        (SGLang's tokenizer manager with one tokenizer worker), then matched by prefix."""
+        rid = engine_rid(request_id)
+        if rid in self._running:
+            self.abort_rid(rid)
 
     async def check_health(self) -> bool:
         return self.fail_after != 0

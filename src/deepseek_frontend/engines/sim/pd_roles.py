@@ -9,16 +9,29 @@ outcome as SSE events: the abort is one chunk ``{"output_ids": [], "meta_info": 
 ``data: [DONE]``. Without streaming, a 400 is ``{"error": {"message"}}`` and a 500 is FastAPI's
 ``{"object": "error", "message", "type": "500", "param": null, "code": 500}``.
 
-* **prefill**: the prompt is prefilled (the engine's prefill cost, with ``max_new_tokens`` 1 as
-  SGLang sets it), its KV waits in the room (engines/sim/disagg.py), and the answer comes once a
-  decode worker has received it: one chunk ``output_ids: [first token]``, ``finish_reason
-  {"type": "length", "length": 0}``, ``completion_tokens`` 1. No decode within the bootstrap
-  timeout: "Prefill bootstrap failed ... Request R timed out after Xs in KVPoll.Bootstrapping".
-* **decode**: the room's KV is fetched from ``bootstrap_host:bootstrap_port`` first, then the
-  engine decodes without a prefill of its own; the output is the aggregated worker's, first token
-  included, and ``cached_tokens`` is the prefill's. A room that never arrives: "Decode transfer
-  failed ... Request R timed out after Xs in KVPoll.WaitingForInput"; an unreachable bootstrap
-  port: "Decode handshake failed ... Aborted by AbortReq.".
+The order of events is SGLang's default, ``--disaggregation-decode-allocation-policy early``
+(``disaggregation/prefill.py``, ``disaggregation/decode.py``, ``disaggregation/common/conn.py``):
+
+* **decode**: the leg handshakes with ``bootstrap_host:bootstrap_port``, pre-allocates its KV in
+  the worker's pool (:class:`~deepseek_frontend.engines.sim.disagg.DecodeMemory`, ``--max-total-tokens``;
+  first come, first served) and tells the prefill worker so; the room's KV then arrives, and the
+  engine decodes without a prefill of its own: the output is the aggregated worker's, first token
+  included, and ``cached_tokens`` is the prefill's. No KV within the waiting timeout of the
+  allocation: "Decode transfer failed ... Request R timed out after Xs in KVPoll.WaitingForInput";
+  an unreachable bootstrap port: "Decode handshake failed ... Aborted by AbortReq.".
+* **prefill**: the leg computes nothing until its decode worker has pre-allocated (a decode that
+  cannot allocate holds its prefill); that wait is bounded by the bootstrap timeout from the leg's
+  arrival ("Prefill bootstrap failed ... Request R timed out after Xs in KVPoll.Bootstrapping").
+  Then the prompt is prefilled (the engine's prefill cost, with ``max_new_tokens`` 1 as SGLang sets
+  it), its KV sent, and the answer comes at the scheduler's next poll after the transfer -- after
+  the forward in progress, which under long chunked prefills is seconds later: one chunk
+  ``output_ids: [first token]``, ``finish_reason {"type": "length", "length": 0}``,
+  ``completion_tokens`` 1.
+
+Aborts match by prefix (``managers/scheduler.py`` ``Scheduler.abort_request`` searches the PD
+queues with ``req.rid.startswith``): :meth:`SimDisagg.abort_prefix` ends every leg whose rid starts
+with the aborted one, and a leg whose client left aborts the others that way too
+(``on_close_abort``, set by the sim server).
 """
 
 from __future__ import annotations
@@ -27,7 +40,7 @@ import asyncio
 import dataclasses
 import time
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +50,7 @@ from starlette.responses import JSONResponse, Response
 from deepseek_frontend.engines.sim.disagg import (
     ABORTED,
     BootstrapServer,
+    DecodeMemory,
     DisaggSettings,
     KvArrival,
     KvTransferError,
@@ -70,6 +84,8 @@ class PdLeg:
     respond: Callable[[EngineChunk, AsyncIterator[EngineChunk]], Any]
     events: Callable[[EngineChunk, AsyncIterator[EngineChunk]], AsyncGenerator[bytes, None]]
     sse: Callable[[AsyncGenerator[bytes, None]], Response]
+    #: returns once the engine's forward in progress is done (``SimulatedEngine.after_forward``)
+    next_poll: Callable[[], Awaitable[None]]
 
 
 #: where a decode leg's KV is: (bootstrap_room, bootstrap_host, bootstrap_port, disagg_prefill_dp_rank)
@@ -126,8 +142,13 @@ class SimDisagg:
             raise ValueError("an aggregated worker has no PD role")
         self.settings = settings
         self.bootstrap = BootstrapServer(settings) if settings.mode == "prefill" else None
+        #: a decode worker's KV pool (pre-allocated per leg, first come first served)
+        self.memory = DecodeMemory(settings.max_total_tokens)
         self._fetches: dict[str, asyncio.Task[Any]] = {}
         self._aborted: set[str] = set()
+        #: what a leg whose client left aborts, by prefix (the sim server sets it: every stream and
+        #: leg on the worker; alone, this role's legs)
+        self.on_close_abort: Callable[[str], object] = self.abort_prefix
         #: decode-side counters for /sim/stats
         self.transfers: deque[dict[str, Any]] = deque(maxlen=RECENT_TRANSFERS)
         self.bytes_received = 0
@@ -159,16 +180,24 @@ class SimDisagg:
             out["pd_fetching"] = len(self._fetches)
             out["pd_bytes_received"] = self.bytes_received
             out["pd_transfers"] = list(self.transfers)
+            out["pd_memory_used_tokens"] = self.memory.used
+            out["pd_memory_waiting"] = self.memory.waiting
         return out
 
-    async def abort(self, rid: str) -> None:
-        """``/abort_request``: a decode leg still fetching gives its room up; a prefill leg's room fails."""
-        task = self._fetches.get(rid)
-        if task is not None:
+    def holds(self, rid: str) -> bool:
+        """Whether a leg runs here under ``rid`` (a decode still fetching, a prefill's room)."""
+        return rid in self._fetches or (self.bootstrap is not None and self.bootstrap.holds(rid))
+
+    def abort_prefix(self, prefix: str) -> int:
+        """SGLang's scheduler abort of the PD queues: every decode leg still fetching whose rid starts
+        with ``prefix`` gives its room up; every prefill leg's room that does fails. How many."""
+        hit = [rid for rid in self._fetches if rid.startswith(prefix)]
+        for rid in hit:
             self._aborted.add(rid)
-            task.cancel()
+            self._fetches[rid].cancel()
         if self.bootstrap is not None:
-            self.bootstrap.abort(rid)
+            return len(hit) + self.bootstrap.abort_prefix(prefix)
+        return len(hit)
 
     async def generate(self, body: dict[str, Any], request: GenerateRequest, leg: PdLeg) -> Response:
         rid, stream = request.request_id, bool(body.get("stream", False))
@@ -221,94 +250,125 @@ class SimDisagg:
         """The prefill leg: an answer object, an abort, or a refusal message (in-stream error / 400)."""
         assert self.bootstrap is not None
         rid = request.request_id
+        # SGLang's prefill scheduler sets max_new_tokens to 1: the decode worker writes the rest
+        one = dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, max_new_tokens=1))
+        try:
+            plan = leg.plan(one)  # refused before anything is held, as the tokenizer manager refuses it
+        except (RequestError, EngineError) as exc:
+            return str(exc)
         try:
             self.bootstrap.open(room, rid)
         except KvTransferError as exc:
             self.failures["handshake"] += 1
             return _Abort(prefill_failure_message(rid, exc), 500)
-        # SGLang's prefill scheduler sets max_new_tokens to 1: the decode worker writes the rest
-        one = dataclasses.replace(request, sampling=dataclasses.replace(request.sampling, max_new_tokens=1))
         try:
-            plan = leg.plan(one)
-        except (RequestError, EngineError) as exc:
-            self.bootstrap.close(room)
-            return str(exc)
-        chunks = leg.open(one, None)
-        try:
-            first = await anext(chunks)
-            if first.finish_reason == "abort":  # aborted while prefilling
-                meta = {"type": "abort", "message": first.message}
-                return _answer(rid, [], meta, first.prompt_tokens, 0, first.cached_tokens)
-            token = first.token_ids[0] if first.token_ids else 0
-            self.bootstrap.publish(room, request.input_ids, first.cached_tokens, token, plan)
-            failure = await self.bootstrap.handed_over(room)
+            # early allocation: nothing is computed before the decode worker has pre-allocated
+            failure = await self.bootstrap.bootstrapped(room)
             if failure is not None:
                 self.failures[failure.stage] += 1
                 return _Abort(prefill_failure_message(rid, failure), 500)
-            finish = {"type": "length", "length": 0}
-            return _answer(rid, [token], finish, first.prompt_tokens, 1, first.cached_tokens)
+            chunks = leg.open(one, None)
+            try:
+                first = await anext(chunks)
+                if first.finish_reason == "abort":  # aborted while prefilling
+                    meta = {"type": "abort", "message": first.message}
+                    return _answer(rid, [], meta, first.prompt_tokens, 0, first.cached_tokens)
+                token = first.token_ids[0] if first.token_ids else 0
+                self.bootstrap.publish(room, request.input_ids, first.cached_tokens, token, plan)
+                failure = await self.bootstrap.handed_over(room)
+                if failure is not None:
+                    self.failures[failure.stage] += 1
+                    return _Abort(prefill_failure_message(rid, failure), 500)
+                # answered at the scheduler's next poll of its transfers: after the forward in progress
+                await leg.next_poll()
+                finish = {"type": "length", "length": 0}
+                return _answer(rid, [token], finish, first.prompt_tokens, 1, first.cached_tokens)
+            finally:
+                await chunks.aclose()  # type: ignore[attr-defined]
         except (RequestError, EngineError) as exc:
             return str(exc)
+        except (asyncio.CancelledError, GeneratorExit):
+            self.bootstrap.close(room)
+            self.on_close_abort(rid)  # the client left: SGLang's abort of it matches by prefix
+            raise
         finally:
             self.bootstrap.close(room)
-            await chunks.aclose()  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ decode
 
     async def _decode(self, request: GenerateRequest, source: _Source, stream: bool, leg: PdLeg) -> Response:
         if stream:
             return leg.sse(self._decode_events(request, source, leg))
-        outcome = await self._fetch(request, source)
+        outcome, held = await self._fetch(request, source)
         if isinstance(outcome, _Abort):
             return _abort_response(outcome)
-        chunks = leg.open(request, outcome)
         try:
-            first = await anext(chunks)
-        except RequestError as exc:
-            return JSONResponse({"error": {"message": str(exc)}}, status_code=400)
-        return await leg.respond(first, chunks)
+            chunks = leg.open(request, outcome)
+            try:
+                first = await anext(chunks)
+            except RequestError as exc:
+                return JSONResponse({"error": {"message": str(exc)}}, status_code=400)
+            return await leg.respond(first, chunks)
+        finally:
+            self.memory.release(held)
 
     async def _decode_events(
         self, request: GenerateRequest, source: _Source, leg: PdLeg
     ) -> AsyncGenerator[bytes, None]:
-        outcome = await self._fetch(request, source)
-        if isinstance(outcome, _Abort):
-            for event in _abort_event(request.request_id, outcome, len(request.input_ids)):
-                yield event
-            return
-        chunks = leg.open(request, outcome)
+        outcome, held = await self._fetch(request, source)
         try:
-            first = await anext(chunks)
-        except RequestError as exc:
-            await chunks.aclose()  # type: ignore[attr-defined]
-            yield _error_event(str(exc))
-            yield b"data: [DONE]\n\n"
-            return
-        events = leg.events(first, chunks)
-        try:
-            async for event in events:
-                yield event
+            if isinstance(outcome, _Abort):
+                for event in _abort_event(request.request_id, outcome, len(request.input_ids)):
+                    yield event
+                return
+            chunks = leg.open(request, outcome)
+            try:
+                first = await anext(chunks)
+            except RequestError as exc:
+                await chunks.aclose()  # type: ignore[attr-defined]
+                yield _error_event(str(exc))
+                yield b"data: [DONE]\n\n"
+                return
+            events = leg.events(first, chunks)
+            try:
+                async for event in events:
+                    yield event
+            finally:
+                await events.aclose()
         finally:
-            await events.aclose()
+            self.memory.release(held)  # the leg's KV is freed when it ends
 
-    async def _fetch(self, request: GenerateRequest, source: _Source) -> KvArrival | _Abort:
-        """The room's KV received, or the abort SGLang's decode sends."""
+    async def _fetch(self, request: GenerateRequest, source: _Source) -> tuple[KvArrival | _Abort, int]:
+        """The room's KV received, or the abort SGLang's decode sends; and the tokens of the
+        worker's pool the leg holds (released by the caller when the leg ends)."""
         rid = request.request_id
         room, host, port, rank = source
         started = time.monotonic()
-        fetch = fetch_kv(host, port, room, rid, request.input_ids, self.settings, rank)
+        need = self.memory.need(len(request.input_ids) + request.sampling.max_new_tokens)
+        held = 0
+
+        async def allocate() -> None:
+            nonlocal held
+            await self.memory.allocate(need)
+            held = need
+
+        fetch = fetch_kv(host, port, room, rid, request.input_ids, self.settings, rank, allocate)
         task = asyncio.ensure_future(fetch)
         self._fetches[rid] = task
         try:
             arrival = await task
         except KvTransferError as exc:
             self.failures[exc.stage] += 1
-            return _Abort(decode_failure_message(rid, exc), 500)
+            self.memory.release(held)
+            return _Abort(decode_failure_message(rid, exc), 500), 0
         except asyncio.CancelledError:
+            self.memory.release(held)
             if rid not in self._aborted:
-                raise  # the client went away: the fetch was cancelled with it
+                self._fetches.pop(rid, None)
+                self.on_close_abort(rid)  # the client left: SGLang's abort of it matches by prefix
+                raise  # the fetch was cancelled with it
             self.failures["transfer"] += 1
-            return _Abort(decode_failure_message(rid, KvTransferError(room, ABORTED)), 500)
+            return _Abort(decode_failure_message(rid, KvTransferError(room, ABORTED)), 500), 0
         finally:
             self._fetches.pop(rid, None)
             self._aborted.discard(rid)
@@ -324,7 +384,7 @@ class SimDisagg:
                 "wait_ms": round((time.monotonic() - started) * 1000, 3),
             }
         )
-        return arrival
+        return arrival, held
 
 
 def _answer(

@@ -72,11 +72,13 @@ _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 class SimFaults:
-    """Mutable fault settings shared by the app's handlers."""
+    """Mutable fault settings shared by the app's handlers (``pd_transfer``: ``hang`` makes a prefill
+    worker never send a prefilled room's KV)."""
 
     def __init__(self, fail_after: int | None = None, fail_mode: FailMode = "error-event") -> None:
         self.fail_after = fail_after
         self.fail_mode: FailMode = fail_mode
+        self.pd_transfer: Literal["ok", "hang"] = "ok"
 
 
 class _Disconnect(Exception):
@@ -341,8 +343,12 @@ def build_sim_app(
     disagg: SimDisagg | None = None,
     attn_dp_size: int | None = None,
     kv_publishers: RankPublishers | None = None,
+    tokenizer_worker_num: int = 1,
 ) -> Starlette:
     """The Starlette app serving ``engine`` over SGLang's protocol (see module docstring).
+
+    ``tokenizer_worker_num``: SGLang's ``--tokenizer-worker-num``; with more than one, an
+    ``/abort_request`` whose exact rid this worker does not hold is still matched by prefix.
 
     ``behavior``: what the worker refuses and reports (default: ``engine.behavior``, else ``ideal``).
     ``disagg``: a prefill or decode role (engines/sim/pd_roles.py); None for an aggregated worker.
@@ -356,6 +362,21 @@ def build_sim_app(
     ranks = max(1, attn_dp_size or len(getattr(engine, "kvs", ()) or ()) or 1)
     next_rank = [0]
     behavior = behavior or getattr(engine, "behavior", None) or PRESETS["ideal"]
+
+    def live(rid: str) -> bool:
+        """Whether ``rid`` is a request this worker holds (SGLang's ``rid_to_state``)."""
+        return engine.is_running(rid) or (disagg is not None and disagg.holds(rid))
+
+    def abort_prefix(rid: str) -> None:
+        """SGLang's scheduler abort: every stream and PD leg whose rid starts with ``rid``."""
+        engine.abort_rid(rid)
+        if disagg is not None:
+            disagg.abort_prefix(rid)
+
+    # a stream closed before its finish aborts by prefix here as /abort_request does
+    engine.on_close_abort = abort_prefix
+    if disagg is not None:
+        disagg.on_close_abort = abort_prefix
     prompts = RecentPrompts()
     #: the trace context of recent generate requests (what a traced frontend sent), newest last
     traced: deque[dict[str, str]] = deque(maxlen=64)
@@ -414,6 +435,9 @@ def build_sim_app(
             # SGLang's tokenizer manager checks the same (a signed 64-bit integer)
             return _bad_request(f"priority must be a signed 64-bit integer, got {priority!r}")
         gen_request = GenerateRequest(rid, ids, sampling, images=tuple(images or ()), priority=priority)
+        if disagg is not None and live(rid):
+            # tokenizer_manager.py: a rid already held is refused before anything runs
+            return _bad_request(f"Duplicate request ID detected: {rid}")
         if disagg is not None:
             return await disagg.generate(body, gen_request, _pd_leg(rid, prompt, sampling.logprobs))
         # the engine's own fault setting is off; faults are applied here, per mode
@@ -423,9 +447,7 @@ def build_sim_app(
             rank = next_rank[0] % ranks
             next_rank[0] += 1
         stream = (
-            engine.generate(gen_request, prompt, dp_rank=rank)
-            if ranks > 1
-            else engine.generate(gen_request, prompt)
+            engine.run(gen_request, prompt, dp_rank=rank) if ranks > 1 else engine.run(gen_request, prompt)
         )
         streaming = bool(body.get("stream", False))
         scheduler = getattr(engine, "scheduler", None)
@@ -491,8 +513,8 @@ def build_sim_app(
             request: GenerateRequest, transferred: KvArrival | None
         ) -> AsyncIterator[EngineChunk]:
             if transferred is None:
-                return engine.generate(request, prompt)
-            return engine.generate(
+                return engine.run(request, prompt)
+            return engine.run(
                 request,
                 prompt,
                 transferred_cached=transferred.cached_tokens,
@@ -508,7 +530,7 @@ def build_sim_app(
         def sse(body: AsyncGenerator[bytes, None]) -> Response:
             return _SseResponse(_batched(body, ZERO_DELAY_BATCH) if engine.itl_s == 0 else body)
 
-        return PdLeg(plan, open_stream, respond, events, sse)
+        return PdLeg(plan, open_stream, respond, events, sse, engine.after_forward)
 
     async def _non_streaming(
         rid: str, first: EngineChunk | None, stream: AsyncIterator[EngineChunk], fail_after: int | None
@@ -595,11 +617,19 @@ def build_sim_app(
             body = orjson.loads(await request.body() or b"{}")
         except orjson.JSONDecodeError:
             return _bad_request("invalid JSON")
-        rid = body.get("rid") if isinstance(body, dict) else None
-        if isinstance(rid, str):
-            await engine.abort(rid)
+        if not isinstance(body, dict):
+            return Response(status_code=200)
+        if body.get("abort_all") is True:
+            engine.abort_all()
             if disagg is not None:
-                await disagg.abort(rid)  # a leg still fetching or holding its room
+                disagg.abort_prefix("")
+            return Response(status_code=200)
+        rid = body.get("rid")
+        # SGLang's tokenizer manager ignores an empty rid ("would startswith-match every request")
+        # and, with one tokenizer worker, a rid it does not hold; the scheduler then aborts by
+        # prefix (tokenizer_manager.py abort_request, scheduler.py Scheduler.abort_request)
+        if isinstance(rid, str) and rid and (tokenizer_worker_num > 1 or live(rid)):
+            abort_prefix(rid)
         return Response(status_code=200)
 
     async def health(_: Request) -> Response:
@@ -671,7 +701,19 @@ def build_sim_app(
             if body["fail_mode"] not in FAIL_MODES:
                 return _bad_request(f"fail_mode must be one of {FAIL_MODES}")
             faults.fail_mode = body["fail_mode"]
-        return JSONResponse({"fail_after": faults.fail_after, "fail_mode": faults.fail_mode})
+        if "pd_transfer" in body:
+            if body["pd_transfer"] not in ("ok", "hang"):
+                return _bad_request('pd_transfer must be "ok" or "hang"')
+            faults.pd_transfer = body["pd_transfer"]
+            if disagg is not None and disagg.bootstrap is not None:
+                disagg.bootstrap.hold_transfers = faults.pd_transfer == "hang"
+        return JSONResponse(
+            {
+                "fail_after": faults.fail_after,
+                "fail_mode": faults.fail_mode,
+                "pd_transfer": faults.pd_transfer,
+            }
+        )
 
     routes = [
         Route("/generate", generate, methods=["POST"]),
