@@ -443,12 +443,13 @@ def test_with_attention_dp_both_legs_carry_the_ranks_sglang_expects() -> None:
                 await first
             pre = {b["rid"]: b for b in p.bodies}
             dec = {b["rid"]: b for b in d.bodies}
-            for rid in ("r1", "r2"):
+            r1, r2 = engine_rid("r1"), engine_rid("r2")
+            for rid in (r1, r2):
                 assert pre[rid]["routed_dp_rank"] == pre[rid]["disagg_prefill_dp_rank"]
                 assert dec[rid]["disagg_prefill_dp_rank"] == pre[rid]["routed_dp_rank"]
                 assert pre[rid]["bootstrap_room"] == dec[rid]["bootstrap_room"]
             # r1 was still decoding on its rank when r2 came: the decode router chose the other rank
-            assert {dec["r1"]["routed_dp_rank"], dec["r2"]["routed_dp_rank"]} == {0, 1}
+            assert {dec[r1]["routed_dp_rank"], dec[r2]["routed_dp_rank"]} == {0, 1}
         finally:
             await pool.aclose()
             for f in (p, d):
