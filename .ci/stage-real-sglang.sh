@@ -46,6 +46,9 @@ fi
 # the stand-ins, from a copy (setuptools writes build/ and *.egg-info/ next to the sources), every run so an
 # edit to them takes effect
 cp -r .ci/sglang-standins/sgl_kernel .ci/sglang-standins/torchvision "$STANDINS/"
+# the placeholder machinery both stand-ins share, kept once in the tree
+cp .ci/sglang-standins/_standin.py "$STANDINS/sgl_kernel/sgl_kernel/_standin.py"
+cp .ci/sglang-standins/_standin.py "$STANDINS/torchvision/torchvision/_standin.py"
 "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation --force-reinstall \
     "$STANDINS/sgl_kernel" "$STANDINS/torchvision" >>"$LOG" 2>&1
 # our package without its dependency resolution, then its runtime dependencies as pyproject.toml lists them,
