@@ -44,6 +44,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
 import statistics
 import sys
 import time
@@ -304,6 +305,8 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", choices=("without", "with"), default=["without", "with"])
     parser.add_argument("--no-faults", action="store_true", help="no restart, no kill")
     args = parser.parse_args()
+    # a SIGTERM (a CI timeout, kill) unwinds through the finally blocks that stop the servers
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     postgres = start_postgres()
     try:
         runs = [asyncio.run(run_mode(mode, args, create_database(postgres))) for mode in args.modes]
