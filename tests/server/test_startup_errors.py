@@ -165,3 +165,9 @@ def test_a_failed_start_is_kept_and_uvicorn_gets_no_traceback() -> None:
         "deepseek-frontend serve: tracing (the OTEL_* environment variables): "
         "OTEL_EXPORTER_OTLP_TIMEOUT='soon': not a number"
     )
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--workers", "0"), ("--key-limit-slots", "0")])
+def test_a_count_below_one_names_its_flag(flag: str, value: str) -> None:
+    line = refused("--workers", "2", flag, value) if flag != "--workers" else refused(flag, value)
+    assert f"{flag} must be >= 1" in line

@@ -176,7 +176,9 @@ def run(args: argparse.Namespace) -> int:
     if processes < 1:
         print(failure_line(StartupError("--workers must be >= 1")), file=sys.stderr)
         return STARTUP_FAILED
-    slots = getattr(args, "key_limit_slots", None) or DEFAULT_SLOTS
+    slots = getattr(args, "key_limit_slots", None)
+    if slots is None:
+        slots = DEFAULT_SLOTS
     if slots < 1:
         print(failure_line(StartupError("--key-limit-slots must be >= 1")), file=sys.stderr)
         return STARTUP_FAILED
