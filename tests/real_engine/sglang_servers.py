@@ -98,6 +98,11 @@ COMMON_FLAGS: tuple[str, ...] = (
     str(SGLANG_KV_TOKENS),
     "--served-model-name",
     SGLANG_WORKER_MODEL,
+    # /metrics: sglang:num_aborted_requests_total, sglang:num_running_reqs (the abort tests read them)
+    "--enable-metrics",
+    # compact JSON for json_schema constraints: xgrammar's default lets a constrained model write whitespace
+    # without end, which the random-weight model does (docs/serving.md)
+    "--constrained-json-disable-any-whitespace",
 )
 
 
@@ -347,8 +352,13 @@ class SGLangFleet:
     def stop_all(self) -> None:
         self._stop_aggregated()
         self._stop_pair()
+        # SGLANG_TEST_KEEP_LOGS=1 keeps the servers' logs (their paths printed) for a failure's post-mortem
+        keep = os.environ.get("SGLANG_TEST_KEEP_LOGS") == "1"
         for server in self._stopped:
-            server.log_path.unlink(missing_ok=True)
+            if keep:
+                print(f"SGLang ({server.name}) log kept: {server.log_path}")
+            else:
+                server.log_path.unlink(missing_ok=True)
 
 
 @pytest.fixture(scope="session")

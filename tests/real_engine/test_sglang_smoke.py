@@ -20,20 +20,14 @@ import httpx
 import pytest
 import zmq
 
-from tests.real_engine.sglang_servers import (
-    SGLANG_CONTEXT_LENGTH,
-    SGLangFleet,
-    SGLangPair,
-    SGLangServer,
-)
-from tests.support.servers import Server, start_frontend
+from tests.real_engine.sglang_clients import SERVED_MODEL, TIMEOUT, sglang_frontend, sse_data
+from tests.real_engine.sglang_servers import SGLANG_CONTEXT_LENGTH, SGLangFleet, SGLangPair, SGLangServer
+from tests.support.servers import Server
 
 #: a test that starts servers waits for them within its own timeout (pyproject's 300 s is too short for a pair
 #: starting on a busy machine)
 pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(1200)]
 
-#: a DeepSeek-V4 name: the frontend renders V4 prompts with the bundled tokenizer
-SERVED_MODEL = "deepseek-v4-flash"
 #: a prompt of any ids the tokenizer has; long enough that the transfer moves real KV
 PROMPT = list(range(3000, 3300))
 #: the same prompt with its first 100 ids replaced (same last 200 tokens)
@@ -47,30 +41,6 @@ CHAT = {
     "temperature": 0.0,
     "max_tokens": MAX_TOKENS,
 }
-TIMEOUT = httpx.Timeout(120.0)
-
-
-def sglang_frontend(*worker_flags: str) -> Server:
-    """``deepseek-frontend serve --engine sglang`` over ``worker_flags`` (``--worker URL``, or
-    ``--prefill-worker P --decode-worker D``). Stateless: the default store is the user's SQLite file,
-    which another checkout of the frontend on the same machine may have migrated to a newer schema."""
-    return start_frontend(
-        "--engine",
-        "sglang",
-        *worker_flags,
-        "--served-model-name",
-        SERVED_MODEL,
-        "--context-length",
-        str(SGLANG_CONTEXT_LENGTH),
-        "--state-store",
-        "none",
-    )
-
-
-def sse_events(response: httpx.Response) -> list[dict[str, Any]]:
-    data = [line[5:].strip() for line in response.text.splitlines() if line.startswith("data:")]
-    assert data and data[-1] == "[DONE]", response.text[-2000:]
-    return [json.loads(d) for d in data[:-1]]
 
 
 def chat(frontend: Server, **extra: Any) -> httpx.Response:
@@ -170,7 +140,7 @@ def test_frontend_chat_over_the_aggregated_server(sglang_aggregated: SGLangServe
         answer = _check_chat(chat(frontend), frontend)
         streamed = chat(frontend, stream=True, stream_options={"include_usage": True})
         assert streamed.status_code == 200, f"{streamed.text}\n{frontend.log()[-6000:]}"
-        events = sse_events(streamed)
+        events = sse_data(streamed.text)
     text = "".join(
         event["choices"][0]["delta"].get("content") or "" for event in events if event.get("choices")
     )
