@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # CI stage: the frontend against a real SGLang (0.5.23, pinned) on the CPU, aggregated and prefill/decode,
 # serving a tiny random-weight Llama that carries our bundled DeepSeek-V4 tokenizer. Runs
-# `pytest -m real_engine tests/real_engine/test_sglang_smoke.py`.
+# `pytest -m real_engine` on the SGLang modules of tests/real_engine, in the order that starts each server set-up
+# once: the aggregated server's APIs, the smoke tests (aggregated, then the prefill/decode pair), the pair's APIs.
 #
 # SGLang's wheel declares a CUDA build (torch 2.14.1, sglang-kernel, flashinfer, ...), so the virtualenv
 # (.venv-sglang in the checkout, git-ignored) gets SGLang with --no-deps, the CPU torch, the plain-Python
@@ -65,6 +66,7 @@ echo "real-SGLang stage: environment ready after $(($(date +%s) - started)) s ($
 # from here on a failure is the tests', not the installers'
 : >"$LOG"
 
-"$VENV/bin/python" -m pytest -m real_engine tests/real_engine/test_sglang_smoke.py -p no:cacheprovider \
+"$VENV/bin/python" -m pytest -m real_engine tests/real_engine/test_sglang_apis.py \
+    tests/real_engine/test_sglang_smoke.py tests/real_engine/test_sglang_pd_apis.py -p no:cacheprovider \
     --durations=8 "$@"
 echo "real-SGLang stage: done after $(($(date +%s) - started)) s"
