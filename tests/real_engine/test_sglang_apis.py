@@ -21,6 +21,8 @@ import pytest
 
 from tests.real_engine.sglang_clients import (
     DSML,
+    MAX_TOKENS,
+    QUESTION,
     SERVED_MODEL,
     TIMEOUT,
     metric,
@@ -35,8 +37,6 @@ from tests.support.servers import Server
 #: a test that starts servers waits for them within its own timeout
 pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(1200)]
 
-MAX_TOKENS = 12
-QUESTION = "Tell me about the sea, in a few words."
 #: no reasoning block: a random model in a free-text reasoning block would never leave it
 NO_THINKING = {"thinking": {"type": "disabled"}}
 

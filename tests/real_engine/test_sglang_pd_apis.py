@@ -23,6 +23,8 @@ import pytest
 
 from tests.real_engine.sglang_clients import (
     DSML,
+    MAX_TOKENS,
+    QUESTION,
     SERVED_MODEL,
     TIMEOUT,
     metric,
@@ -36,8 +38,6 @@ from tests.support.servers import Server, free_port
 
 pytestmark = [pytest.mark.real_engine, pytest.mark.timeout(1200)]
 
-MAX_TOKENS = 12
-QUESTION = "Tell me about the sea, in a few words."
 #: how long a client may wait for the answer to a request whose prefill worker is gone
 FAULT_BOUND_S = 60.0
 
