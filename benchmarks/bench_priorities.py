@@ -3,7 +3,7 @@ restart and a replica kill in the middle of the batch.
 
 Usage::
 
-    python benchmarks/bench_priorities.py                          # 10,000 lines, 16 agents (long)
+    python benchmarks/bench_priorities.py                          # 10,000 lines, 8 agents (long)
     python benchmarks/bench_priorities.py --lines 300 --agents 4   # a sanity run (a few minutes)
     python benchmarks/bench_priorities.py --modes with --no-faults
 
@@ -294,7 +294,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--lines", type=int, default=10_000, help="batch lines (default %(default)s)")
-    parser.add_argument("--agents", type=int, default=16, help="interactive agents (default %(default)s)")
+    parser.add_argument("--agents", type=int, default=8, help="interactive agents (default %(default)s)")
     parser.add_argument("--batch-tokens", type=int, default=64, help="output tokens per line")
     parser.add_argument("--agent-tokens", type=int, default=32, help="output tokens per agent turn")
     parser.add_argument("--running", type=int, default=16, help="the worker's --max-running-requests")
