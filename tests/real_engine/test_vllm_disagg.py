@@ -136,7 +136,10 @@ def test_decode_from_transferred_kv_matches_the_aggregated_server(pd_servers: di
     after = _sources(decode)
 
     assert _tokens(answer) == _tokens(expected)
-    assert _logprobs(answer) == pytest.approx(_logprobs(expected), abs=1e-3)
+    # the model computes in bfloat16 (8 bits of mantissa): the decode's one-token forward over the transferred
+    # KV and the aggregated server's whole-prompt forward sum in different orders, so logprobs agree to about
+    # 0.1, not to float32's precision (a wrong or missing KV would change the tokens above)
+    assert _logprobs(answer) == pytest.approx(_logprobs(expected), abs=0.1)
     # every prompt token's KV came over NIXL; the decode server computed none of them
     assert after["external_kv_transfer"] - before["external_kv_transfer"] == len(PROMPT)
     assert after["local_compute"] == before["local_compute"]
