@@ -28,11 +28,14 @@ import zmq.asyncio
 
 from deepseek_frontend._tasks import cancel_and_wait
 from deepseek_frontend.routing.discovery import EventSource
+from deepseek_frontend.routing.subscriber import subscribe
 
 __all__ = ["STALE_AFTER_S", "LoadStat", "LoadSubscriber", "decode_load_stat"]
 
 logger = logging.getLogger(__name__)
 
+#: stats the SUB socket holds unread (only the latest counts)
+RECEIVE_HWM = 64
 #: seconds after which a rank's last stat no longer counts (SGLang re-sends every second)
 STALE_AFTER_S = 5.0
 
@@ -96,11 +99,7 @@ class LoadSubscriber:
             self._task = None
 
     async def _run(self) -> None:
-        sub = self._ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, 64)
-        sub.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
-        sub.connect(self.source.endpoint)
+        sub = subscribe(self._ctx, self.source, RECEIVE_HWM)
         try:
             while True:
                 frames = await sub.recv_multipart()

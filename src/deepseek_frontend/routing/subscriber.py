@@ -58,7 +58,14 @@ from deepseek_frontend.routing.events import (
 )
 from deepseek_frontend.routing.index import SourceKey
 
-__all__ = ["KvEventSink", "KvEventSource", "KvEventSubscriber", "SubscriberStats", "sources_from_config"]
+__all__ = [
+    "KvEventSink",
+    "KvEventSource",
+    "KvEventSubscriber",
+    "SubscriberStats",
+    "sources_from_config",
+    "subscribe",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +128,18 @@ class SubscriberStats:
     extra: dict[str, int] = field(default_factory=dict)
 
 
+def subscribe(ctx: zmq.asyncio.Context, source: EventSource, receive_hwm: int) -> zmq.asyncio.Socket:
+    """A SUB socket connected to ``source``'s endpoint, subscribed to its topic, holding at most
+    ``receive_hwm`` messages (ZMQ drops what comes past it: a gap the sequence numbers show), closed
+    without lingering. The KV-event and the load subscribers each read one."""
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.RCVHWM, receive_hwm)
+    sub.setsockopt(zmq.SUBSCRIBE, source.topic.encode())
+    sub.connect(source.endpoint)
+    return sub
+
+
 class KvEventSubscriber:
     """Apply one source's event stream to ``index`` (see module docstring).
 
@@ -168,11 +187,7 @@ class KvEventSubscriber:
     # ------------------------------------------------------------------ loop
 
     async def _run(self) -> None:
-        sub = self._ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.setsockopt(zmq.RCVHWM, RECEIVE_HWM)
-        sub.setsockopt(zmq.SUBSCRIBE, self.source.topic.encode())
-        sub.connect(self.source.endpoint)
+        sub = subscribe(self._ctx, self.source, RECEIVE_HWM)
         try:
             if self.source.replay_endpoint and await self._replay(0) and self._next_seq is None:
                 # the publisher's buffer is empty: it has sent nothing yet, so its first batch is
