@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -18,7 +17,6 @@ from typing import Any
 import httpx
 import orjson
 import pytest
-import uvicorn
 
 from deepseek_frontend.api.batches.execute import BATCH_PRIORITY, call_route
 from deepseek_frontend.engines.sim.engine import SimulatedEngine
@@ -28,6 +26,7 @@ from deepseek_frontend.generation import GenerateRequest
 from deepseek_frontend.keys.tenants import TenantTable
 from deepseek_frontend.server.app import create_app
 from deepseek_frontend.tokenization import PromptTokenizer
+from tests.engines.conftest import serve_app
 from tests.support.engine import ScriptedEngine
 
 MODEL = "deepseek-v4-flash"
@@ -55,22 +54,8 @@ class GatedEngine(ScriptedEngine):
 @asynccontextmanager
 async def serving(app: Any) -> AsyncIterator[httpx.AsyncClient]:
     """``app`` on a free localhost port in this event loop (its lifespan run); a client for it."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="on", access_log=False))
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            task.result()
-        await asyncio.sleep(0.005)
-    try:
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
-            yield client
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()
+    async with serve_app(app, lifespan=True) as url, httpx.AsyncClient(base_url=url, timeout=30) as client:
+        yield client
 
 
 def config(max_queued: int = 16) -> ServerConfig:

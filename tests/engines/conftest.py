@@ -105,13 +105,17 @@ async def collect(client: EngineClient, request: GenerateRequest) -> tuple[list[
 
 
 @asynccontextmanager
-async def serve_app(app: Any, host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
-    """Serve an ASGI app on ``host:port`` (default: a free localhost port) in this event loop; yields
-    its base URL."""
+async def serve_app(
+    app: Any, host: str = "127.0.0.1", port: int = 0, *, lifespan: bool = False
+) -> AsyncIterator[str]:
+    """Serve an ASGI app on ``host:port`` (default: a free localhost port) in this event loop, its
+    lifespan run when ``lifespan``; yields its base URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind((host, port))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="critical", lifespan="off", access_log=False))
+    server = uvicorn.Server(
+        uvicorn.Config(app, log_level="critical", lifespan="on" if lifespan else "off", access_log=False)
+    )
     task = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
         if task.done():
