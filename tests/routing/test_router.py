@@ -2,32 +2,12 @@
 
 from __future__ import annotations
 
-import random
-from dataclasses import dataclass
-
 import pytest
 
-from deepseek_frontend.engines.base import GenerateRequest, SamplingParams
 from deepseek_frontend.routing.hashing import block_hashes
 from deepseek_frontend.routing.router import Router, RouterConfig
 from deepseek_frontend.routing.session import session_from_headers, use_session
-
-PAGE = 16
-
-
-@dataclass
-class W:
-    url: str
-    in_flight: int = 0
-
-
-def req(prompt: list[int], rid: str = "r") -> GenerateRequest:
-    return GenerateRequest(rid, prompt, SamplingParams(max_new_tokens=8))
-
-
-def ids(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(100_000) for _ in range(n)]
+from tests.routing.common import PAGE, W, ids, req
 
 
 def router(mode: str, **kw: object) -> Router:

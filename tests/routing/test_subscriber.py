@@ -8,7 +8,6 @@ Every wait is on a condition, bounded in time.
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -20,15 +19,10 @@ from deepseek_frontend.routing.hashing import block_hashes
 from deepseek_frontend.routing.index import KvIndex
 from deepseek_frontend.routing.router import Router, RouterConfig
 from deepseek_frontend.routing.subscriber import KvEventSource, KvEventSubscriber, sources_from_config
+from tests.routing.common import PAGE, ids
 from tests.support.servers import free_port
 
-PAGE = 16
 SRC = ("http://worker", 0)
-
-
-def ids(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(100_000) for _ in range(n)]
 
 
 async def until(condition: Callable[[], bool], what: str, timeout: float = 10.0) -> None:

@@ -5,38 +5,19 @@ workers' per-rank load (routing/router.py, swa.py, load.py)."""
 from __future__ import annotations
 
 import asyncio
-import random
-from dataclasses import dataclass
 
 import msgpack
 import pytest
 import zmq
 
-from deepseek_frontend.engines.base import GenerateRequest, SamplingParams
 from deepseek_frontend.engines.dispatch import with_rank
 from deepseek_frontend.generation import WorkerCapabilities
 from deepseek_frontend.routing.events import decode_batch
 from deepseek_frontend.routing.hashing import block_hashes
 from deepseek_frontend.routing.load import decode_load_stat
 from deepseek_frontend.routing.router import Router, RouterConfig
+from tests.routing.common import PAGE, W, ids, req
 from tests.support.servers import free_port
-
-PAGE = 16
-
-
-@dataclass
-class W:
-    url: str
-    in_flight: int = 0
-
-
-def req(prompt: list[int], rid: str = "r") -> GenerateRequest:
-    return GenerateRequest(rid, prompt, SamplingParams(max_new_tokens=8))
-
-
-def ids(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(100_000) for _ in range(n)]
 
 
 def dp_router(mode: str = "kv-approx", ranks: int = 4, **info: object) -> Router:
