@@ -270,7 +270,8 @@ def test_the_engine_reads_a_prompt_as_the_text_reading_does(prompt_tokenizer: An
 
 def test_image_placeholders_are_counted_on_id_boundaries_only(prompt_tokenizer: Any) -> None:
     """The placeholder id's four bytes can also appear across two neighbouring ids: those are not counted."""
-    from deepseek_frontend.engines.sim.engine import IMAGE_TOKEN_ID, _count_id, _last_index
+    from deepseek_frontend.engines.sim.engine import IMAGE_TOKEN_ID
+    from deepseek_frontend.engines.sim.prompts import count_id, last_index
 
     order = sys.byteorder  # the ids are packed as machine ints
     needle = IMAGE_TOKEN_ID.to_bytes(4, order)
@@ -281,11 +282,11 @@ def test_image_placeholders_are_counted_on_id_boundaries_only(prompt_tokenizer: 
             break
     ids = [5, first, second, 6]
     assert needle in prompt_bytes(ids)  # type: ignore[operator]
-    assert _count_id(prompt_bytes(ids), IMAGE_TOKEN_ID) == 0  # type: ignore[arg-type]
-    assert _last_index(prompt_bytes(ids), IMAGE_TOKEN_ID) == -1  # type: ignore[arg-type]
+    assert count_id(prompt_bytes(ids), IMAGE_TOKEN_ID) == 0  # type: ignore[arg-type]
+    assert last_index(prompt_bytes(ids), IMAGE_TOKEN_ID) == -1  # type: ignore[arg-type]
     ids = [IMAGE_TOKEN_ID, *ids, IMAGE_TOKEN_ID, 1]
-    assert _count_id(prompt_bytes(ids), IMAGE_TOKEN_ID) == 2  # type: ignore[arg-type]
-    assert _last_index(prompt_bytes(ids), IMAGE_TOKEN_ID) == 5  # type: ignore[arg-type]
+    assert count_id(prompt_bytes(ids), IMAGE_TOKEN_ID) == 2  # type: ignore[arg-type]
+    assert last_index(prompt_bytes(ids), IMAGE_TOKEN_ID) == 5  # type: ignore[arg-type]
 
 
 def test_fail_after_zero_fails_before_the_first_token_and_reports_unhealthy(prompt_tokenizer: Any) -> None:

@@ -2,7 +2,7 @@
 
 A real ``serve``; a sequence of unique multi-MB prompts of random words -- chat completions refused
 with 400 for their length after being tokenized, and ``/v1/messages/count_tokens`` answered 200 --
-grows the process by hundreds of MB. A minute after the last one, its resident memory must be
+grows the process by over a hundred MB. A minute after the last one, its resident memory must be
 back within 15% of what it was when warm.
 """
 
@@ -71,7 +71,7 @@ def test_memory_returns_to_its_warm_baseline_after_large_prompts(frontend: Serve
     baseline = _rss_mb(frontend)
     rng = random.Random(25)
     for i in range(6):
-        text = _random_words(rng, 3_000_000 + 500_000 * (i % 3))
+        text = _random_words(rng, 5_000_000 + 500_000 * (i % 3))
         if i % 3 == 2:
             r = client.post(
                 "/v1/messages/count_tokens",
@@ -85,8 +85,8 @@ def test_memory_returns_to_its_warm_baseline_after_large_prompts(frontend: Serve
             assert r.json()["error"]["code"] == "context_length_exceeded"
     # the resident high-water mark: what a request held while it was tokenized, between samples too
     peak = _status_mb(frontend, "VmHWM")
-    # the prompts did cost memory (else this test could not fail) ...
-    assert peak > baseline * TOLERANCE + 100, (baseline, peak)
+    # the prompts did cost memory, well past the tolerance (else this test could not fail) ...
+    assert peak > baseline * TOLERANCE + 50, (baseline, peak)
     # ... and it comes back within a minute
     wait_until(
         lambda: _rss_mb(frontend) <= baseline * TOLERANCE,

@@ -214,9 +214,9 @@ def test_cold_prompts_arriving_together_are_tokenized_in_one_call_each_with_its_
     calls: list[int] = []
     encode_texts = pipeline.tokenizer._encode_texts
 
-    def counting_encode(texts: list[str]) -> list[list[int]]:
+    def counting_encode(texts: list[str], *, bulk: bool = False) -> list[list[int]]:
         calls.append(len(texts))
-        return encode_texts(texts)
+        return encode_texts(texts, bulk=bulk)
 
     pipeline.tokenizer._encode_texts = counting_encode  # type: ignore[method-assign]
     bodies = [{"messages": [{"role": "user", "content": _text(1500, f"prompt {i}")}]} for i in range(12)]

@@ -12,8 +12,8 @@ cancelled) before a thread picked it up is skipped.
 Concurrency is bounded by the thread count; jobs beyond it wait in FIFO order (their number is
 bounded by admission control).
 
-Work that is cheaper done for many requests at once -- cold prompt text, which the Rust tokenizer
-encodes in one call spread over its own threads with the GIL released throughout -- goes to
+Work that is cheaper done for many requests at once -- cold prompt text, which the tokenizer
+encodes in one call with the GIL released throughout -- goes to
 :meth:`OffloadPool.run_batched`: one more daemon thread takes every such job queued (up to
 :data:`BATCH_MAX_WEIGHT`) and hands them to their function together. Per request, the thread hops
 and the GIL hand-offs (each a wait of up to the interpreter's 5 ms switch interval while the event
@@ -183,10 +183,10 @@ class OffloadPool:
 
     def _work_batches(self) -> None:
         # At the event loop's priority, unlike the other threads: batches are the admission of
-        # ordinary cold prompts, work every new request needs before its first token (the Rust
-        # tokenizer runs them on its own pool, whose size ``serve`` leaves a core below the
-        # machine's), not an outsized request's that may wait. Niced, they got a tenth of a core
-        # against any other process on a busy host: measured at 1,024 unique 1K-token streams
+        # ordinary cold prompts, work every new request needs before its first token (encoded on
+        # this thread by tiktoken, or by the Rust tokenizer's pool, whose size ``serve`` leaves a
+        # core below the machine's), not an outsized request's that may wait. Niced, they got a
+        # tenth of a core against any other process on a busy host: measured at 1,024 unique 1K-token streams
         # with other jobs on both cores, 17K tokens/s and first chunk p50 3.3 s against 22K and
         # 2.8 s at this priority with one pool thread.
         jobs: list[_BatchJob] = []

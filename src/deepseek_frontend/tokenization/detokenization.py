@@ -80,7 +80,7 @@ def byte_level_table(tokenizer: Tokenizer, data: dict) -> list[bytes] | None:
     if decoder.get("type") != "ByteLevel":
         return None
     # Map each printable stand-in character back to its byte, then bytes come from latin-1.
-    to_latin1 = {ord(ch): b for ch, b in _bytes_to_unicode_inverse().items()}
+    to_latin1 = {ord(ch): b for ch, b in byte_level_inverse().items()}
     size = tokenizer.get_vocab_size(with_added_tokens=True)
     table: list[bytes] = [b""] * size
     added = {t["id"]: t["content"] for t in data.get("added_tokens", [])}
@@ -97,7 +97,7 @@ def byte_level_table(tokenizer: Tokenizer, data: dict) -> list[bytes] | None:
     return table
 
 
-def _bytes_to_unicode_inverse() -> dict[str, int]:
+def byte_level_inverse() -> dict[str, int]:
     """The inverse of GPT-2's byte-to-printable-character map used by ByteLevel BPE."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
     printable += list(range(ord("®"), ord("ÿ") + 1))

@@ -42,7 +42,7 @@ class SegmentTokenizer(Protocol):
 
     def token_id(self, spelling: str) -> int: ...
 
-    def _encode_texts(self, texts: list[str]) -> list[list[int]]: ...
+    def _encode_texts(self, texts: list[str], *, bulk: bool = False) -> list[list[int]]: ...
 
     def self_check(self, segments: list[PromptSegment], ids: list[int]) -> None: ...
 
@@ -117,9 +117,10 @@ class PendingEncoding:
 
 
 def encode_together(pendings: list[PendingEncoding]) -> list[BaseException | None]:
-    """:meth:`PendingEncoding.encode` of every one of ``pendings``, in one tokenizer call per
-    tokenizer among them: the Rust tokenizer spreads a batch over its own threads with the GIL
-    released throughout, so many requests' cold text costs one call's GIL hand-offs, not one each.
+    """:meth:`PendingEncoding.encode` of every one of ``pendings``, in one text-encoder call per
+    tokenizer among them: the texts are encoded with the GIL released throughout (``tiktoken`` on
+    texts joined into one, or the Rust tokenizer's own threads), so many requests' cold text costs
+    one call's GIL hand-offs, not one each.
 
     Returns, per pending encoding, the exception its own ``encode`` raises (a ``FormatError`` for a
     lone surrogate in its text), or None. A text that cannot be tokenized fails only its own
@@ -134,7 +135,7 @@ def encode_together(pendings: list[PendingEncoding]) -> list[BaseException | Non
         texts = [text for pending in group for text in pending.missing]
         started = time.perf_counter()
         try:
-            encoded = group[0].tokenizer._encode_texts(texts)
+            encoded = group[0].tokenizer._encode_texts(texts, bulk=True)  # on the batch thread
         except Exception:
             for pending in group:
                 try:

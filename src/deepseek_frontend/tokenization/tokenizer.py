@@ -37,7 +37,8 @@ from deepseek_frontend.tokenization.caches import (
 )
 from deepseek_frontend.tokenization.detokenization import IncrementalDetokenizer, byte_level_table
 from deepseek_frontend.tokenization.segment_encoding import PendingEncoding
-from deepseek_frontend.tokenization.text_encoding import encode_texts
+from deepseek_frontend.tokenization.text_encoding import SHORT_TEXT_CHARS, TextEncoder, encode_short
+from deepseek_frontend.tokenization.tiktoken_encoder import tiktoken_text_for
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +77,10 @@ class PromptTokenizer:
             token["special"] = True
         self.text = Tokenizer.from_str(json.dumps(data))
         self.text.encode_special_tokens = True
+        fast, why = tiktoken_text_for(tokenizer_json, data, self.text)
+        #: plain text -> ids: by tiktoken when it gives ``text``'s ids, else by ``text`` itself
+        self.text_encoder = TextEncoder(self.text, fast)
+        logger.debug("%s: text encoded by %s (%s)", source, self.text_encoder.kind, why)
         self.vocab_size: int = self.full.get_vocab_size(with_added_tokens=True)
         self.bos_token_id = self.token_id(BOS_SPELLING)
         self.eos_token_id = self.token_id(EOS_SPELLING)
@@ -141,12 +146,15 @@ class PromptTokenizer:
             return []
         return self._encode_texts([text])[0]
 
-    def _encode_texts(self, texts: list[str]) -> list[list[int]]:
-        """Encode with the text tokenizer (batched when several); lone surrogates are a FormatError."""
-        return encode_texts(self.text, texts)
+    def _encode_texts(self, texts: list[str], *, bulk: bool = False) -> list[list[int]]:
+        """Ids of each text as the text tokenizer gives them; lone surrogates are a FormatError.
+        ``bulk``: see :meth:`.text_encoding.TextEncoder.encode`."""
+        return self.text_encoder.encode(texts, bulk=bulk)
 
     def encode_raw(self, text: str) -> list[int]:
         """Ids as ``tokenizer.encode(text)`` gives them: spellings ARE recognised (raw prompts only)."""
+        if len(text) <= SHORT_TEXT_CHARS:
+            return encode_short(self.full, [text])[0]  # holding the GIL (text_encoding.py)
         try:
             # the same ids as ``encode``, without its character offsets and with the GIL released
             # (text_encoding.py)
@@ -168,7 +176,7 @@ class PromptTokenizer:
         previous prompt of the same conversation and reuses its ids up to the last
         special token both prompts share (one C-level list comparison in the usual
         append-a-turn case); the run cache serves text runs seen anywhere before.
-        What is left is encoded in one ``encode_batch_fast`` call.
+        What is left is encoded in one text-encoder call (:class:`.text_encoding.TextEncoder`).
 
         The same in three steps, for a caller that runs the costly middle one elsewhere:
         :meth:`start_encoding`, :meth:`PendingEncoding.encode`, :meth:`finish_encoding`.
@@ -184,7 +192,7 @@ class PromptTokenizer:
 
         The returned :class:`PendingEncoding` says how much text is left to tokenize
         (``uncached_chars``); its :meth:`~PendingEncoding.encode` does that and may run on
-        another thread (the Rust tokenizer releases the GIL for text of any length worth a
+        another thread (the text encoder releases the GIL for text of any length worth a
         thread); :meth:`finish_encoding` then gives the ids. Raises ``FormatError`` for a special
         segment that is not one token.
         """
@@ -205,7 +213,11 @@ class PromptTokenizer:
         if any(not seg.special and self.contains_token_spelling(seg.text) for seg in segments):
             return  # request text spells a token: the safe ids differ from a naive encode by design
         if self.encode_raw(join_segments(segments)) != ids:
-            logger.error("prompt id caches disagree with a whole-prompt encode; disabling them")
+            logger.error(
+                "prompt id caches disagree with a whole-prompt encode; disabling them and encoding "
+                "text with tokenizers"
+            )
+            self.text_encoder.use_reference()
             self.cache.clear()
             self.cache.max_bytes = 0
             self.prefix_cache.clear()

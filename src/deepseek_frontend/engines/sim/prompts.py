@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,6 +60,34 @@ def prompt_bytes(ids: Sequence[int]) -> bytes | None:
     if not all(isinstance(item, int) for item in ids):
         raise RequestError(INPUT_IDS_ERROR, param="input_ids")
     return None
+
+
+def positions_from_end(data: bytes, token_id: int) -> Iterator[int]:
+    """The indices of ``token_id`` in :func:`prompt_bytes` ``data``, last first (aligned matches
+    only: its four bytes can also straddle two neighbouring ids).
+
+    Searched from the end: ``rfind`` screens positions by the needle's first byte, ``find`` by its
+    last, and the last byte of a little-endian id under 2**24 is zero in every fourth byte of the
+    data (counting in a 12K-token prompt: 17 us this way, 40-50 us the other).
+    """
+    needle = array("i", [token_id]).tobytes()
+    end = len(data)
+    while (at := data.rfind(needle, 0, end)) >= 0:
+        if at % ID_WIDTH == 0:
+            yield at // ID_WIDTH
+            end = at
+        else:
+            end = at + ID_WIDTH - 1
+
+
+def count_id(data: bytes, token_id: int) -> int:
+    """How many times ``token_id`` occurs in :func:`prompt_bytes` ``data``."""
+    return sum(1 for _ in positions_from_end(data, token_id))
+
+
+def last_index(data: bytes, token_id: int) -> int:
+    """The index of the last ``token_id`` in :func:`prompt_bytes` ``data``, or -1."""
+    return next(positions_from_end(data, token_id), -1)
 
 
 @dataclass(slots=True, eq=False)

@@ -1,0 +1,72 @@
+"""The simulated engine reads an agent's follow-up from where the conversation's previous request
+left off (engines/sim/turn_memo.py) and sees exactly what reading the whole prompt sees: the same
+view of tools and results, the same cached prefix."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from deepseek_frontend.engines.sim.engine import PrefixCache, SimulatedEngine, prompt_bytes
+from deepseek_frontend.engines.sim.model import read_prompt
+from deepseek_frontend.engines.sim.prompts import SimPrompt
+from deepseek_frontend.formats import attach_request_tools, get_chat_format
+
+from .conftest import TOOLS, bundled_tokenizer
+
+
+def _agent_prompts(turns: int, salt: str, family: str = "deepseek_v4") -> list[list[int]]:
+    """The prompts of one agent conversation: each turn's tool call and result appended, resent whole."""
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": f"{salt}: find the weather in three cities"}
+    ]
+    prompts = []
+    for turn in range(turns):
+        rendered = get_chat_format(family).encode_messages(
+            attach_request_tools(messages, TOOLS), thinking_mode="chat"
+        )
+        prompts.append(bundled_tokenizer().encode_raw(rendered))
+        call = {"name": "get_weather", "arguments": json.dumps({"location": f"city {turn}"})}
+        messages.append(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [{"id": f"c{turn}", "type": "function", "function": call}],
+            }
+        )
+        messages.append(
+            {
+                "role": "tool",
+                "tool_call_id": f"c{turn}",
+                "content": f"{salt} result {turn}: " + "sunny " * 40 * (turn + 1),
+            }
+        )
+    return prompts
+
+
+def test_follow_ups_read_from_the_memo_see_what_the_whole_prompt_shows() -> None:
+    tokenizer = bundled_tokenizer()
+    engine = SimulatedEngine(tokenizer, page_size=16)
+    for family in ("deepseek_v4", "deepseek_v32"):
+        for conversation in ("alpha", "beta"):
+            for ids in _agent_prompts(5, f"{family} {conversation}", family):
+                expected = read_prompt(tokenizer.decode(ids, skip_special_tokens=False))
+                assert engine._read(ids, prompt_bytes(ids)) == expected
+    # every V4 follow-up's head was decoded from the remembered head of the turn before (V3.2 keeps
+    # a loop's results in the user turn that started it: its head does not change, the head memo has it)
+    assert engine._head_texts.hits == 2 * 4
+
+
+def test_follow_ups_get_the_cached_prefix_the_whole_prompt_gets() -> None:
+    tokenizer = bundled_tokenizer()
+    engine = SimulatedEngine(tokenizer, page_size=16)
+    plain = PrefixCache(page_size=16)
+    for conversation in ("alpha", "beta"):
+        for ids in _agent_prompts(6, conversation):
+            prompt = SimPrompt.of(ids)
+            expected = plain.lookup_and_insert(ids)
+            assert engine._cached_prefix(ids, prompt) == expected
+            fresh = SimPrompt.of(ids)
+            PrefixCache(page_size=16).lookup_and_insert(ids, prompt=fresh)
+            assert prompt.chains == fresh.chains  # the remembered hashes are the pages' own
+    assert engine._page_chains.hits == 2 * 5  # every follow-up started from the turn before's hashes
