@@ -70,3 +70,16 @@ def test_follow_ups_get_the_cached_prefix_the_whole_prompt_gets() -> None:
             PrefixCache(page_size=16).lookup_and_insert(ids, prompt=fresh)
             assert prompt.chains == fresh.chains  # the remembered hashes are the pages' own
     assert engine._page_chains.hits == 2 * 5  # every follow-up started from the turn before's hashes
+
+
+def test_the_memo_keeps_within_its_count_and_its_budget() -> None:
+    from deepseek_frontend.engines.sim.turn_memo import TURN_MEMO_SIZE, HeadTexts
+
+    texts = HeadTexts(budget=1000)
+    data = bytes(range(256)) * 40
+    for count in range(1, 300):
+        texts.remember(data, count, "x" * 7)
+    assert len(texts._by_count) == min(TURN_MEMO_SIZE, 1000 // 7)
+    assert texts.size == 7 * len(texts._by_count) <= 1000
+    texts.remember(data, 5, "y" * 2000)  # longer than the whole budget: not kept
+    assert texts.size <= 1000 and all(len(v) == 7 for _, v in texts._by_count.values())

@@ -13,11 +13,14 @@ prompt: byte-level decoding joins each id's bytes, and a user-turn id's spelling
 ASCII byte, so text cut there rejoins exactly; the page hashes are chained over the same pages
 either way.
 
-Not thread-safe: the head texts are the planning thread's, the page hashes the event loop's.
+The planning thread and the event loop (``plan_request``) may both read prompts, as they share
+the engine's other memo tables: each step here is one ``OrderedDict`` operation, and an entry the
+other evicted meanwhile is only not found.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from itertools import islice
@@ -25,8 +28,12 @@ from typing import Generic, TypeVar
 
 from deepseek_frontend.engines.sim.prompts import ID_WIDTH, SimPrompt
 
-#: prompt heads remembered (each entry: the text of one, or its page hashes)
+#: prompt heads remembered (each entry: the text of one, or its page hashes) ...
 TURN_MEMO_SIZE = 256
+#: ... and at most this many characters of head text (about 32-128 MB) ...
+HEAD_TEXT_BUDGET = 32 * 2**20
+#: ... and page hashes (about 36 MB)
+PAGE_HASH_BUDGET = 2**20
 #: earlier user turns of a prompt looked up, newest first (a lookup is a dict probe; only a length
 #: found there costs a hash of the prompt's bytes)
 LOOKBACK_TURNS = 64
@@ -36,10 +43,14 @@ _Value = TypeVar("_Value")
 
 class _PrefixMemo(Generic[_Value]):
     """Values remembered for a prompt's first ``count`` ids, by ``count`` (the hash of those ids'
-    bytes confirms a match), least recently used dropped first."""
+    bytes confirms a match), least recently used dropped first: at most :data:`TURN_MEMO_SIZE`
+    of them, their lengths together at most ``budget`` (a longer value is not kept)."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
         self._by_count: OrderedDict[int, tuple[int, _Value]] = OrderedDict()
+        #: the lengths of the values held
+        self.size = 0
         #: lookups that found an earlier prefix
         self.hits = 0
 
@@ -48,21 +59,32 @@ class _PrefixMemo(Generic[_Value]):
         for count in islice(counts, LOOKBACK_TURNS):
             entry = self._by_count.get(count)
             if entry is not None and entry[0] == hash(data[: count * ID_WIDTH]):
-                self._by_count.move_to_end(count)
+                with contextlib.suppress(KeyError):  # evicted by the other thread meanwhile
+                    self._by_count.move_to_end(count)
                 self.hits += 1
                 return count, entry[1]
         return None
 
     def remember(self, data: bytes, count: int, value: _Value) -> None:
-        self._by_count[count] = (hash(data[: count * ID_WIDTH]), value)
-        self._by_count.move_to_end(count)
-        while len(self._by_count) > TURN_MEMO_SIZE:
-            self._by_count.popitem(last=False)
+        length = len(value)  # type: ignore[arg-type]
+        if length > self.budget:
+            return
+        table = self._by_count
+        replaced = table.get(count)
+        table[count] = (hash(data[: count * ID_WIDTH]), value)
+        self.size += length - (len(replaced[1]) if replaced is not None else 0)  # type: ignore[arg-type]
+        with contextlib.suppress(KeyError):  # the other thread may be trimming the table too
+            table.move_to_end(count)
+            while len(table) > TURN_MEMO_SIZE or self.size > self.budget:
+                self.size -= len(table.popitem(last=False)[1][1])  # type: ignore[arg-type]
 
 
 class HeadTexts(_PrefixMemo[str]):
     """The text of ``ids[:last]`` (the prompt before its last user turn), decoded from where the
     conversation's previous request left off when that is remembered."""
+
+    def __init__(self, budget: int = HEAD_TEXT_BUDGET) -> None:
+        super().__init__(budget)
 
     def text(
         self,
@@ -87,8 +109,8 @@ class PageChains(_PrefixMemo[list[int]]):
     """Seeds a :class:`SimPrompt`'s prefix-cache page hashes from the conversation's previous
     request, and remembers this one's for the next."""
 
-    def __init__(self, page_size: int) -> None:
-        super().__init__()
+    def __init__(self, page_size: int, budget: int = PAGE_HASH_BUDGET) -> None:
+        super().__init__(budget)
         self.page_size = page_size
 
     def seed(self, prompt: SimPrompt, earlier: Iterator[int]) -> None:
