@@ -22,7 +22,7 @@ Why the ids are the same:
   grows with its merge's position, and BPE reaches every token from its bytes;
   :func:`tiktoken_text_for` checks all three on the vocabulary and uses the ids as ranks.
 * **Checked, not assumed.** Before a tokenizer is used this way its ids are compared with HF's on
-  :func:`check_texts` (every Unicode category next to spaces, digits, CJK and line ends, and random
+  :func:`check_texts` (characters of every kind next to spaces, digits, CJK and line ends, and random
   text from every plane); at run time the prompt caches' sampled self-check compares prompt ids
   with a whole-prompt HF encode and goes back to HF on any difference
   (:meth:`~.tokenizer.PromptTokenizer.self_check`).
