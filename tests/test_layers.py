@@ -47,10 +47,11 @@ def _in(package: str, *names: str) -> tuple[str, ...]:
 #: bottom first; each layer may import only itself and the layers before it
 LAYERS: tuple[Layer, ...] = (
     # what every layer shares: the package's version, the error tree, the request and chunk types
-    # that cross from the API to the engines, tracing, asyncio task helpers, file-descriptor setup
+    # that cross from the API to the engines, tracing, asyncio task helpers, file-descriptor setup,
+    # random ids
     Layer(
         "foundations",
-        _in(PACKAGE, "", ".errors", ".generation", "._tracing", "._tasks", "._descriptors"),
+        _in(PACKAGE, "", ".errors", ".generation", "._tracing", "._tasks", "._descriptors", "._random_ids"),
     ),
     # the DeepSeek chat formats: rendering messages to prompt text and back
     Layer("formats", _in(PACKAGE, ".formats", ".formats.*")),

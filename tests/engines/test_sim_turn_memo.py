@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 from deepseek_frontend.engines.sim.engine import PrefixCache, SimulatedEngine, prompt_bytes
-from deepseek_frontend.engines.sim.model import read_prompt
+from deepseek_frontend.engines.sim.model import USER_TURN, read_prompt
 from deepseek_frontend.engines.sim.prompts import SimPrompt
 from deepseek_frontend.formats import attach_request_tools, get_chat_format
 
@@ -47,14 +47,21 @@ def _agent_prompts(turns: int, salt: str, family: str = "deepseek_v4") -> list[l
 def test_follow_ups_read_from_the_memo_see_what_the_whole_prompt_shows() -> None:
     tokenizer = bundled_tokenizer()
     engine = SimulatedEngine(tokenizer, page_size=16)
+    user_id = tokenizer.encode_raw(USER_TURN)[0]
+    heads: set[int] = set()
     for family in ("deepseek_v4", "deepseek_v32"):
         for conversation in ("alpha", "beta"):
             for ids in _agent_prompts(5, f"{family} {conversation}", family):
                 expected = read_prompt(tokenizer.decode(ids, skip_special_tokens=False))
                 assert engine._read(ids, prompt_bytes(ids)) == expected
+            users = [at for at, token in enumerate(ids) if token == user_id]
+            # what stays: the head all conversations of a family share (before the first user
+            # turn) and each conversation's newest, not one entry per turn
+            heads |= {users[0], users[-1]}
     # every V4 follow-up's head was decoded from the remembered head of the turn before (V3.2 keeps
     # a loop's results in the user turn that started it: its head does not change, the head memo has it)
     assert engine._head_texts.hits == 2 * 4
+    assert {count for count, _ in engine._head_texts._entries} == heads
 
 
 def test_follow_ups_get_the_cached_prefix_the_whole_prompt_gets() -> None:
@@ -70,6 +77,8 @@ def test_follow_ups_get_the_cached_prefix_the_whole_prompt_gets() -> None:
             PrefixCache(page_size=16).lookup_and_insert(ids, prompt=fresh)
             assert prompt.chains == fresh.chains  # the remembered hashes are the pages' own
     assert engine._page_chains.hits == 2 * 5  # every follow-up started from the turn before's hashes
+    # one entry per conversation, its newest request's, and the head both start with
+    assert len(engine._page_chains._entries) == 3
 
 
 def test_the_memo_keeps_within_its_count_and_its_budget() -> None:
@@ -79,7 +88,22 @@ def test_the_memo_keeps_within_its_count_and_its_budget() -> None:
     data = bytes(range(256)) * 40
     for count in range(1, 300):
         texts.remember(data, count, "x" * 7)
-    assert len(texts._by_count) == min(TURN_MEMO_SIZE, 1000 // 7)
-    assert texts.size == 7 * len(texts._by_count) <= 1000
+    assert len(texts._entries) == min(TURN_MEMO_SIZE, 1000 // 7)
+    assert texts.size == 7 * len(texts._entries) <= 1000
     texts.remember(data, 5, "y" * 2000)  # longer than the whole budget: not kept
-    assert texts.size <= 1000 and all(len(v) == 7 for _, v in texts._by_count.values())
+    assert texts.size <= 1000 and all(len(v) == 7 for v in texts._entries.values())
+
+
+def test_conversations_whose_heads_are_equally_long_each_find_their_own() -> None:
+    """Agents' conversations often reach a turn at the same length in ids: each keeps its own entry."""
+    from deepseek_frontend.engines.sim.turn_memo import HeadTexts
+
+    texts = HeadTexts()
+    first, second = bytes(range(256)) * 8, bytes(reversed(range(256))) * 8
+    texts.remember(first, 100, "first head")
+    texts.remember(second, 100, "second head")
+    assert texts.longest(first, iter([300, 100])) == 100 == texts.longest(second, iter([300, 100]))
+    assert texts.take(second, iter([300, 100, 10])) == (100, "second head")
+    assert texts.take(first, iter([300, 100, 10])) == (100, "first head")
+    assert texts.size == 0 and not texts._entries  # taken: each follow-up remembers its own head next
+    assert texts.longest(bytes(2048), iter([100])) is None

@@ -25,7 +25,7 @@ from deepseek_frontend.engines.sim.engine import SimulatedEngine
 from deepseek_frontend.errors import FormatError
 from deepseek_frontend.fleet.config import ModelConfig, ServerConfig
 from deepseek_frontend.pipeline.chat import ChatPipeline
-from deepseek_frontend.pipeline.offload import OFFLOAD_NICENESS, OffloadPool
+from deepseek_frontend.pipeline.offload import OFFLOAD_NICENESS, BatchJob, OffloadPool, take_batch
 from deepseek_frontend.pipeline.request import PreparedRequest
 from deepseek_frontend.server.app import create_app
 from deepseek_frontend.tokenization import PromptTokenizer
@@ -275,3 +275,68 @@ def test_a_batched_job_whose_caller_left_is_not_run() -> None:
     finally:
         pool.close()
     assert seen == [[2]]
+
+
+def _jobs(*weights_and_times: tuple[int, float]) -> list[BatchJob]:
+    loop = asyncio.new_event_loop()
+    try:
+        return [
+            BatchJob(loop, loop.create_future(), _held_until(threading.Event()), index, weight, queued_at)
+            for index, (weight, queued_at) in enumerate(weights_and_times)
+        ]
+    finally:
+        loop.close()
+
+
+def _items(batch: list[BatchJob]) -> list[int]:
+    return [job.item for job in batch]
+
+
+def test_a_batch_takes_the_lightest_jobs_and_leaves_a_heavy_one_for_the_next() -> None:
+    """An agent's follow-up (a few thousand new characters) is not made to wait for the cold prompts
+    of new conversations queued before it; jobs of like weights still go together."""
+    pending = _jobs((70, 0.0), (10, 0.0), (70, 0.0), (12, 0.0), (9, 0.0))
+    assert _items(take_batch(pending, 1000, now=0.1, max_defer_s=1.0)) == [4, 1, 3]
+    assert _items(pending) == [0, 2]  # in the order they came
+    assert _items(take_batch(pending, 1000, now=0.1, max_defer_s=1.0)) == [0, 2]
+    assert pending == []
+
+
+def test_a_batch_of_like_jobs_stops_at_its_weight_bound_in_their_order() -> None:
+    pending = _jobs(*[(100, 0.0)] * 10)
+    assert _items(take_batch(pending, 350, now=0.0, max_defer_s=1.0)) == [0, 1, 2, 3]
+    heavy = _jobs((5000, 0.0))
+    assert _items(take_batch(heavy, 350, now=0.0, max_defer_s=1.0)) == [0]  # heavier than the bound: alone
+
+
+def test_a_job_passed_over_for_long_goes_first() -> None:
+    pending = _jobs((10, 0.9), (70, 0.0), (9, 0.95))
+    batch = take_batch(pending, 1000, now=1.0, max_defer_s=0.5)
+    assert _items(batch)[0] == 1  # waited 1 s behind lighter jobs: first now, the light ones after it
+    assert sorted(_items(batch)) == [0, 1, 2] and pending == []
+
+
+def test_light_jobs_queued_behind_a_heavy_one_run_before_it() -> None:
+    pool = OffloadPool(1, batch_max_defer_s=30.0)
+    batches: list[list[str]] = []
+
+    def record(items: list[str]) -> list[BaseException | None]:
+        batches.append(items)
+        return [None] * len(items)
+
+    async def scenario() -> None:
+        gate = threading.Event()
+        held = asyncio.ensure_future(pool.run_batched(_held_until(gate), "held", 1))
+        await asyncio.sleep(0.05)
+        jobs = [asyncio.ensure_future(pool.run_batched(record, "cold prompt", 70_000))]
+        jobs += [asyncio.ensure_future(pool.run_batched(record, f"follow-up {i}", 10_000)) for i in range(3)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        await held
+        await asyncio.wait_for(asyncio.gather(*jobs), 30)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        pool.close()
+    assert batches == [["follow-up 0", "follow-up 1", "follow-up 2"], ["cold prompt"]]

@@ -12,13 +12,14 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
+
+from deepseek_frontend._random_ids import random_hex
 
 if TYPE_CHECKING:
     from deepseek_frontend._tracing import Tracer
@@ -126,7 +127,7 @@ def get_state(request: Request) -> FrontendState:
 
 def new_request_id(prefix: str = "chatcmpl") -> str:
     """``<prefix>-<32 hex>``: unique per request; also the engine request id."""
-    return f"{prefix}-{os.urandom(16).hex()}"  # what uuid4().hex carries, without building a UUID
+    return f"{prefix}-{random_hex(16)}"  # what uuid4().hex carries (see _random_ids: no system call each)
 
 
 #: where :class:`FrontendApp` puts the server's own ``send`` in the ASGI scope (read by

@@ -31,13 +31,13 @@ from __future__ import annotations
 import json
 import logging
 import re
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from json.encoder import encode_basestring  # type: ignore[attr-defined]  # C-accelerated json string quoting
 from typing import Any
 
+from deepseek_frontend._random_ids import random_hex
 from deepseek_frontend.errors import RequestError
 from deepseek_frontend.parsing.events import (
     ContentDelta,
@@ -152,7 +152,7 @@ def _lex_tables(grammar: DsmlGrammar) -> tuple[_LexTables, ...]:
 
 
 def _default_id() -> str:
-    return f"call_{uuid.uuid4().hex[:24]}"
+    return f"call_{random_hex(12)}"
 
 
 def _reject_constant(name: str) -> Any:

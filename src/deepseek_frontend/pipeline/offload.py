@@ -19,6 +19,11 @@ encodes in one call with the GIL released throughout -- goes to
 and the GIL hand-offs (each a wait of up to the interpreter's 5 ms switch interval while the event
 loop runs Python) were the cost that kept cold prompts from being admitted faster than about one
 at a time per process: with one call per batch they are paid once for all its requests.
+
+Batches are formed lightest jobs first (:func:`take_batch`): an agent's follow-up, whose new text
+is a few thousand characters, does not wait behind the new conversations queued before it, whose
+whole prompts are cold -- the order that gives the shortest waits for the most requests. A job
+passed over for :data:`BATCH_MAX_DEFER_S` goes first, so none waits for ever.
 """
 
 from __future__ import annotations
@@ -29,9 +34,11 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -44,11 +51,57 @@ OFFLOAD_NICENESS = 10
 #: for prompt text, characters: 256 K characters are about 50 unique 1,000-word prompts, about
 #: 50 ms of tokenizing on one core); a single heavier job still runs, alone
 BATCH_MAX_WEIGHT = 262_144
+#: seconds a batched job may be passed over for lighter ones before it goes first
+BATCH_MAX_DEFER_S = 0.25
 
 _Job = tuple[asyncio.AbstractEventLoop, "asyncio.Future[Any]", Callable[..., Any], tuple[Any, ...]]
 #: what a batched job's function gets (its items) and returns (per item, the error it raised or None)
 BatchFunction = Callable[[list[Any]], list["BaseException | None"]]
-_BatchJob = tuple[asyncio.AbstractEventLoop, "asyncio.Future[None]", BatchFunction, Any, int]
+
+
+@dataclass(slots=True, eq=False)
+class BatchJob:
+    """One caller's item for :meth:`OffloadPool.run_batched`, as the batch thread holds it."""
+
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[None]
+    fn: BatchFunction
+    item: Any
+    #: the cost of its work, in the function's own unit (characters of text for the tokenizer)
+    weight: int
+    #: ``time.monotonic()`` when it was queued
+    queued_at: float
+
+
+def take_batch(pending: list[BatchJob], max_weight: int, now: float, max_defer_s: float) -> list[BatchJob]:
+    """The next batch out of ``pending`` (taken from it; at least one job when any is pending).
+
+    Lightest jobs first, and a job joins only while the batch weighs less than ``max_weight`` and
+    only if it weighs at most twice what the batch holds so far: a batch of light jobs is not
+    made to wait for a heavy one, and jobs of like weights still go together. Jobs queued
+    ``max_defer_s`` or longer ago come before all others, oldest first. Otherwise the order
+    among jobs of equal weight is the order they came in (``pending``'s).
+    """
+    overdue = [job for job in pending if now - job.queued_at >= max_defer_s]
+    if overdue:
+        taken = set(map(id, overdue))
+        order = overdue + sorted((job for job in pending if id(job) not in taken), key=_weight)
+    else:
+        order = sorted(pending, key=_weight)
+    batch: list[BatchJob] = []
+    weight = 0
+    for job in order:
+        if batch and (weight >= max_weight or job.weight > 2 * weight):
+            break
+        batch.append(job)
+        weight += job.weight
+    chosen = set(map(id, batch))
+    pending[:] = [job for job in pending if id(job) not in chosen]
+    return batch
+
+
+def _weight(job: BatchJob) -> int:
+    return job.weight
 
 
 def _lower_thread_priority(niceness: int) -> None:
@@ -100,17 +153,19 @@ class OffloadPool:
         threads: int = OFFLOAD_THREADS,
         name: str = "deepseek-offload",
         batch_max_weight: int = BATCH_MAX_WEIGHT,
+        batch_max_defer_s: float = BATCH_MAX_DEFER_S,
     ) -> None:
         if threads < 1:
             raise ValueError(f"threads must be at least 1, got {threads}")
         self.threads = threads
         self.name = name
         self.batch_max_weight = batch_max_weight
+        self.batch_max_defer_s = batch_max_defer_s
         self.pending = 0
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._started: list[threading.Thread] = []
         self._lock = threading.Lock()
-        self._batches: queue.SimpleQueue[_BatchJob | None] = queue.SimpleQueue()
+        self._batches: queue.SimpleQueue[BatchJob | None] = queue.SimpleQueue()
         self._batcher: threading.Thread | None = None
 
     def _ensure_threads(self) -> None:
@@ -164,11 +219,11 @@ class OffloadPool:
         return await future
 
     async def run_batched(self, fn: BatchFunction, item: Any, weight: int) -> None:
-        """Hand ``item`` to ``fn`` on the batch thread, with every other item of ``fn`` queued by then
-        (first come first; the batch's ``weight`` at most :attr:`batch_max_weight`, or one item
-        alone). ``fn(items)`` returns, per item, the exception that item's caller gets (None: done),
-        and raises only for a fault of its own, which every caller of the batch then gets.
-        Cancelling the await leaves the item out if its batch has not started."""
+        """Hand ``item`` to ``fn`` on the batch thread, with other items queued by then (lightest
+        first, see :func:`take_batch`; the batch's ``weight`` at most :attr:`batch_max_weight`, or
+        one item alone). ``fn(items)`` returns, per item, the exception that item's caller gets
+        (None: done), and raises only for a fault of its own, which every caller of the batch then
+        gets. Cancelling the await leaves the item out if its batch has not started."""
         with self._lock:
             if self._batcher is None:
                 self._batcher = threading.Thread(
@@ -178,7 +233,7 @@ class OffloadPool:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         self.pending += 1
-        self._batches.put((loop, future, fn, item, weight))
+        self._batches.put(BatchJob(loop, future, fn, item, weight, time.monotonic()))
         await future
 
     def _work_batches(self) -> None:
@@ -189,45 +244,48 @@ class OffloadPool:
         # tenth of a core against any other process on a busy host: measured at 1,024 unique 1K-token streams
         # with other jobs on both cores, 17K tokens/s and first chunk p50 3.3 s against 22K and
         # 2.8 s at this priority with one pool thread.
-        jobs: list[_BatchJob] = []
+        #: jobs queued and not yet in a batch
+        pending: list[BatchJob] = []
+        closing = False
         while True:
-            job = self._batches.get()
-            if job is None:
-                return
-            jobs.append(job)
-            weight = job[4]
-            while weight < self.batch_max_weight:
+            if not pending:
+                if closing:
+                    return
+                job = self._batches.get()
+                if job is None:
+                    return
+                pending.append(job)
+            while True:
                 try:
                     job = self._batches.get_nowait()
                 except queue.Empty:
                     break
                 if job is None:
-                    self._batches.put(None)  # the pool closes once this batch is done
-                    break
-                jobs.append(job)
-                weight += job[4]
+                    closing = True  # the pool closes once the jobs queued before are done
+                    continue
+                pending.append(job)
+            jobs = take_batch(pending, self.batch_max_weight, time.monotonic(), self.batch_max_defer_s)
             self._run_batch(jobs)
             # no reference to the batch while waiting for the next (its prompts, their ids)
-            jobs = []
+            jobs, job = [], None
 
-    def _run_batch(self, jobs: list[_BatchJob]) -> None:
+    def _run_batch(self, jobs: list[BatchJob]) -> None:
         """Every job of ``jobs`` done: each function called once with its items (jobs whose caller
         went away left out), each caller's future settled by one callback per event loop."""
         settled: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[None], BaseException | None]]] = {}
-        by_fn: dict[BatchFunction, list[_BatchJob]] = {}
+        by_fn: dict[BatchFunction, list[BatchJob]] = {}
         for job in jobs:
-            loop, future = job[0], job[1]
-            if future.cancelled():
-                settled.setdefault(loop, []).append((future, None))
+            if job.future.cancelled():
+                settled.setdefault(job.loop, []).append((job.future, None))
             else:
-                by_fn.setdefault(job[2], []).append(job)
+                by_fn.setdefault(job.fn, []).append(job)
         for fn, group in by_fn.items():
             try:
-                errors: list[BaseException | None] = fn([job[3] for job in group])
+                errors: list[BaseException | None] = fn([job.item for job in group])
             except BaseException as exc:  # the function's own fault: every caller of the batch gets it
                 errors = [exc] * len(group)
             for job, error in zip(group, errors, strict=True):
-                settled.setdefault(job[0], []).append((job[1], error))
+                settled.setdefault(job.loop, []).append((job.future, error))
         for loop, results in settled.items():
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody is waiting any more
                 loop.call_soon_threadsafe(_settle_batch, results, self._done)

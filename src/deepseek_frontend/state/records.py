@@ -8,9 +8,10 @@ same prompt bytes as the item that was written.
 from __future__ import annotations
 
 import hashlib
-import secrets
 from dataclasses import dataclass, field
 from typing import Literal
+
+from deepseek_frontend._random_ids import random_hex
 
 __all__ = [
     "ANONYMOUS_OWNER",
@@ -43,7 +44,7 @@ Order = Literal["asc", "desc"]
 
 def new_id(prefix: str) -> str:
     """``<prefix>_<48 random hex>`` (``resp``, ``msg``, ``conv``, ``fc``, ``rs``...), as OpenAI's ids look."""
-    return f"{prefix}_{secrets.token_hex(ID_RANDOM_HEX // 2)}"
+    return f"{prefix}_{random_hex(ID_RANDOM_HEX // 2)}"
 
 
 def owner_key(api_key: str | bytes | None) -> str:

@@ -29,10 +29,10 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import secrets
 import string
 from typing import TYPE_CHECKING, Any, Literal
 
+from deepseek_frontend._random_ids import random_text
 from deepseek_frontend.api.event_stream import EventEncoder, Section, SSEEvent
 from deepseek_frontend.errors import FrontendError
 
@@ -70,7 +70,7 @@ _ID_ALPHABET = string.ascii_letters + string.digits
 
 def _random_suffix(length: int = 24) -> str:
     # base62 like Anthropic's own ids: safe in URLs, logs and shell commands
-    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(length))
+    return random_text(_ID_ALPHABET, length)
 
 
 def new_message_id() -> str:

@@ -21,12 +21,12 @@ non-streaming answer.
 
 from __future__ import annotations
 
-import secrets
 import string
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from deepseek_frontend._random_ids import random_text
 from deepseek_frontend.api.event_stream import EventEncoder, Section, SSEEvent
 from deepseek_frontend.errors import FrontendError
 
@@ -48,7 +48,7 @@ _ID_ALPHABET = string.ascii_lowercase + string.digits
 
 
 def _new_id(prefix: str) -> str:
-    return prefix + "".join(secrets.choice(_ID_ALPHABET) for _ in range(32))
+    return prefix + random_text(_ID_ALPHABET, 32)
 
 
 def new_response_id() -> str:

@@ -16,13 +16,15 @@ as SGLang applies grammars with a reasoning parser; an ``ebnf`` tool-call gramma
 (``fail_after`` output tokens) are configurable.
 
 Cost per request: the output ids are planned once (and memoised per prompt, seed and
-constraint) on the engine's planning thread, never on the event loop: a plan can be long (a
-"write 100000 words" answer, a schema's value checked against its grammar) and a real engine's
-model never runs on the frontend's loop either; the model's values are bounded too
-(engines/sim/model.py, "Arguments"). Streaming is slicing a list: each chunk after the first
-yields to the event loop (``asyncio.sleep(0)``) so concurrent streams interleave. A long prompt
-is read once per shared prefix when the server hands over its
-:class:`~deepseek_frontend.engines.sim.prompts.SimPrompt`.
+constraint) on the engine's planning thread: a plan can be long (a "write 100000 words"
+answer, a schema's value checked against its grammar, a new conversation's prompt decoded
+whole) and a real engine's model never runs on the frontend's loop either; the model's values
+are bounded too (engines/sim/model.py, "Arguments"). A plan memoised already, or cheap to write
+(a short answer to a prompt whose reading decodes a few thousand ids: an agent's follow-up), is
+written in the request's own step instead, where it costs less than the two thread hops.
+Streaming is slicing a list: each chunk after the first yields to the event loop
+(``asyncio.sleep(0)``) so concurrent streams interleave. A long prompt is read once per shared
+prefix when the server hands over its :class:`~deepseek_frontend.engines.sim.prompts.SimPrompt`.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ from deepseek_frontend.engines.sim.model import (
     Piece,
     PromptHead,
     PromptView,
+    answer_is_short,
     plan_for_grammar,
     plan_output,
     read_head,
@@ -109,6 +112,12 @@ IMAGE_TOKEN_ID = 129264
 PLAN_CACHE_SIZE = 512
 #: prompt heads (the text before the last user turn) whose reading is memoised
 HEAD_CACHE_SIZE = 256
+#: a plan is written in the request's own step on the event loop, not on the planning thread, when
+#: reading its prompt decodes at most this many ids -- its last user turn, and its head past where
+#: the conversation's previous request left off (``HeadTexts``) ...
+INLINE_PLAN_DECODE_IDS = 8192
+#: ... and the prompt has at most this many ids (a new head's text is still scanned whole for tools)
+INLINE_PLAN_PROMPT_IDS = 65_536
 #: uncached tokens per prefill chunk: SGLang's default on an H100/H200-class GPU (4096 below 60 GB,
 #: 16384 from 160 GB; memory_hook.py)
 DEFAULT_CHUNKED_PREFILL_SIZE = 8192
@@ -374,6 +383,32 @@ class SimulatedEngine(EngineClient, Engine):
         key = self._plan_key(request.input_ids, seed, request.sampling.constraint, (), prompt.data)
         return key in self._plans
 
+    def _cheap_to_plan(self, request: GenerateRequest, prompt: SimPrompt) -> bool:
+        """Whether ``request``'s plan costs little enough to write in its own step on the loop: a
+        plain prompt -- no images, no constraint, not continuing an answer already begun
+        (engines/sim/resume.py) -- whose reading (:meth:`_read`, done here when the rest holds)
+        decodes few ids (:data:`INLINE_PLAN_DECODE_IDS`), answered in a few words
+        (:func:`~deepseek_frontend.engines.sim.model.answer_is_short`). An agent's follow-up with
+        a tool result is one (about a millisecond); a new conversation's first turn, decoded
+        whole, is not."""
+        ids, data = request.input_ids, prompt.data
+        if request.images or request.sampling.constraint is not None or data is None:
+            return False
+        if len(ids) > INLINE_PLAN_PROMPT_IDS:
+            return False
+        user_id, assistant_id = self._special_id(USER_TURN), self._assistant_id()
+        if user_id is None or assistant_id is None or last_index(data, assistant_id) < len(ids) - 2:
+            return False  # no answer opened at the end: a continuation, or a prompt of another shape
+        users = positions_from_end(data, user_id)
+        last = next(users, -1)
+        if last < 0 or len(ids) - last > INLINE_PLAN_DECODE_IDS:
+            return False
+        if (last, hash(data[: last * ID_WIDTH])) not in self._heads:
+            known = self._head_texts.longest(data, users)
+            if known is None or last - known > INLINE_PLAN_DECODE_IDS:
+                return False
+        return answer_is_short(self._read(ids, data))
+
     def _read(self, input_ids: Sequence[int], data: bytes | None) -> PromptView:
         """What the model sees of the prompt: :func:`read_prompt` of its text.
 
@@ -533,7 +568,13 @@ class SimulatedEngine(EngineClient, Engine):
         seed = request_seed if request_seed is not None else self.seed
         if prompt is None or prompt.ids is not request.input_ids:
             prompt = SimPrompt.of(request.input_ids)
-        if transferred_plan is not None or self._memoised(request, prompt, seed):
+        if (
+            transferred_plan is not None
+            or self._memoised(request, prompt, seed)
+            or self._cheap_to_plan(request, prompt)
+        ):
+            # in this step: the two thread hops would cost more than the plan (25 ms at 256 agent
+            # streams, against about 1.4 ms of planning a follow-up here)
             planned, image_tokens = self._planned(request, prompt, seed, transferred_plan)
         else:
             # off the loop: /live and every other stream keep their turns while a plan is written

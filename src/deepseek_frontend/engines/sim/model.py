@@ -55,10 +55,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "SHORT_ANSWER_WORDS",
     "USER_TURN",
     "Piece",
     "PromptHead",
     "PromptView",
+    "answer_is_short",
     "dsml_block",
     "example_value",
     "plan_for_grammar",
@@ -589,6 +591,26 @@ def _may_mention(lowered: str | None, word: str) -> bool:
     letters). A substring test is ~20x cheaper than such a search over a long turn, and a
     load-test engine plans every cold prompt."""
     return lowered is None or word in lowered
+
+
+#: a "write N words" answer of at most this many words is short (:func:`answer_is_short`)
+SHORT_ANSWER_WORDS = 1024
+
+
+def answer_is_short(view: PromptView) -> bool:
+    """Whether :func:`plan_output` answers ``view`` in a few hundred characters: a text answer that
+    no "write N words" makes longer than :data:`SHORT_ANSWER_WORDS` -- not tool calls, whose
+    arguments are example values of the declared schemas (up to :data:`MAX_EXAMPLE_TOTAL`
+    characters). The engine writes a short answer on the event loop, where it costs less than
+    the hop to its planning thread."""
+    if (view.open_block and view.tools) or _tools_asked_for(view):
+        return False
+    if view.images or view.tool_result is not None:
+        return True
+    turn = view.last_user
+    lowered = turn.lower() if turn.isascii() else None
+    count = _N_WORDS.search(turn) if _may_mention(lowered, "words") else None
+    return count is None or int(count.group(1)) <= SHORT_ANSWER_WORDS
 
 
 def _text_answer(view: PromptView, seed: int) -> str:

@@ -8,10 +8,10 @@ that part are the previous request's plus the turns between; the previous reques
 turn is one of this prompt's earlier ones. So both are remembered under the ids before each
 prompt's last user turn -- their count, and the hash of their bytes to confirm it -- and a
 follow-up looks for its earlier user turns among them, newest first: a hit leaves only the ids
-after it to decode, and the pages after it to hash. The answers are the same as from the whole
-prompt: byte-level decoding joins each id's bytes, and a user-turn id's spelling starts with an
-ASCII byte, so text cut there rejoins exactly; the page hashes are chained over the same pages
-either way.
+after it to decode, and the pages after it to hash, and is replaced by the follow-up's own. The
+answers are the same as from the whole prompt: byte-level decoding joins each id's bytes, and a
+user-turn id's spelling starts with an ASCII byte, so text cut there rejoins exactly; the page
+hashes are chained over the same pages either way.
 
 The planning thread and the event loop (``plan_request``) may both read prompts, as they share
 the engine's other memo tables: each step here is one ``OrderedDict`` operation, and an entry the
@@ -42,41 +42,85 @@ _Value = TypeVar("_Value")
 
 
 class _PrefixMemo(Generic[_Value]):
-    """Values remembered for a prompt's first ``count`` ids, by ``count`` (the hash of those ids'
-    bytes confirms a match), least recently used dropped first: at most :data:`TURN_MEMO_SIZE`
-    of them, their lengths together at most ``budget`` (a longer value is not kept)."""
+    """Values remembered for a prompt's first ``count`` ids, by ``count`` and the hash of those ids'
+    bytes (conversations of the same agent have heads of equal length: 128 conversations' first
+    turns here spanned 300 counts), least recently used dropped first: at most
+    :data:`TURN_MEMO_SIZE` of them, their lengths together at most ``budget`` (a longer value is
+    not kept). A lookup hashes a prompt's prefix only at the counts some entry has."""
 
     def __init__(self, budget: int) -> None:
         self.budget = budget
-        self._by_count: OrderedDict[int, tuple[int, _Value]] = OrderedDict()
+        self._entries: OrderedDict[tuple[int, int], _Value] = OrderedDict()
+        #: how many entries each count has
+        self._counts: dict[int, int] = {}
         #: the lengths of the values held
         self.size = 0
         #: lookups that found an earlier prefix
         self.hits = 0
 
-    def find(self, data: bytes, counts: Iterator[int]) -> tuple[int, _Value] | None:
-        """The longest remembered prefix among ``counts`` (descending), with its value."""
+    def take(self, data: bytes, counts: Iterator[int]) -> tuple[int, _Value] | None:
+        """The longest remembered prefix among ``counts`` (descending: the prompt's earlier user
+        turns), with its value, which is no longer remembered -- the caller remembers the longer
+        prompt it extends into, so a conversation holds one entry, its newest request's, and 256
+        agent streams per process do not fill the memo with their last two turns each. Kept is
+        a prefix that ends at the prompt's first user turn: the system prompt and tools, which
+        the other conversations of the same agent start with too."""
+        earlier = list(islice(counts, LOOKBACK_TURNS))
+        found = self._match(data, iter(earlier))
+        if found is None:
+            return None
+        self.hits += 1
+        key, value = found
+        if key[0] == earlier[-1] and len(earlier) < LOOKBACK_TURNS:
+            with contextlib.suppress(KeyError):  # the other thread may have evicted it meanwhile
+                self._entries.move_to_end(key)
+        else:
+            self._drop(key)
+        return key[0], value
+
+    def longest(self, data: bytes, counts: Iterator[int]) -> int | None:
+        """The count of the longest remembered prefix among ``counts`` (descending), or None; the
+        memo is left as it was (a question asked before deciding where to :meth:`take` it)."""
+        found = self._match(data, counts)
+        return found[0][0] if found is not None else None
+
+    def _match(self, data: bytes, counts: Iterator[int]) -> tuple[tuple[int, int], _Value] | None:
+        held = self._counts
         for count in islice(counts, LOOKBACK_TURNS):
-            entry = self._by_count.get(count)
-            if entry is not None and entry[0] == hash(data[: count * ID_WIDTH]):
-                with contextlib.suppress(KeyError):  # evicted by the other thread meanwhile
-                    self._by_count.move_to_end(count)
-                self.hits += 1
-                return count, entry[1]
+            if count in held:
+                key = (count, hash(data[: count * ID_WIDTH]))
+                value = self._entries.get(key)
+                if value is not None:
+                    return key, value
         return None
 
     def remember(self, data: bytes, count: int, value: _Value) -> None:
-        length = len(value)  # type: ignore[arg-type]
-        if length > self.budget:
+        if len(value) > self.budget:  # type: ignore[arg-type]
             return
-        table = self._by_count
-        replaced = table.get(count)
-        table[count] = (hash(data[: count * ID_WIDTH]), value)
-        self.size += length - (len(replaced[1]) if replaced is not None else 0)  # type: ignore[arg-type]
-        with contextlib.suppress(KeyError):  # the other thread may be trimming the table too
-            table.move_to_end(count)
-            while len(table) > TURN_MEMO_SIZE or self.size > self.budget:
-                self.size -= len(table.popitem(last=False)[1][1])  # type: ignore[arg-type]
+        key = (count, hash(data[: count * ID_WIDTH]))
+        self._drop(key)
+        self._entries[key] = value
+        self._counts[count] = self._counts.get(count, 0) + 1
+        self.size += len(value)  # type: ignore[arg-type]
+        entries = self._entries
+        while len(entries) > TURN_MEMO_SIZE or self.size > self.budget:
+            try:
+                oldest = next(iter(entries))
+            except (StopIteration, RuntimeError):  # emptied, or changed by the other thread meanwhile
+                break
+            self._drop(oldest)
+
+    def _drop(self, key: tuple[int, int]) -> None:
+        """Forget ``key``'s entry, if held (the other thread may have dropped it first)."""
+        value = self._entries.pop(key, None)
+        if value is None:
+            return
+        self.size -= len(value)  # type: ignore[arg-type]
+        left = self._counts.get(key[0], 0) - 1
+        if left > 0:
+            self._counts[key[0]] = left
+        else:
+            self._counts.pop(key[0], None)
 
 
 class HeadTexts(_PrefixMemo[str]):
@@ -95,7 +139,7 @@ class HeadTexts(_PrefixMemo[str]):
         decode: Callable[[list[int]], str],
     ) -> str:
         """``decode(ids[:last])``; ``earlier``: indices of the user turns before ``last``, newest first."""
-        found = self.find(data, earlier)
+        found = self.take(data, earlier)
         if found is None:
             text = decode(list(ids[:last]))
         else:
@@ -118,7 +162,7 @@ class PageChains(_PrefixMemo[list[int]]):
         before the newest of its ``earlier`` user turns (indices, newest first) that has them."""
         if prompt.chains or prompt.data is None:
             return
-        found = self.find(prompt.data, earlier)
+        found = self.take(prompt.data, earlier)
         if found is not None:
             count, chains = found
             prompt.chains, prompt.chained_ids = list(chains), count
