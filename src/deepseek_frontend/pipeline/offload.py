@@ -244,7 +244,7 @@ class OffloadPool:
         # tenth of a core against any other process on a busy host: measured at 1,024 unique 1K-token streams
         # with other jobs on both cores, 17K tokens/s and first chunk p50 3.3 s against 22K and
         # 2.8 s at this priority with one pool thread.
-        #: jobs queued and not yet in a batch
+        # jobs queued and not yet in a batch
         pending: list[BatchJob] = []
         closing = False
         while True:
