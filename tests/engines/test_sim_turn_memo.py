@@ -4,15 +4,17 @@ view of tools and results, the same cached prefix."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
 from typing import Any
 
 from deepseek_frontend.engines.sim.engine import PrefixCache, SimulatedEngine, prompt_bytes
-from deepseek_frontend.engines.sim.model import USER_TURN, read_prompt
+from deepseek_frontend.engines.sim.model import SHORT_ANSWER_WORDS, USER_TURN, answer_is_short, read_prompt
 from deepseek_frontend.engines.sim.prompts import SimPrompt
 from deepseek_frontend.formats import attach_request_tools, get_chat_format
 
-from .conftest import TOOLS, bundled_tokenizer
+from .conftest import TOOLS, bundled_tokenizer, request_for
 
 
 def _agent_prompts(turns: int, salt: str, family: str = "deepseek_v4") -> list[list[int]]:
@@ -107,3 +109,54 @@ def test_conversations_whose_heads_are_equally_long_each_find_their_own() -> Non
     assert texts.take(first, iter([300, 100, 10])) == (100, "first head")
     assert texts.size == 0 and not texts._entries  # taken: each follow-up remembers its own head next
     assert texts.longest(bytes(2048), iter([100])) is None
+
+
+def _output(engine: SimulatedEngine, ids: list[int], rid: str) -> list[int]:
+    async def collect() -> list[int]:
+        return [
+            t async for chunk in engine.run(request_for(ids, rid, max_new_tokens=64)) for t in chunk.token_ids
+        ]
+
+    return asyncio.run(collect())
+
+
+def test_a_follow_up_is_planned_in_its_own_step_and_a_first_turn_on_the_planning_thread() -> None:
+    """An agent's follow-up (its head remembered from the turn before, a short answer) is planned in
+    the request's own step, without two hops to the planning thread; a new conversation's first
+    turn, read whole, is planned there. Either way the answer is the one the thread writes."""
+    tokenizer = bundled_tokenizer()
+    engine = SimulatedEngine(tokenizer, page_size=16)
+    threaded = SimulatedEngine(tokenizer, page_size=16)
+    threaded._cheap_to_plan = lambda request, prompt: False  # type: ignore[method-assign]
+    planned_on: list[str] = []
+    planned = engine._planned
+
+    def recording(*args: Any) -> Any:
+        planned_on.append(threading.current_thread().name)
+        return planned(*args)
+
+    engine._planned = recording  # type: ignore[method-assign]
+    for turn, ids in enumerate(_agent_prompts(4, "inline")):
+        assert _output(engine, ids, f"r{turn}") == _output(threaded, ids, f"t{turn}")
+    here = threading.current_thread().name
+    assert planned_on[0] != here and planned_on[0].startswith("sim-plan")
+    assert planned_on[1:] == [here] * 3
+
+
+def test_only_a_short_text_answer_is_written_on_the_loop() -> None:
+    """A long answer ("write N words" past SHORT_ANSWER_WORDS) or tool calls (arguments from the
+    schemas) may be long to write: those stay on the planning thread."""
+    tokenizer = bundled_tokenizer()
+    fmt = get_chat_format("deepseek_v4")
+
+    def view(text: str, tools: bool = False) -> Any:
+        messages = [{"role": "user", "content": text}]
+        rendered = fmt.encode_messages(
+            attach_request_tools(messages, TOOLS) if tools else messages, thinking_mode="chat"
+        )
+        return read_prompt(tokenizer.decode(tokenizer.encode_raw(rendered), skip_special_tokens=False))
+
+    assert answer_is_short(view("what is the capital of France?"))
+    assert answer_is_short(view(f"write {SHORT_ANSWER_WORDS} words about rivers"))
+    assert not answer_is_short(view(f"write {SHORT_ANSWER_WORDS + 1} words about rivers"))
+    assert not answer_is_short(view("find the weather in Paris with get_weather", tools=True))
