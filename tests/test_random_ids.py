@@ -54,7 +54,8 @@ def test_threads_drawing_at_once_never_get_the_same_bytes() -> None:
 
 
 def test_a_forked_process_does_not_hand_out_its_parents_bytes() -> None:
-    random_bytes(1)  # the pool is filled now: what the parent hands out next is in it
+    _random_ids._pieces.clear()
+    random_bytes(1)  # the pool is filled again: what the parent hands out next is in it
     assert _random_ids._pieces
     read, write = os.pipe()
     child = os.fork()
