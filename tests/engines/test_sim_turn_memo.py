@@ -127,7 +127,7 @@ def test_a_follow_up_is_planned_in_its_own_step_and_a_first_turn_on_the_planning
     tokenizer = bundled_tokenizer()
     engine = SimulatedEngine(tokenizer, page_size=16)
     threaded = SimulatedEngine(tokenizer, page_size=16)
-    threaded._cheap_to_plan = lambda request, prompt: False  # type: ignore[method-assign]
+    threaded._cheap_plan_view = lambda request, prompt: None  # type: ignore[method-assign]
     planned_on: list[str] = []
     planned = engine._planned
 

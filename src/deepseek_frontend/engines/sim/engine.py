@@ -335,9 +335,11 @@ class SimulatedEngine(EngineClient, Engine):
         constraint: DecodingConstraint | None,
         images: tuple[tuple[int, int, str], ...] = (),
         data: bytes | None = None,
+        view: PromptView | None = None,
     ) -> list[int]:
         """The full output (ending with EOS) the model writes for this prompt (and the sizes of its
-        images); memoised. ``data``: the prompt's :func:`prompt_bytes`, when the caller has them."""
+        images); memoised. ``data``: the prompt's :func:`prompt_bytes`, and ``view`` its reading
+        (:meth:`_read`), when the caller has them."""
         if data is None:
             data = prompt_bytes(input_ids)
         key = self._plan_key(input_ids, seed, constraint, images, data)
@@ -345,7 +347,8 @@ class SimulatedEngine(EngineClient, Engine):
         if cached is not None:
             _touch(self._plans, key)
             return cached
-        view = self._read(input_ids, data)
+        if view is None:
+            view = self._read(input_ids, data)
         if images:
             view = dataclasses.replace(view, images=images)
         pieces = self._plan_pieces(view, seed, constraint)
@@ -383,31 +386,32 @@ class SimulatedEngine(EngineClient, Engine):
         key = self._plan_key(request.input_ids, seed, request.sampling.constraint, (), prompt.data)
         return key in self._plans
 
-    def _cheap_to_plan(self, request: GenerateRequest, prompt: SimPrompt) -> bool:
-        """Whether ``request``'s plan costs little enough to write in its own step on the loop: a
-        plain prompt -- no images, no constraint, not continuing an answer already begun
-        (engines/sim/resume.py) -- whose reading (:meth:`_read`, done here when the rest holds)
-        decodes few ids (:data:`INLINE_PLAN_DECODE_IDS`), answered in a few words
-        (:func:`~deepseek_frontend.engines.sim.model.answer_is_short`). An agent's follow-up with
-        a tool result is one (about a millisecond); a new conversation's first turn, decoded
+    def _cheap_plan_view(self, request: GenerateRequest, prompt: SimPrompt) -> PromptView | None:
+        """The prompt's reading (:meth:`_read`) when ``request``'s plan costs little enough to write
+        in its own step on the loop, else None: a plain prompt -- no images, no constraint, not
+        continuing an answer already begun (engines/sim/resume.py) -- whose reading (done here
+        when the rest holds) decodes few ids (:data:`INLINE_PLAN_DECODE_IDS`), answered in a few
+        words (:func:`~deepseek_frontend.engines.sim.model.answer_is_short`). An agent's follow-up
+        with a tool result is one (about a millisecond); a new conversation's first turn, decoded
         whole, is not."""
         ids, data = request.input_ids, prompt.data
         if request.images or request.sampling.constraint is not None or data is None:
-            return False
+            return None
         if len(ids) > INLINE_PLAN_PROMPT_IDS:
-            return False
+            return None
         user_id, assistant_id = self._special_id(USER_TURN), self._assistant_id()
         if user_id is None or assistant_id is None or last_index(data, assistant_id) < len(ids) - 2:
-            return False  # no answer opened at the end: a continuation, or a prompt of another shape
+            return None  # no answer opened at the end: a continuation, or a prompt of another shape
         users = positions_from_end(data, user_id)
         last = next(users, -1)
         if last < 0 or len(ids) - last > INLINE_PLAN_DECODE_IDS:
-            return False
+            return None
         if (last, hash(data[: last * ID_WIDTH])) not in self._heads:
             known = self._head_texts.longest(data, users)
             if known is None or last - known > INLINE_PLAN_DECODE_IDS:
-                return False
-        return answer_is_short(self._read(ids, data))
+                return None
+        view = self._read(ids, data)
+        return view if answer_is_short(view) else None
 
     def _read(self, input_ids: Sequence[int], data: bytes | None) -> PromptView:
         """What the model sees of the prompt: :func:`read_prompt` of its text.
@@ -471,9 +475,11 @@ class SimulatedEngine(EngineClient, Engine):
         seed: int,
         constraint: DecodingConstraint | None,
         data: bytes | None = None,
+        view: PromptView | None = None,
     ) -> list[int]:
         """The output still to write: the rest of the engine's own plan when ``input_ids`` continue
-        it (a migrated request, see engines/sim/resume.py), else the plan for ``input_ids``."""
+        it (a migrated request, see engines/sim/resume.py), else the plan for ``input_ids``
+        (``view``: their reading, when the caller has it)."""
         if constraint is None:
             assistant_id = self._assistant_id()
             last = None
@@ -485,7 +491,7 @@ class SimulatedEngine(EngineClient, Engine):
             if resumed is not None:
                 written, full = resumed
                 return full[written:]
-        return self.plan_ids(input_ids, seed, constraint, data=data)
+        return self.plan_ids(input_ids, seed, constraint, data=data, view=view)
 
     def _filler_ids(self) -> list[int]:
         """The ids of the filler text an answer is padded with (:func:`_pad_past_stops`), encoded once."""
@@ -568,14 +574,12 @@ class SimulatedEngine(EngineClient, Engine):
         seed = request_seed if request_seed is not None else self.seed
         if prompt is None or prompt.ids is not request.input_ids:
             prompt = SimPrompt.of(request.input_ids)
-        if (
-            transferred_plan is not None
-            or self._memoised(request, prompt, seed)
-            or self._cheap_to_plan(request, prompt)
-        ):
+        here = transferred_plan is not None or self._memoised(request, prompt, seed)
+        view = None if here else self._cheap_plan_view(request, prompt)
+        if here or view is not None:
             # in this step: the two thread hops would cost more than the plan (19-26 ms at 256 agent
             # streams, against about 1.4 ms of planning a follow-up here)
-            planned, image_tokens = self._planned(request, prompt, seed, transferred_plan)
+            planned, image_tokens = self._planned(request, prompt, seed, transferred_plan, view)
         else:
             # off the loop: /live and every other stream keep their turns while a plan is written
             loop = asyncio.get_running_loop()
@@ -800,10 +804,15 @@ class SimulatedEngine(EngineClient, Engine):
         return self._planned(request, prompt, seed if seed is not None else self.seed)[0]
 
     def _planned(
-        self, request: GenerateRequest, prompt: SimPrompt, seed: int, given: Sequence[int] | None = None
+        self,
+        request: GenerateRequest,
+        prompt: SimPrompt,
+        seed: int,
+        given: Sequence[int] | None = None,
+        view: PromptView | None = None,
     ) -> tuple[list[int], int]:
         """``(planned output, extra prompt tokens of its images)``; ``given``: a plan received with
-        the prompt's KV, used as it is."""
+        the prompt's KV, used as it is; ``view``: the prompt's reading, when the caller has it."""
         data = prompt.data
         sizes, image_tokens = self._read_images(request, data)
         constraint = request.sampling.constraint
@@ -811,7 +820,7 @@ class SimulatedEngine(EngineClient, Engine):
             return list(given), image_tokens
         if sizes:
             return self.plan_ids(request.input_ids, seed, constraint, sizes, data), image_tokens
-        return self._plan_or_resume(request.input_ids, seed, constraint, data), image_tokens
+        return self._plan_or_resume(request.input_ids, seed, constraint, data, view), image_tokens
 
     def _read_images(
         self, request: GenerateRequest, data: bytes | None
