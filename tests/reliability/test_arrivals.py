@@ -113,10 +113,11 @@ async def _with_conversation_a(pacer: ArrivalPacer) -> _Harness:
 
 def test_a_follow_up_arriving_last_starts_before_a_burst_of_new_conversations() -> None:
     """The follow-up's task starts in the callback that read it; the new conversations wait until
-    it has answered, then start ``per_tick`` per loop iteration, in arrival order, every one."""
+    it has answered, then start ``per_tick_idle`` per loop iteration, in arrival order, every one."""
 
     async def scenario() -> None:
-        h = await _with_conversation_a(ArrivalPacer(per_tick=4, per_tick_while_warm=0, max_hold_s=30.0))
+        pacer = ArrivalPacer(per_tick=2, per_tick_while_warm=0, max_hold_s=30.0, per_tick_idle=4)
+        h = await _with_conversation_a(pacer)
         assert h.started == ["first"] and h.warm_flags["first"] is False
         # a burst: 10 new conversations, then a follow-up of conversation A
         for i in range(10):
@@ -159,6 +160,42 @@ def test_a_held_request_starts_by_its_deadline_while_warm_ones_keep_waiting() ->
         h.release("followup")
         await asyncio.gather(*h.state.tasks)
         assert h.pacer.warm_waiting == 0
+
+    asyncio.run(scenario())
+
+
+def test_held_requests_go_at_per_tick_while_warm_ones_wait_and_at_per_tick_idle_after() -> None:
+    """Past their deadline, held new conversations start ``per_tick`` per loop iteration while a
+    follow-up still waits for its answer; once it has answered, ``per_tick_idle`` per iteration
+    (the loop's iterations are long under a burst: a slow pace would hold arrivals for seconds)."""
+
+    async def scenario() -> None:
+        pacer = ArrivalPacer(per_tick=2, per_tick_while_warm=0, max_hold_s=0.05, per_tick_idle=6)
+        h = await _with_conversation_a(pacer)
+        h.send(_post(_body("conversation A", ".followup")))  # waits until released below
+        names = [f"cold{i}" for i in range(40)]
+        for name in names:
+            h.release(name)
+            h.send(_post(_body(f"new conversation {name}", f".{name}")))
+        deadline = time.monotonic() + 5.0  # bounded: the hold is 50 ms
+        while len(h.started) <= 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0)  # one loop iteration at a time: each may start held ones
+        counts = []
+        for _ in range(4):
+            counts.append(len(h.started))
+            await asyncio.sleep(0)
+        steps = [b - a for a, b in itertools.pairwise(counts)]
+        assert h.pacer.warm_waiting == 1 and h.pacer.held > 0
+        assert max(steps) <= 2 and sum(steps) > 0, steps
+        h.release("followup")
+        counts = []
+        for _ in range(12):
+            counts.append(len(h.started))
+            await asyncio.sleep(0)
+        steps = [b - a for a, b in itertools.pairwise(counts)]
+        assert max(steps) == 6, steps
+        await asyncio.gather(*h.state.tasks)
+        assert h.started[2:] == names and h.pacer.held == 0
 
     asyncio.run(scenario())
 

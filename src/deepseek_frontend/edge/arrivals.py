@@ -15,10 +15,17 @@ request's ASGI task, and judges it with :class:`~deepseek_frontend.edge.turns.Re
   starts at once (:meth:`ArrivalPacer.warm_started`), and is counted until it answers (its
   response starts) or ends;
 * a **cold** one waits in a FIFO (:meth:`ArrivalPacer.hold`). Each loop iteration starts
-  ``per_tick`` of them while no warm request is waiting for its answer, and
+  ``per_tick_idle`` of them while no warm request is waiting for its answer, and
   ``per_tick_while_warm`` while some are, so a burst's new conversations never fill one iteration
-  with their first steps. A request held ``max_hold_s`` goes at the full pace whatever arrives
-  after it.
+  with their first steps. A request held ``max_hold_s`` goes at ``per_tick`` per iteration
+  whatever arrives after it.
+
+  ``per_tick_idle`` is larger than ``per_tick`` because the loop's iterations are long when it
+  has most to start: under a burst an iteration carries every started stream's chunk, 20-100 ms
+  at 1,024 streams, and 8 starts per iteration then took 2 s to start 1,024 requests that had all
+  arrived in 150 ms (half the runs at 1,024 unique streams with one process: 39-46K tokens/s
+  against 55-66K with 64 or more). A started request's first steps wait for a loop turn
+  (``LoopTurns``), so what 64 starts add to one iteration is 64 tasks' steps up to that wait.
 * **connections still arriving** count like warm requests waiting: a new connection is
   :meth:`~ArrivalPacer.connection_arrived` until its first request has been judged (or it
   closes, or ``max_hold_s`` passes), and no cold request starts while one is. In a burst the
@@ -37,7 +44,10 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
 
-#: cold requests started per loop iteration while no warm request waits for its answer
+#: cold requests started per loop iteration while no warm request waits for its answer (and no
+#: new connection is being read)
+PER_TICK_IDLE = 64
+#: ... held ``max_hold_s`` while warm requests still wait
 PER_TICK = 8
 #: ... and while some do (0: held until the warm ones answer, or until ``MAX_HOLD_S``)
 PER_TICK_WHILE_WARM = 0
@@ -64,6 +74,7 @@ class ArrivalPacer:
         "cold",
         "max_hold_s",
         "per_tick",
+        "per_tick_idle",
         "per_tick_while_warm",
         "warm",
         "warm_waiting",
@@ -74,10 +85,14 @@ class ArrivalPacer:
         per_tick: int = PER_TICK,
         per_tick_while_warm: int = PER_TICK_WHILE_WARM,
         max_hold_s: float = MAX_HOLD_S,
+        per_tick_idle: int = PER_TICK_IDLE,
     ) -> None:
-        if per_tick < 1:
-            raise ValueError(f"per_tick must be at least 1, got {per_tick}")
+        if per_tick < 1 or per_tick_idle < 1:
+            raise ValueError(
+                f"per_tick and per_tick_idle must be at least 1, got {per_tick} and {per_tick_idle}"
+            )
         self.per_tick = per_tick
+        self.per_tick_idle = per_tick_idle
         self.per_tick_while_warm = max(0, per_tick_while_warm)
         self.max_hold_s = max_hold_s
         #: warm requests started that have not answered yet
@@ -155,12 +170,17 @@ class ArrivalPacer:
         if not held:
             return
         now = time.monotonic()
-        # Held past its deadline, the oldest goes at the full pace even while warm requests wait;
-        # never more than ``per_tick`` at once: a whole burst released in one iteration is the
-        # stall this is here to prevent.
+        # Held past its deadline, the oldest goes at ``per_tick`` even while warm requests wait;
+        # never more than ``per_tick_idle`` at once: a whole burst released in one iteration is
+        # the stall this is here to prevent.
         overdue = held[0][0] <= now
         waiting = self._waiting(now)
-        budget = self.per_tick if overdue or not waiting else self.per_tick_while_warm
+        if not waiting:
+            budget = self.per_tick_idle
+        elif overdue:
+            budget = self.per_tick
+        else:
+            budget = self.per_tick_while_warm
         while held and budget > 0:
             _, start, alive = held.popleft()
             if not alive():
