@@ -22,10 +22,11 @@ request's ASGI task, and judges it with :class:`~deepseek_frontend.edge.turns.Re
 
   ``per_tick_idle`` is larger than ``per_tick`` because the loop's iterations are long when it
   has most to start: under a burst an iteration carries every started stream's chunk, 20-100 ms
-  at 1,024 streams, and 8 starts per iteration then took 2 s to start 1,024 requests that had all
-  arrived in 150 ms (half the runs at 1,024 unique streams with one process: 39-46K tokens/s
-  against 55-66K with 64 or more). A started request's first steps wait for a loop turn
-  (``LoopTurns``), so what 64 starts add to one iteration is 64 tasks' steps up to that wait.
+  at 1,024 streams, and 8 starts per iteration then took 2 s to start 1,024 requests whose bytes
+  had all been read within 100 ms (about half the runs at 1,024 unique streams with one process:
+  39-49K tokens/s, against 55-66K with 64 per iteration or more). A started request's first
+  steps wait for a loop turn (``LoopTurns``), so what 64 starts add to one iteration is 64 tasks'
+  steps up to that wait.
 * **connections still arriving** count like warm requests waiting: a new connection is
   :meth:`~ArrivalPacer.connection_arrived` until its first request has been judged (or it
   closes, or ``max_hold_s`` passes), and no cold request starts while one is. In a burst the
