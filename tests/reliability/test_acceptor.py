@@ -1,4 +1,4 @@
-"""``serve`` accepts a burst of connections at once, however busy its event loop is (api/acceptor.py).
+"""``serve`` accepts a burst of connections at once, however busy its event loop is (server/acceptor.py).
 
 uvloop's own server accepts one connection per loop iteration, so on a busy loop the last of a
 burst of arrivals waited for hundreds of iterations before it was even accepted
@@ -188,3 +188,82 @@ def test_a_connection_setup_is_stepped_through_futures_and_bare_yields_and_a_fai
             sock.close()
 
     uvloop.run(scenario())
+
+
+def test_declined_connections_wait_in_the_queue_are_looked_at_again_and_taken_once_admitted() -> None:
+    """``admits`` saying no leaves connections in the kernel's queue for another process; the
+    acceptor looks again every ``DEFER_S`` (not at every loop iteration) and takes them once
+    admitted."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        listening = _listening_socket(64)
+        made: list[asyncio.BaseTransport] = []
+        admitting = False
+        asked: list[int] = []
+
+        def admits(taken: int) -> bool:
+            asked.append(taken)
+            return admitting
+
+        acceptor = BulkAcceptor(loop, listening, functools.partial(_Recorder, made.append), admits=admits)
+        acceptor.start()
+        clients = [socket.create_connection(listening.getsockname()) for _ in range(5)]
+        try:
+            await asyncio.sleep(0.2)
+            assert made == [] and acceptor.accepted == 0
+            # looked at again about every DEFER_S while they wait, far fewer than loop iterations
+            assert 10 <= acceptor.declined <= 0.2 / acceptor_module.DEFER_S + 10
+            admitting = True
+            await _until(lambda: len(made) == 5)
+            assert acceptor.accepted == 5
+        finally:
+            acceptor.close()
+            for transport in made:
+                transport.close()
+            for client in clients:
+                client.close()
+            listening.close()
+
+    uvloop.run(scenario())
+
+
+def test_connections_left_queued_past_the_patience_are_taken_anyway() -> None:
+    """A process leaves connections to a lighter sibling only for ``patience_s``: a sibling that does
+    not take them (stopped, stuck) does not leave them waiting for ever."""
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        listening = _listening_socket(64)
+        made: list[asyncio.BaseTransport] = []
+        acceptor = BulkAcceptor(
+            loop, listening, functools.partial(_Recorder, made.append), admits=lambda _: False, patience_s=0.1
+        )
+        acceptor.start()
+        started = loop.time()
+        clients = [socket.create_connection(listening.getsockname()) for _ in range(3)]
+        try:
+            await _until(lambda: len(made) == 3)
+            assert loop.time() - started >= 0.1  # not before the patience ran out
+            # a new connection after the queue emptied is declined again first
+            declined = acceptor.declined
+            clients.append(socket.create_connection(listening.getsockname()))
+            await _until(lambda: acceptor.declined > declined)
+            assert len(made) == 3
+            await _until(lambda: len(made) == 4)
+        finally:
+            acceptor.close()
+            for transport in made:
+                transport.close()
+            for client in clients:
+                client.close()
+            listening.close()
+
+    uvloop.run(scenario())
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "the condition did not come true in time"
+        await asyncio.sleep(0.005)

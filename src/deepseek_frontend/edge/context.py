@@ -107,6 +107,8 @@ class FrontendState:
     process_group: ProcessGroup | None = None
     #: the HTTP protocol's counters (``server/http_protocol.py``; None: not served by ``serve``)
     connection_stats: dict[str, int] | None = None
+    #: the HTTP protocol's connection counts (``open`` among them; None: not served by ``serve``)
+    connection_counts: dict[str, int] | None = None
     #: this process's batch runner (None: batches are run by other processes only, or not at all)
     batch_runner: BatchWork | None = None
 

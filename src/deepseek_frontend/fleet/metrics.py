@@ -143,10 +143,12 @@ class _ProcessCollector:
         offload_pending: Callable[[], int],
         http_stats: Callable[[], dict[str, int] | None],
         arrivals: Any = None,
+        http_counts: Callable[[], dict[str, int] | None] = lambda: None,
     ) -> None:
         self._offload_pending = offload_pending
         self._http_stats = http_stats
         self._arrivals = arrivals
+        self._http_counts = http_counts
 
     def collect(self) -> Iterator[Metric]:
         yield GaugeMetricFamily(
@@ -161,6 +163,13 @@ class _ProcessCollector:
             ("parser_errors", "Requests the HTTP parser rejected (400)."),
         ):
             yield CounterMetricFamily(f"{PREFIX}_http_{key}", text, stats.get(key, 0))
+        counts = self._http_counts()
+        if counts is not None:
+            yield GaugeMetricFamily(
+                f"{PREFIX}_http_connections_open",
+                "Client connections open on this process (serve --workers N balances them).",
+                counts["open"],
+            )
         arrivals = self._arrivals
         if arrivals is not None:
             yield GaugeMetricFamily(
@@ -331,9 +340,11 @@ class FrontendMetrics:
         offload_pending: Callable[[], int],
         http_stats: Callable[[], dict[str, int] | None] = lambda: None,
         arrivals: Any = None,
+        http_counts: Callable[[], dict[str, int] | None] = lambda: None,
     ) -> None:
-        """Export the offload, HTTP-limit and arrival counters the process's models share."""
-        self.registry.register(_ProcessCollector(offload_pending, http_stats, arrivals))
+        """Export the offload, HTTP-limit, open-connection and arrival figures the process's models
+        share."""
+        self.registry.register(_ProcessCollector(offload_pending, http_stats, arrivals, http_counts))
 
     def render(self) -> bytes:
         """Prometheus text exposition of every metric."""

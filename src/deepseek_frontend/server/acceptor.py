@@ -17,6 +17,13 @@ server would have made. When the process is out of
 file descriptors (or the kernel of buffers), accepting pauses for ``PAUSE_S`` instead of
 spinning on a socket that stays readable, and the connections wait in the kernel's queue.
 
+An acceptor can be told whether to take the next connection (``admits``): ``serve --workers N``
+balances connections over its processes that way (server/processes.py). Connections left in the
+queue are looked at again ``DEFER_S`` later, not at every iteration of a loop whose socket stays
+readable (500 looks a second at most: about 1% of a core while a stopped sibling's queue is
+full); with ``patience_s`` the acceptor takes them anyway once it has left them queued that long
+(the sibling meant to take them is stopped or busy).
+
 :class:`FrontendServer` is uvicorn's ``Server`` with its public sockets served this way; any
 other socket it is given (``--workers N``'s private metrics socket) is served by uvicorn as usual.
 """
@@ -27,16 +34,24 @@ import asyncio
 import errno
 import functools
 import logging
+import select
 import socket
 from collections.abc import Callable
 from typing import Any
 
 import uvicorn
 
+from .processes import HEARTBEAT_S
+
 log = logging.getLogger("deepseek_frontend.api")
 
 #: seconds accepting pauses when the process or the kernel is out of a resource (as asyncio's server)
 PAUSE_S = 1.0
+#: seconds before connections an acceptor declined are looked at again
+DEFER_S = 0.002
+#: seconds a process leaves its own socket's connections to a lighter sibling before taking them
+#: itself (a sibling whose loop stopped is not left any: server/processes.py)
+PATIENCE_S = 0.3
 #: accept errors that say "out of a resource": pause rather than retry at once
 _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
@@ -44,9 +59,12 @@ _RESOURCE_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.E
 class BulkAcceptor:
     """Accepts up to ``per_wake`` pending connections of ``sock`` at each wake-up (module docstring).
 
-    ``protocol_factory()`` makes each connection's protocol. ``start()`` begins watching,
-    ``close()`` stops (the socket itself stays open: its owner closes it). ``accepted`` counts
-    connections, ``paused`` the pauses for lack of a resource.
+    ``protocol_factory()`` makes each connection's protocol. ``admits(n)``, when given, says
+    whether to take the next connection, ``n`` being those taken at this wake-up so far;
+    ``patience_s``: seconds after which declined connections are taken anyway (None: never).
+    ``start()`` begins watching, ``close()`` stops (the socket itself stays open: its owner
+    closes it). ``accepted`` counts connections, ``paused`` the pauses for lack of a resource,
+    ``declined`` the wake-ups that left connections queued.
     """
 
     def __init__(
@@ -55,16 +73,24 @@ class BulkAcceptor:
         sock: socket.socket,
         protocol_factory: Callable[[], asyncio.Protocol],
         per_wake: int = 64,
+        admits: Callable[[int], bool] | None = None,
+        patience_s: float | None = None,
     ) -> None:
         self.loop = loop
         self.sock = sock
         self.protocol_factory = protocol_factory
         self.per_wake = max(1, per_wake)
+        self.admits = admits
+        self.patience_s = patience_s
         self.accepted = 0
         self.paused = 0
+        self.declined = 0
         self._watching = False
         self._closed = False
         self._resume: asyncio.TimerHandle | None = None
+        #: loop time of the first decline of connections still queued (None: none declined)
+        self._declined_at: float | None = None
+        self._poll: select.poll | None = None
 
     def start(self) -> BulkAcceptor:
         self.sock.setblocking(False)
@@ -90,11 +116,41 @@ class BulkAcceptor:
             self._resume.cancel()
             self._resume = None
 
+    def _admitted(self, taken: int) -> bool:
+        """Whether to take the next connection now (else the wake-up ends and a look is scheduled)."""
+        if self.admits is None or self.admits(taken):
+            self._declined_at = None
+            return True
+        now = self.loop.time()
+        if self._declined_at is None:
+            self._declined_at = now
+        elif self.patience_s is not None and now - self._declined_at >= self.patience_s:
+            return True  # left long enough: taken until the queue is empty
+        self.declined += 1
+        self._unwatch()
+        self._resume = self.loop.call_later(DEFER_S, self._look_again)
+        return False
+
+    def _look_again(self) -> None:
+        if self._declined_at is not None and not self._queued():
+            self._declined_at = None  # the queue emptied meanwhile (a sibling took its connections)
+        self._watch()
+
+    def _queued(self) -> bool:
+        """Whether connections wait in the socket's queue (a poll that does not wait)."""
+        if self._poll is None:
+            self._poll = select.poll()
+            self._poll.register(self.sock.fileno(), select.POLLIN)
+        return bool(self._poll.poll(0))
+
     def _accept_pending(self) -> None:
-        for _ in range(self.per_wake):
+        for taken in range(self.per_wake):
+            if not self._admitted(taken):
+                return
             try:
                 conn, _ = self.sock.accept()
             except (BlockingIOError, InterruptedError):
+                self._declined_at = None
                 return  # the queue is empty
             except ConnectionAbortedError:
                 continue  # the client gave up while it waited in the queue
@@ -148,15 +204,19 @@ class FrontendServer(uvicorn.Server):
         public: list[socket.socket],
         slot: Any = None,
         probes: list[tuple[socket.socket, Any]] | None = None,
+        public_protocol: Any = None,
     ) -> None:
         super().__init__(config)
+        #: the protocol class of the public sockets' connections (None: ``config``'s)
+        self.public_protocol = public_protocol
         self.public = public
         #: (socket, protocol class) of probe listeners (``serve --probe-port``), accepted the same way
         self.probes = probes or []
-        #: ``serve --workers N``'s ProcessSlot: this process also accepts on a dead sibling's socket
+        #: ``serve --workers N``'s ProcessSlot: connections balanced with the siblings, and a dead
+        #: sibling's socket accepted here
         self.slot = slot
         self.acceptors: list[BulkAcceptor] = []
-        self._standby: asyncio.Task[None] | None = None
+        self._heartbeat: asyncio.TimerHandle | None = None
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         try:
@@ -170,13 +230,16 @@ class FrontendServer(uvicorn.Server):
             return
         loop = asyncio.get_running_loop()
         make_protocol = functools.partial(
-            self.config.http_protocol_class,
+            self.public_protocol or self.config.http_protocol_class,
             config=self.config,
             server_state=self.server_state,
             app_state=self.lifespan.state,
         )
+        slot = self.slot
         for sock in self.public:
             acceptor = BulkAcceptor(loop, sock, make_protocol)
+            if slot is not None:  # balanced with the siblings (server/processes.py)
+                acceptor.admits, acceptor.patience_s = slot.admits_own, PATIENCE_S
             try:
                 self.acceptors.append(acceptor.start())
             except NotImplementedError:  # a loop without add_reader (Windows' proactor): uvicorn's way
@@ -190,19 +253,21 @@ class FrontendServer(uvicorn.Server):
                 app_state=self.lifespan.state,
             )
             self.acceptors.append(BulkAcceptor(loop, sock, make_probe).start())
-        if self.slot is not None and self.acceptors:
+        if slot is not None and self.acceptors:
+            self._beat()
+            slot.mark_accepting()
+            # a sibling's socket: taken over while it is down, helped while it holds more connections
+            for index, sock in slot.siblings.items():
+                admits = functools.partial(slot.admits_from, index)
+                self.acceptors.append(BulkAcceptor(loop, sock, make_protocol, admits=admits).start())
 
-            def adopt(sock: socket.socket) -> Callable[[], None]:
-                acceptor = BulkAcceptor(loop, sock, make_protocol).start()
-                self.acceptors.append(acceptor)
-                return acceptor.close
-
-            self.slot.mark_accepting()
-            self._standby = loop.create_task(self.slot.watch_siblings(adopt))
+    def _beat(self) -> None:
+        self.slot.beat()
+        self._heartbeat = asyncio.get_running_loop().call_later(HEARTBEAT_S, self._beat)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        if self._standby is not None:
-            self._standby.cancel()
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
         for acceptor in self.acceptors:
             acceptor.close()
         await super().shutdown(sockets=sockets)

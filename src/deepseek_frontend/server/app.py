@@ -185,6 +185,7 @@ def create_app(
         # the serve command gives its HTTP protocol's counters (none under a test client)
         lambda: state.connection_stats,
         state.arrivals,
+        lambda: state.connection_counts,
     )
 
     routes: list[BaseRoute] = [

@@ -152,6 +152,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     arrivals: ArrivalPacer | None = None
     #: the heads of recent request bodies, which judge an arrival warm or cold
     heads: RecentHeads | None = None
+    #: told +1 when a connection opens and -1 when it closes (``serve --workers N`` balances its
+    #: public connections over the processes: :func:`counting_connections`)
+    on_connections: Callable[[int], None] | None = None
     #: counters shared by all connections of this class (read by the app's metrics)
     stats: ClassVar[dict[str, int]] = {"header_timeouts": 0, "refused_connections": 0, "parser_errors": 0}
     #: connections of this class: open, waiting past the limit, draining after a refusal
@@ -246,6 +249,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         counts = type(self).counts
         counts["open"] += 1
         self._counted = True
+        if self.on_connections is not None:
+            self.on_connections(1)
         limit = self.max_connections
         if limit is not None and counts["open"] > limit:
             if counts["overflow"] >= self.overflow_slots:
@@ -265,6 +270,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         if self._counted:
             counts["open"] -= 1
             self._counted = False
+            if self.on_connections is not None:
+                self.on_connections(-1)
         if self._overflow:
             counts["overflow"] -= 1
             self._overflow = False
@@ -459,3 +466,11 @@ def guarded_protocol(
         "stats": {"header_timeouts": 0, "refused_connections": 0, "parser_errors": 0},
     }
     return type("ConfiguredHttpToolsProtocol", (GuardedHttpToolsProtocol,), attrs)
+
+
+def counting_connections(
+    protocol: type[GuardedHttpToolsProtocol], on_connections: Callable[[int], None]
+) -> type[GuardedHttpToolsProtocol]:
+    """``protocol`` whose connections also tell ``on_connections`` +1 as they open and -1 as they
+    close; its limits, counters and pacing are ``protocol``'s own (a subclass shares them)."""
+    return type(protocol.__name__, (protocol,), {"on_connections": staticmethod(on_connections)})

@@ -26,11 +26,21 @@ How it works (Linux / POSIX, ``os.fork``):
 * The port never stops accepting: the supervisor makes every child's listening socket before
   forking it and keeps its own copy open, so a dead child's socket stays in the kernel's
   ``SO_REUSEPORT`` group with its accept queue (closing it would reset the connections queued
-  there). Every child inherits every socket: while a sibling is not accepting (dead, or not
-  started yet) the others accept on its socket too (:meth:`ProcessSlot.watch_siblings`, checked
-  every :data:`ADOPT_POLL_S`), and its replacement takes it back once it serves. So connections
-  the kernel gives a dead child's socket wait there for a moment, none refused or reset; only
-  those the dead child had already accepted are lost with it.
+  there). Every child inherits every socket and watches its siblings' too: while a sibling is not
+  accepting (dead, or not started yet) the others accept on its socket whenever connections wait
+  there (:meth:`ProcessSlot.admits_from`), and its replacement takes it back once it serves. So
+  connections the kernel gives a dead child's socket wait there for a moment, none refused or
+  reset; only those the dead child had already accepted are lost with it.
+* Connections are balanced over the processes. The kernel's hash splits a burst unevenly (138 and
+  118 of 256 connections, measured), and the busier process's first tokens then wait longer
+  (docs/performance.md, "Connections balanced over the processes"). Each child publishes how many
+  connections it holds in the shared page. A child holding too many more than an accepting
+  sibling (:func:`unbalanced`) leaves its new connections queued
+  (:meth:`ProcessSlot.admits_own`), and that lighter sibling accepts them from its socket
+  (:meth:`ProcessSlot.admits_from`) at its next event-loop iteration. A sibling whose loop has
+  not turned for :data:`STALE_S` (a heartbeat every :data:`HEARTBEAT_S`: stopped, or stuck) is
+  left nothing, and a process takes the connections it left queued for ``PATIENCE_S``
+  (server/acceptor.py) itself: under a burst a busy sibling's iteration can take that long.
 * ``/metrics`` covers every process: each child also serves the app on a private Unix socket
   in a 0700 temporary directory; the process answering a scrape fetches its siblings' own
   metrics (``/metrics?scope=process``) through those sockets and returns all series with a
@@ -66,7 +76,7 @@ from typing import Any
 from . import hangups
 from .startup import STARTUP_FAILED
 
-__all__ = ["ProcessSlot", "fork_processes", "merge_expositions", "restart_delay"]
+__all__ = ["ProcessSlot", "fork_processes", "merge_expositions", "restart_delay", "unbalanced"]
 
 log = logging.getLogger("deepseek_frontend.serve")
 
@@ -81,8 +91,14 @@ RESTART_MIN_S = 0.5
 RESTART_MAX_S = 30.0
 #: seconds a child must have run for its next death to restart it after RESTART_MIN_S again
 STABLE_S = 30.0
-#: seconds between a child's looks at which siblings are down (their sockets then accepted by it)
-ADOPT_POLL_S = 0.25
+#: connections a process may hold past an accepting sibling before it leaves new ones to it...
+BALANCE_MARGIN = 2
+#: ...or this fraction (1/N) of the sibling's connections, when that is more
+BALANCE_SHARE = 16
+#: seconds between a child's heartbeats in the shared page (its event loop turns)
+HEARTBEAT_S = 0.1
+#: seconds without a heartbeat after which a sibling is not left connections (stopped, or stuck)
+STALE_S = 0.5
 _COUNTER = struct.Struct("<Q")
 
 
@@ -92,6 +108,14 @@ def _read(shared: mmap.mmap, field_index: int) -> int:
 
 def _write(shared: mmap.mmap, field_index: int, value: int) -> None:
     _COUNTER.pack_into(shared, field_index * _COUNTER.size, value)
+
+
+def unbalanced(heavier: int, lighter: int) -> bool:
+    """Whether a process holding ``heavier`` connections leaves new ones to one holding ``lighter``:
+    it holds :data:`BALANCE_MARGIN` more, and a :data:`BALANCE_SHARE`-th more. The margin grows
+    with the load: with 2 alone, two busy processes waited on each other all through a burst of
+    1,024 connections (47-68K tokens/s, against 72-74K with the kernel's split as it fell)."""
+    return heavier >= lighter + max(BALANCE_MARGIN, lighter // BALANCE_SHARE)
 
 
 def restart_delay(quick_deaths: int) -> float:
@@ -110,13 +134,18 @@ class ProcessSlot:
     directory: str
     #: the TCP socket this child accepts on: its own SO_REUSEPORT one, or the inherited one
     listening: socket.socket | None = None
-    #: shared with the supervisor and the siblings (:class:`_Group`): restarts and accepting flags
+    #: shared with the supervisor and the siblings (:class:`_Group`): restarts, accepting flags,
+    #: connection counts and heartbeats
     shared: mmap.mmap | None = None
     #: the other children's listening sockets, by index (empty when all share one socket)
     siblings: dict[int, socket.socket] = field(default_factory=dict)
     #: the private Unix socket this child serves on (next to the shared TCP socket)
     private_socket: socket.socket | None = None
     _clients: dict[int, Any] = field(default_factory=dict)
+    #: the siblings whose sockets this child accepts on because they are down (logged once each)
+    _covering: set[int] = field(default_factory=set)
+    #: client connections of the public port this child holds
+    _held: int = 0
 
     def restart_counts(self) -> dict[str, int]:
         """How often the supervisor forked each child again, by index (as the ``process`` label)."""
@@ -125,30 +154,71 @@ class ProcessSlot:
         return {str(i): _read(self.shared, i) for i in range(self.count)}
 
     def mark_accepting(self) -> None:
-        """Tell the siblings this child accepts on its socket (they stop accepting on it)."""
+        """Tell the siblings this child accepts on its socket (they stop accepting on it), holding
+        no connection yet."""
         if self.shared is not None:
+            self.publish_connections(self._held)
+            self.beat()
             _write(self.shared, self.count + self.index, 1)
 
-    async def watch_siblings(self, adopt: Any) -> None:
-        """Accept on each sibling's socket while that sibling is not accepting (module docstring).
+    def count_connection(self, change: int) -> None:
+        """A client connection of the public port opened (+1) or closed (-1): tell the siblings how
+        many this child holds."""
+        self._held += change
+        self.publish_connections(self._held)
 
-        ``adopt(sock)`` starts accepting on ``sock`` and returns the callable that stops it.
-        Runs until cancelled.
+    def publish_connections(self, count: int) -> None:
+        """Tell the siblings this child holds ``count`` client connections."""
+        if self.shared is not None:
+            _write(self.shared, 2 * self.count + self.index, count)
+
+    def _accepting(self, index: int) -> bool:
+        return self.shared is not None and _read(self.shared, self.count + index) != 0
+
+    def _connections(self, index: int) -> int:
+        return _read(self.shared, 2 * self.count + index) if self.shared is not None else 0
+
+    def beat(self) -> None:
+        """Tell the siblings this child's event loop turns (called every :data:`HEARTBEAT_S`)."""
+        if self.shared is not None:
+            _write(self.shared, 3 * self.count + self.index, int(time.monotonic() * 1000))
+
+    def _alive(self, index: int, now_ms: int) -> bool:
+        """Whether sibling ``index`` accepts and its loop beat within :data:`STALE_S`."""
+        assert self.shared is not None
+        beat = _read(self.shared, 3 * self.count + index)
+        return self._accepting(index) and now_ms - beat <= STALE_S * 1000
+
+    def admits_own(self, accepting_now: int = 0) -> bool:
+        """Whether this child takes the next connection from its own socket: not while it holds
+        too many more connections (:func:`unbalanced`) than an accepting sibling whose loop turns
+        (a heartbeat within :data:`STALE_S`), which takes it instead.
+
+        ``accepting_now``: connections this child accepted since it last published its count.
         """
-        adopted: dict[int, Any] = {}
-        try:
-            while self.shared is not None:
-                for index, sock in self.siblings.items():
-                    down = _read(self.shared, self.count + index) == 0
-                    if down and index not in adopted:
-                        log.info("accepting for frontend process %d while it is down", index)
-                        adopted[index] = adopt(sock)
-                    elif not down and index in adopted:
-                        adopted.pop(index)()
-                await asyncio.sleep(ADOPT_POLL_S)
-        finally:
-            for stop in adopted.values():
-                stop()
+        if self.shared is None:
+            return True
+        mine = self._connections(self.index) + accepting_now
+        now_ms = int(time.monotonic() * 1000)
+        return not any(
+            unbalanced(mine, self._connections(i))
+            for i in range(self.count)
+            if i != self.index and self._alive(i, now_ms)
+        )
+
+    def admits_from(self, index: int, accepting_now: int = 0) -> bool:
+        """Whether this child takes the next connection from sibling ``index``'s socket: always while
+        that sibling is not accepting (dead, or not started), else while the sibling holds too many
+        more connections than this child (:func:`unbalanced`: it leaves them to this one)."""
+        if self.shared is None:
+            return False
+        if not self._accepting(index):
+            if index not in self._covering:
+                self._covering.add(index)
+                log.info("accepting for frontend process %d while it is down", index)
+            return True
+        self._covering.discard(index)
+        return unbalanced(self._connections(index), self._connections(self.index) + accepting_now)
 
     def socket_path(self, index: int) -> str:
         return os.path.join(self.directory, f"worker-{index}.sock")
@@ -185,7 +255,11 @@ class ProcessSlot:
                 client = httpx.AsyncClient(transport=transport, timeout=SIBLING_METRICS_TIMEOUT_S)
                 self._clients[index] = client
             try:
-                response = await client.get("http://worker/metrics", params={"scope": "process"})
+                # closed after the answer: an idle connection left open would count as a client of
+                # the sibling's between scrapes (``http_connections_open``)
+                response = await client.get(
+                    "http://worker/metrics", params={"scope": "process"}, headers={"connection": "close"}
+                )
             except httpx.HTTPError:
                 return None
             return response.content if response.status_code == 200 else None
@@ -286,7 +360,8 @@ class _Group:
     count: int
     directory: str
     listeners: list[socket.socket]
-    #: ``count`` restart counters, then ``count`` accepting flags (u64 each); MAP_SHARED across forks
+    #: ``count`` each of restart counters, accepting flags, connection counts and heartbeats (u64,
+    #: the last in ms of the monotonic clock); MAP_SHARED across forks
     shared: mmap.mmap
     supervisor: int = field(default_factory=os.getpid)
     #: pid -> index of the running children
@@ -368,7 +443,7 @@ def fork_processes(count: int, listening: socket.socket, backlog: int = 2048) ->
         count,
         tempfile.mkdtemp(prefix="deepseek-frontend-"),
         _listeners(listening, count, backlog),
-        mmap.mmap(-1, 2 * max(1, count) * _COUNTER.size),  # anonymous, shared with the children
+        mmap.mmap(-1, 4 * max(1, count) * _COUNTER.size),  # anonymous, shared with the children
     )
     # SIGHUP is forwarded from before the first fork: a child forked before it arrived may have
     # read the configuration already (each child counts one that comes before its loop listens)

@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     from . import hangups
     from .acceptor import FrontendServer
     from .app import create_app
-    from .http_protocol import PROBE_MAX_CONNECTIONS, guarded_protocol
+    from .http_protocol import PROBE_MAX_CONNECTIONS, counting_connections, guarded_protocol
     from .logs import configure_logging
     from .startup import STARTUP_FAILED, LifespanReport, failure_line
 
@@ -245,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
         heads=app.state.frontend.recent_heads,
     )
     app.state.frontend.connection_stats = protocol.stats
+    app.state.frontend.connection_counts = protocol.counts
     probes = []
     if probe_sock is not None:
         probe_protocol = guarded_protocol(
@@ -271,7 +272,12 @@ def run(args: argparse.Namespace) -> int:
     )
     listening = slot.listening if slot is not None and slot.listening is not None else sock
     # the public socket is accepted by the frontend itself, up to 64 connections per wake-up
-    server = FrontendServer(uv_config, public=[listening], slot=slot, probes=probes)
+    # the connections of the public port are the ones balanced over the processes (not the
+    # private socket's, which the siblings' metrics scrapes keep open)
+    public_protocol = counting_connections(protocol, slot.count_connection) if slot is not None else None
+    server = FrontendServer(
+        uv_config, public=[listening], slot=slot, probes=probes, public_protocol=public_protocol
+    )
     log.info("listening on http://%s:%d", config.server.host, port)
     for model in fleet.models:
         log.info(
