@@ -237,9 +237,14 @@ class FrontendServer(uvicorn.Server):
         )
         slot = self.slot
         for sock in self.public:
-            acceptor = BulkAcceptor(loop, sock, make_protocol)
-            if slot is not None:  # balanced with the siblings (server/processes.py)
-                acceptor.admits, acceptor.patience_s = slot.admits_own, PATIENCE_S
+            acceptor = BulkAcceptor(
+                loop,
+                sock,
+                make_protocol,
+                # balanced with the siblings (server/processes.py)
+                admits=slot.admits_own if slot is not None else None,
+                patience_s=PATIENCE_S if slot is not None else None,
+            )
             try:
                 self.acceptors.append(acceptor.start())
             except NotImplementedError:  # a loop without add_reader (Windows' proactor): uvicorn's way

@@ -154,8 +154,8 @@ class ProcessSlot:
         return {str(i): _read(self.shared, i) for i in range(self.count)}
 
     def mark_accepting(self) -> None:
-        """Tell the siblings this child accepts on its socket (they stop accepting on it), holding
-        no connection yet."""
+        """Tell the siblings this child accepts on its socket (they stop accepting on it), with its
+        count of connections and a first heartbeat."""
         if self.shared is not None:
             self.publish_connections(self._held)
             self.beat()
