@@ -200,10 +200,8 @@ def test_declined_connections_wait_in_the_queue_are_looked_at_again_and_taken_on
         listening = _listening_socket(64)
         made: list[asyncio.BaseTransport] = []
         admitting = False
-        asked: list[int] = []
 
-        def admits(taken: int) -> bool:
-            asked.append(taken)
+        def admits(_taken: int) -> bool:
             return admitting
 
         acceptor = BulkAcceptor(loop, listening, functools.partial(_Recorder, made.append), admits=admits)
@@ -218,12 +216,7 @@ def test_declined_connections_wait_in_the_queue_are_looked_at_again_and_taken_on
             await _until(lambda: len(made) == 5)
             assert acceptor.accepted == 5
         finally:
-            acceptor.close()
-            for transport in made:
-                transport.close()
-            for client in clients:
-                client.close()
-            listening.close()
+            _close_all(acceptor, made, clients, listening)
 
     uvloop.run(scenario())
 
@@ -252,14 +245,23 @@ def test_connections_left_queued_past_the_patience_are_taken_anyway() -> None:
             assert len(made) == 3
             await _until(lambda: len(made) == 4)
         finally:
-            acceptor.close()
-            for transport in made:
-                transport.close()
-            for client in clients:
-                client.close()
-            listening.close()
+            _close_all(acceptor, made, clients, listening)
 
     uvloop.run(scenario())
+
+
+def _close_all(
+    acceptor: BulkAcceptor,
+    made: list[asyncio.BaseTransport],
+    clients: list[socket.socket],
+    listening: socket.socket,
+) -> None:
+    acceptor.close()
+    for transport in made:
+        transport.close()
+    for client in clients:
+        client.close()
+    listening.close()
 
 
 async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
