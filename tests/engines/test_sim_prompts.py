@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
+from array import array
 from typing import Any
 
 import orjson
@@ -12,6 +14,7 @@ import pytest
 from deepseek_frontend.engines.sim.engine import PrefixCache
 from deepseek_frontend.engines.sim.prompts import RecentPrompts, SimPrompt, prompt_bytes
 from deepseek_frontend.errors import RequestError
+from deepseek_frontend.generation import GenerateRequest, PackedIds, SamplingParams
 
 
 def body_of(ids: Any, *, rid: str = "r1", compact: bool = True, **extra: Any) -> bytes:
@@ -176,3 +179,20 @@ def test_mutated_bodies_are_read_exactly_as_parsed_or_left_to_the_parse() -> Non
         assert prompt.data == prompt_bytes(prompt.ids)
         accepted += 1
     assert accepted > 3000, "most edits outside the ids keep a valid body"
+
+
+def test_a_request_is_read_from_its_packed_ids_only_while_they_are_its_ids() -> None:
+    """The in-process engine takes the tokenizer's packing of a request's ids as they come; a
+    request whose ids were replaced -- a migrated request's prompt plus its output, or any other
+    list, even of the same length -- is read from its own ids."""
+    ids = list(range(1000, 1400))
+    packed = PackedIds(ids, array("i", ids).tobytes())
+    request = GenerateRequest("r1", ids, SamplingParams(max_new_tokens=4), packed_ids=packed)
+    prompt = SimPrompt.of_request(request)
+    assert prompt.ids is ids and prompt.data is packed.data
+    for replaced in ([*ids, 7, 8], list(reversed(ids))):
+        moved = dataclasses.replace(request, input_ids=replaced)
+        prompt = SimPrompt.of_request(moved)
+        assert prompt.ids is replaced and prompt.data == prompt_bytes(replaced) != packed.data
+    unpacked = SimPrompt.of_request(dataclasses.replace(request, packed_ids=None))
+    assert unpacked.data == packed.data

@@ -275,3 +275,24 @@ def test_raw_prompts_pass_through_without_parsing(prompt_tokenizer: PromptTokeni
     with pytest.raises(RequestError) as info:
         pipeline.prepare_raw(req, [prompt_tokenizer.vocab_size + 5])
     assert info.value.param == "prompt[0]"
+
+
+def test_the_engine_gets_the_prompt_ids_packed_as_the_tokenizer_holds_them(
+    prompt_tokenizer: PromptTokenizer,
+) -> None:
+    """Each request's ids reach the engine with their 4-byte packing (what the in-process engine
+    reads instead of packing the list again), for a cold prompt and for a follow-up whose head the
+    prefix cache gave."""
+    from array import array
+
+    pipeline, backend = make(prompt_tokenizer, ["Hi"])
+    first = [{"role": "user", "content": "Summarise the design notes. " * 40}]
+    answer = {"role": "assistant", "content": "Done."}
+    follow_up = [*first, answer, {"role": "user", "content": "And the tests?"}]
+    for messages in (first, follow_up):
+        hits = prompt_tokenizer.prefix_cache.hits
+        run(pipeline, request(messages=messages))
+        sent = backend.requests[-1]
+        assert sent.packed_ids is not None and sent.packed_ids.ids is sent.input_ids
+        assert sent.packed_ids.data == array("i", sent.input_ids).tobytes()
+    assert prompt_tokenizer.prefix_cache.hits == hits + 1, "the follow-up's head was not the cached one"

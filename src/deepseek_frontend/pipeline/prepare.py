@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from deepseek_frontend import _tracing
 from deepseek_frontend.errors import FrontendError, RequestError
+from deepseek_frontend.generation import PackedIds
 from deepseek_frontend.tokenization import encode_together
 
 from .offload import CURRENT_TURN, LoopTurns, OffloadPool, release_current_turn
@@ -208,6 +209,7 @@ class PromptPreparer:
             opened_block="".join(seg[0] for seg in preopened[1]).lstrip("\n") if preopened else "",
             images=handoff,
             image_extra_tokens=extra,
+            packed_ids=PackedIds(input_ids, draft.encoding.packed()),
         )
 
     # -- isolation: long prompts off the event loop ---------------------------------

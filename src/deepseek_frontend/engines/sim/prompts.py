@@ -27,6 +27,7 @@ from typing import Any
 import orjson
 
 from deepseek_frontend.errors import RequestError
+from deepseek_frontend.generation import GenerateRequest
 
 __all__ = ["ID_WIDTH", "INPUT_IDS_ERROR", "RecentPrompts", "SimPrompt", "prompt_bytes"]
 
@@ -110,6 +111,16 @@ class SimPrompt:
     def of(cls, ids: Sequence[int]) -> SimPrompt:
         """Read ``ids`` whole (raises :class:`RequestError` when an item is not an int)."""
         return cls(ids if isinstance(ids, list) else list(ids), prompt_bytes(ids))
+
+    @classmethod
+    def of_request(cls, request: GenerateRequest) -> SimPrompt:
+        """``request``'s prompt, from the bytes its ids came packed in when they are its ids'
+        (:class:`~deepseek_frontend.generation.PackedIds`; the same bytes :func:`prompt_bytes`
+        gives), else read whole (:meth:`of`)."""
+        packed, ids = request.packed_ids, request.input_ids
+        if packed is not None and packed.ids is ids and len(packed.data) == ID_WIDTH * len(ids):
+            return cls(ids, packed.data)
+        return cls.of(ids)
 
 
 @dataclass(slots=True, eq=False)
