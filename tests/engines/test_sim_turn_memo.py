@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import threading
 from typing import Any
 
@@ -46,7 +47,14 @@ def _agent_prompts(turns: int, salt: str, family: str = "deepseek_v4") -> list[l
     return prompts
 
 
-def test_follow_ups_read_from_the_memo_see_what_the_whole_prompt_shows() -> None:
+def test_follow_ups_read_from_the_memo_see_what_the_whole_prompt_shows(monkeypatch: Any) -> None:
+    from deepseek_frontend.engines.sim import engine as sim_engine
+
+    extended: list[int] = []
+    extend = sim_engine.extend_head
+    monkeypatch.setattr(
+        sim_engine, "extend_head", lambda head, text: extended.append(1) or extend(head, text)
+    )
     tokenizer = bundled_tokenizer()
     engine = SimulatedEngine(tokenizer, page_size=16)
     user_id = tokenizer.encode_raw(USER_TURN)[0]
@@ -64,6 +72,33 @@ def test_follow_ups_read_from_the_memo_see_what_the_whole_prompt_shows() -> None
     # a loop's results in the user turn that started it: its head does not change, the head memo has it)
     assert engine._head_texts.hits == 2 * 4
     assert {count for count, _ in engine._head_texts._entries} == heads
+    # and its tools were read from the text after that head only (extend_head)
+    assert len(extended) == 2 * 4
+
+
+def test_a_head_read_on_from_a_shorter_one_declares_what_reading_it_whole_declares() -> None:
+    """``extend_head`` gives :func:`read_head`'s answer for any text that starts with the one read
+    before -- also when a schema line is cut where the shorter text ends, or its last line is one."""
+    from deepseek_frontend.engines.sim.model import extend_head, read_head
+
+    rng = random.Random(7)
+    pieces = [
+        '{"name": "read_file", "parameters": {"type": "object"}}',
+        '{"name": "grep", "parameters": {"properties": {"q": {"type": "string"}}}}',
+        '{"name": "broken", ',
+        "plain words about the task",
+        "<｜User｜>run the tests",
+        "<｜DSML｜function_calls>",
+        'You MUST strictly adhere to the following schema to reply:\n{"type": "object"}',
+        "",
+    ]
+    for _ in range(400):
+        text = "\n".join(rng.choice(pieces) for _ in range(rng.randint(0, 12)))
+        if rng.random() < 0.5:
+            text += rng.choice(pieces)[: rng.randint(0, 30)]  # a line that goes on past the cut
+        cut = rng.randint(0, len(text))
+        head = extend_head(read_head(text[:cut]), text)
+        assert head == read_head(text), (text[:cut], text[cut:])
 
 
 def test_follow_ups_get_the_cached_prefix_the_whole_prompt_gets() -> None:

@@ -54,6 +54,7 @@ from deepseek_frontend.engines.sim.model import (
     PromptHead,
     PromptView,
     answer_is_short,
+    extend_head,
     plan_for_grammar,
     plan_output,
     read_head,
@@ -110,8 +111,11 @@ _IDEAL = PRESETS["ideal"]
 IMAGE_TOKEN_ID = 129264
 #: planned outputs memoised per (prompt, seed, constraint)
 PLAN_CACHE_SIZE = 512
-#: prompt heads (the text before the last user turn) whose reading is memoised
-HEAD_CACHE_SIZE = 256
+#: prompt heads (the text before the last user turn) whose reading is memoised: a conversation's
+#: previous head must still be here at its next request, to read only what follows it (256 agent
+#: streams on one process read 256 other heads in between; a head read on from another shares its
+#: tool schemas' objects)
+HEAD_CACHE_SIZE = 1024
 #: a plan is written in the request's own step on the event loop, not on the planning thread, when
 #: reading its prompt decodes at most this many ids -- its last user turn, and its head past where
 #: the conversation's previous request left off (``HeadTexts``) ...
@@ -438,8 +442,11 @@ class SimulatedEngine(EngineClient, Engine):
         heads = self._heads
         head = heads.get(key)
         if head is None:
-            text = self._head_texts.text(input_ids, data, last, users, self._decode_with_specials)  # type: ignore[arg-type]
-            head = heads[key] = read_head(text)
+            text, extended = self._head_texts.text(input_ids, data, last, users, self._decode_with_specials)  # type: ignore[arg-type]
+            # the head it extends, read before (the conversation's previous request's): only the
+            # text after it is searched for tool schemas
+            previous = heads.get((extended, hash(data[: extended * ID_WIDTH]))) if extended else None  # type: ignore[index]
+            head = heads[key] = read_head(text) if previous is None else extend_head(previous, text)
             if len(heads) > HEAD_CACHE_SIZE:
                 heads.popitem(last=False)
         else:

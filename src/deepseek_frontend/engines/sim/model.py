@@ -63,6 +63,7 @@ __all__ = [
     "answer_is_short",
     "dsml_block",
     "example_value",
+    "extend_head",
     "plan_for_grammar",
     "plan_output",
     "read_head",
@@ -152,11 +153,15 @@ _REMINDER = re.compile(r"<(system-reminder|environment_context)>.*?</\1>\s*", re
 @dataclass(frozen=True, slots=True)
 class PromptHead:
     """What the simulated model reads before the last user turn: the declared tools, the calls
-    block name and the response-format schema (see :class:`PromptView`)."""
+    block name and the response-format schema (see :class:`PromptView`); and, to read a longer
+    head that starts with this one (:func:`extend_head`), the length of the text read and how many
+    of ``tools`` its last line declared (0 or 1: that line may go on in the longer text)."""
 
     tools: list[tuple[str, dict[str, Any]]]
     block_name: str
     response_schema: dict[str, Any] | None
+    chars: int = 0
+    last_line_tools: int = 0
 
 
 def _schema_lines(text: str) -> list[tuple[str, dict[str, Any]]]:
@@ -177,11 +182,26 @@ def _schema_lines(text: str) -> list[tuple[str, dict[str, Any]]]:
 
 def read_head(head: str) -> PromptHead:
     """Tools, the calls block name and the response schema of the text before the last user turn."""
-    tools = _schema_lines(head)
+    return _head(head, _schema_lines(head))
+
+
+def extend_head(previous: PromptHead, head: str) -> PromptHead:
+    """:func:`read_head` of ``head``, a text that starts with the text ``previous`` was read from
+    (an agent's conversation one or more turns on): only the lines from the last one of that text
+    on are searched for tool schemas -- the rest of the text is the conversation's whole history,
+    about 0.5 ms of line splitting at 100K characters -- and give the same tools in the same order."""
+    start = head.rfind("\n", 0, previous.chars) + 1  # where that text's last line starts
+    kept = previous.tools[: len(previous.tools) - previous.last_line_tools]
+    return _head(head, [*kept, *_schema_lines(head[start:])])
+
+
+def _head(head: str, tools: list[tuple[str, dict[str, Any]]]) -> PromptHead:
+    """The :class:`PromptHead` of ``head``, whose tool schemas are ``tools``."""
     block = "function_calls" if f"<{_DSML}function_calls>" in head else "tool_calls"
     if f"<{_DSML} calls>" in head:
         block = " calls"  # DeepSeek-V4.1
-    return PromptHead(tools, block, _response_schema(head))
+    last_line = len(_schema_lines(head[head.rfind("\n") + 1 :]))
+    return PromptHead(tools, block, _response_schema(head), len(head), last_line)
 
 
 #: how a prompt ending inside an opened calls block ends (V4, V3.2, V4.1)

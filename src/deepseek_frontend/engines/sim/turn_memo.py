@@ -137,16 +137,17 @@ class HeadTexts(_PrefixMemo[str]):
         last: int,
         earlier: Iterator[int],
         decode: Callable[[list[int]], str],
-    ) -> str:
-        """``decode(ids[:last])``; ``earlier``: indices of the user turns before ``last``, newest first."""
+    ) -> tuple[str, int]:
+        """``decode(ids[:last])``, and the count of leading ids whose remembered text it extends (0:
+        decoded whole); ``earlier``: indices of the user turns before ``last``, newest first."""
         found = self.take(data, earlier)
         if found is None:
-            text = decode(list(ids[:last]))
+            count, text = 0, decode(list(ids[:last]))
         else:
             count, known = found
             text = known + decode(list(ids[count:last]))
         self.remember(data, last, text)
-        return text
+        return text, count
 
 
 class PageChains(_PrefixMemo[list[int]]):
