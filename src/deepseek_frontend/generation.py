@@ -123,8 +123,8 @@ class GenerateRequest:
     #: batch line the lowest); each engine client turns it into its worker's own field and sign
     #: when the worker schedules by priority (engines/sglang.py, engines/vllm.py). None: not stated
     priority: int | None = None
-    #: ``input_ids`` packed (:class:`PackedIds`), when the tokenizer had them so; engines that send
-    #: the list ignore it
+    #: ``input_ids`` packed (:class:`PackedIds`), for the in-process simulated engine (the pipeline
+    #: sets it for that engine only; engines that send the list would ignore it)
     packed_ids: PackedIds | None = None
 
 

@@ -6,6 +6,7 @@ The engine is scripted (``tests/support/engine.py``), so each test controls the 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
@@ -296,3 +297,7 @@ def test_the_engine_gets_the_prompt_ids_packed_as_the_tokenizer_holds_them(
         assert sent.packed_ids is not None and sent.packed_ids.ids is sent.input_ids
         assert sent.packed_ids.data == array("i", sent.input_ids).tobytes()
     assert prompt_tokenizer.prefix_cache.hits == hits + 1, "the follow-up's head was not the cached one"
+    # workers over HTTP get the list only: nothing holds a second copy of a long prompt for them
+    pipeline, backend = make(prompt_tokenizer, ["Hi"], dataclasses.replace(CONFIG, engine="sglang"))
+    run(pipeline, request(messages=first))
+    assert backend.requests[-1].packed_ids is None

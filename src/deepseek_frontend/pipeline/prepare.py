@@ -116,6 +116,9 @@ class PromptPreparer:
         self.turns = turns
         self.offload_min_chars = config.offload_min_chars
         self.offload_prepare_chars = config.offload_prepare_chars
+        #: whether prepared requests carry their ids packed (:class:`PackedIds`): only the in-process
+        #: simulated engine reads them; for workers over HTTP they would be memory held for nothing
+        self.pack_ids = config.engine == "sim"
         #: tokenizer self-checks running on the offload threads (held so they are not collected)
         self._self_checks: set[asyncio.Task[None]] = set()
 
@@ -209,7 +212,7 @@ class PromptPreparer:
             opened_block="".join(seg[0] for seg in preopened[1]).lstrip("\n") if preopened else "",
             images=handoff,
             image_extra_tokens=extra,
-            packed_ids=PackedIds(input_ids, draft.encoding.packed()),
+            packed_ids=PackedIds(input_ids, draft.encoding.packed()) if self.pack_ids else None,
         )
 
     # -- isolation: long prompts off the event loop ---------------------------------
