@@ -443,9 +443,9 @@ class SimulatedEngine(EngineClient, Engine):
         head = heads.get(key)
         if head is None:
             text, extended = self._head_texts.text(input_ids, data, last, users, self._decode_with_specials)  # type: ignore[arg-type]
-            # the head it extends, read before (the conversation's previous request's): only the
-            # text after it is searched for tool schemas
-            previous = heads.get((extended, hash(data[: extended * ID_WIDTH]))) if extended else None  # type: ignore[index]
+            # the head it extends, read before (the conversation's previous request's; the memos
+            # share their keys): only the text after it is searched for tool schemas
+            previous = heads.get(extended) if extended is not None else None
             head = heads[key] = read_head(text) if previous is None else extend_head(previous, text)
             if len(heads) > HEAD_CACHE_SIZE:
                 heads.popitem(last=False)

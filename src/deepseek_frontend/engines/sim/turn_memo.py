@@ -65,6 +65,11 @@ class _PrefixMemo(Generic[_Value]):
         agent streams per process do not fill the memo with their last two turns each. Kept is
         a prefix that ends at the prompt's first user turn: the system prompt and tools, which
         the other conversations of the same agent start with too."""
+        found = self._take(data, counts)
+        return (found[0][0], found[1]) if found is not None else None
+
+    def _take(self, data: bytes, counts: Iterator[int]) -> tuple[tuple[int, int], _Value] | None:
+        """:meth:`take`, with the entry's whole key (its count, and the hash of its ids' bytes)."""
         earlier = list(islice(counts, LOOKBACK_TURNS))
         found = self._match(data, iter(earlier))
         if found is None:
@@ -76,7 +81,7 @@ class _PrefixMemo(Generic[_Value]):
                 self._entries.move_to_end(key)
         else:
             self._drop(key)
-        return key[0], value
+        return key, value
 
     def longest(self, data: bytes, counts: Iterator[int]) -> int | None:
         """The count of the longest remembered prefix among ``counts`` (descending), or None; the
@@ -137,17 +142,18 @@ class HeadTexts(_PrefixMemo[str]):
         last: int,
         earlier: Iterator[int],
         decode: Callable[[list[int]], str],
-    ) -> tuple[str, int]:
-        """``decode(ids[:last])``, and the count of leading ids whose remembered text it extends (0:
-        decoded whole); ``earlier``: indices of the user turns before ``last``, newest first."""
-        found = self.take(data, earlier)
+    ) -> tuple[str, tuple[int, int] | None]:
+        """``decode(ids[:last])``, and the key of the remembered head it extends (its id count and
+        the hash of those ids' bytes; None: decoded whole); ``earlier``: indices of the user turns
+        before ``last``, newest first."""
+        found = self._take(data, earlier)
         if found is None:
-            count, text = 0, decode(list(ids[:last]))
+            text = decode(list(ids[:last]))
         else:
-            count, known = found
-            text = known + decode(list(ids[count:last]))
+            extended, known = found
+            text = known + decode(list(ids[extended[0] : last]))
         self.remember(data, last, text)
-        return text, count
+        return text, found[0] if found is not None else None
 
 
 class PageChains(_PrefixMemo[list[int]]):
