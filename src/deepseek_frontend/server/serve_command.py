@@ -273,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
     listening = slot.listening if slot is not None and slot.listening is not None else sock
     # the public socket is accepted by the frontend itself, up to 64 connections per wake-up
     # the connections of the public port are the ones balanced over the processes (not the
-    # private socket's, which the siblings' metrics scrapes keep open)
+    # private socket's: the siblings' metrics scrapes)
     public_protocol = counting_connections(protocol, slot.count_connection) if slot is not None else None
     server = FrontendServer(
         uv_config, public=[listening], slot=slot, probes=probes, public_protocol=public_protocol
