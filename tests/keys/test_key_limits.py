@@ -68,12 +68,15 @@ KEYS = {
 }
 #: a key no server knows
 WRONG_KEY = "sk-" + secrets.token_hex(20)
-#: ~30 prompt tokens, the same every time: from the second request on, whole 16-token pages of it
-#: come from the simulated prefix cache
-CACHEABLE_PROMPT = (
-    "Count the tokens of this sentence about token buckets, in-flight counts and the headers "
+#: ~450 prompt tokens, the same every time: from the second request on, its whole pages (256 tokens,
+#: SGLang's DeepSeek-V4 page size) come from the simulated prefix cache
+CACHEABLE_PROMPT = " ".join(
+    f"Count the tokens of sentence {n} about token buckets, in-flight counts and the headers "
     "that tell a client how long to wait before it tries again."
+    for n in range(15)
 )
+#: the "tokens" key's limit: a few requests of CACHEABLE_PROMPT fit in it, not ten
+TOKENS_PER_MINUTE = 2_000
 
 
 @dataclass
@@ -210,7 +213,7 @@ def limits_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
             {"name": "abandoning", "key": KEYS["abandoning"], "concurrent_requests": 2},
             {"name": "unlimited", "key": KEYS["unlimited"]},
             {"name": "per-minute", "key": KEYS["per-minute"], "requests_per_minute": 5},
-            {"name": "tokens", "key": KEYS["tokens"], "tokens_per_minute": 100},
+            {"name": "tokens", "key": KEYS["tokens"], "tokens_per_minute": TOKENS_PER_MINUTE},
             {"name": "token-burst", "key": KEYS["token-burst"], "tokens_per_minute": 300},
             {"name": "restricted", "key": KEYS["restricted"], "models": ["m1"]},
             {"name": "anthropic-client", "key": KEYS["anthropic-client"], **rpm2},
@@ -351,7 +354,7 @@ def test_requests_per_minute_admit_exactly_the_limit_of_a_burst(limits_server: S
 def test_tokens_per_minute_refuse_once_used_and_metrics_count_the_reported_usage(
     limits_server: Server,
 ) -> None:
-    url, key, limit = limits_server.url, KEYS["tokens"], 100
+    url, key, limit = limits_server.url, KEYS["tokens"], TOKENS_PER_MINUTE
     plain = chat_body(max_tokens=8, content=CACHEABLE_PROMPT)
     # a stream's usage comes in its last chunk, and counts like a plain answer's
     streamed = {**plain, "stream": True, "stream_options": {"include_usage": True}}

@@ -14,11 +14,19 @@ from typing import Any
 import anthropic
 import pytest
 
+from deepseek_frontend.engines.sim.engine import PAGE_SIZE
+
 from .test_tool_search import SEARCH, STOCKS, WEATHER
 
 MODEL = "claude-sonnet-4-5"
 #: the simulated engine reports cached tokens in whole pages of this many tokens
-PAGE = 16
+PAGE = PAGE_SIZE
+#: an agent's standing instructions: long enough (over a page) that the loop's prompts share cached pages
+SYSTEM = "Be brief. " + " ".join(
+    f"Rule {n}: look a tool up with ToolSearch before calling it, call it with the arguments its "
+    "schema names, and answer from what it returns."
+    for n in range(12)
+)
 NO_THINKING: Any = {"type": "disabled"}
 
 
@@ -26,7 +34,7 @@ def _create(client: anthropic.Anthropic, messages: list[Any], **extra: Any) -> A
     return client.messages.create(
         model=MODEL,
         max_tokens=300,
-        system="Be brief.",
+        system=SYSTEM,
         tools=[SEARCH, WEATHER, STOCKS],
         thinking=NO_THINKING,
         messages=messages,
@@ -65,7 +73,7 @@ def test_search_load_call_answer_loop_with_prefix_cache_hits(client: anthropic.A
 
     counted = client.messages.count_tokens(
         model=MODEL,
-        system="Be brief.",
+        system=SYSTEM,
         tools=[SEARCH, WEATHER, STOCKS],
         thinking=NO_THINKING,
         messages=messages,

@@ -76,7 +76,8 @@ class SimBehavior:
     speculative_num_draft_tokens: int = 0
     deterministic_inference: bool = True
     health_delay_s: float = 0.0
-    page_size: int = 16
+    #: SGLang's KV page size for DeepSeek-V4 (reported in ``/server_info`` and to discovery)
+    page_size: int = 256
 
     @property
     def has_grammar_backend(self) -> bool:

@@ -101,10 +101,12 @@ __all__ = [
     "prompt_bytes",
 ]
 
-#: tokens per KV page: cached_tokens is reported in whole pages, like a paged prefix cache
-PAGE_SIZE = 16
-#: prompts remembered by the simulated prefix cache (each costs one hash per page)
-PREFIX_CACHE_PAGES = 65_536
+#: tokens per KV page: cached_tokens is reported in whole pages, like a paged prefix cache. SGLang
+#: serves DeepSeek-V4 with 256-token pages (its ``page_size``; the page the kv_events descriptor's
+#: ``block_size`` and the sim's KV model, engines/sim/kv.py, use too)
+PAGE_SIZE = 256
+#: pages the simulated prefix cache remembers (about a million tokens), least recently used first out
+PREFIX_CACHE_PAGES = 4_096
 #: the behaviour of an engine given none: refuses nothing, honours seeds
 _IDEAL = PRESETS["ideal"]
 #: the image placeholder id (``<｜deepseek_image｜>``), as SGLang's and vLLM's V4.1 configs name it
