@@ -26,7 +26,12 @@ from deepseek_frontend.engines.config import EngineConfig, SimConfig
 from deepseek_frontend.errors import ModelNotFoundError, UnsupportedModelError
 from deepseek_frontend.formats.detect import DEFAULT_CONTEXT_LENGTH, FAMILY_DISPLAY_NAME
 from deepseek_frontend.images import ImageOptions
-from deepseek_frontend.pipeline.chat import OFFLOAD_MIN_CHARS, OFFLOAD_PREPARE_CHARS, OFFLOAD_THREADS
+from deepseek_frontend.pipeline.chat import (
+    OFFLOAD_MIN_CHARS,
+    OFFLOAD_PREPARE_CHARS,
+    OFFLOAD_THREADS,
+    STREAM_YIELD_MS,
+)
 from deepseek_frontend.routing.router import RouterConfig
 from deepseek_frontend.tokenization import CACHE_IDLE_SECONDS, PREFIX_CACHE_BYTES, RUN_CACHE_BYTES
 
@@ -114,6 +119,8 @@ class ServingLimits:
     offload_threads: int = OFFLOAD_THREADS
     offload_min_chars: int = OFFLOAD_MIN_CHARS
     offload_prepare_chars: int = OFFLOAD_PREPARE_CHARS
+    #: milliseconds a running stream's next chunk may wait for prompt work queued before it (0: never)
+    stream_yield_ms: float = STREAM_YIELD_MS
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ServingLimits:
@@ -121,8 +128,8 @@ class ServingLimits:
         defaults = cls()
         values = {name: getattr(args, name, getattr(defaults, name)) for name in cls.__dataclass_fields__}
         for name, value in values.items():
-            # timeouts and the queue may be 0 (off / no queue); counts must be positive
-            may_be_zero = name.endswith("timeout") or name == "max_queued_requests"
+            # timeouts, the queue and the stream yield may be 0 (off / no queue); counts must be positive
+            may_be_zero = name.endswith("timeout") or name in ("max_queued_requests", "stream_yield_ms")
             if value is None or value < 0 or (value == 0 and not may_be_zero):
                 raise ValueError(f"--{name.replace('_', '-')} must be positive, got {value!r}")
         return cls(**values)

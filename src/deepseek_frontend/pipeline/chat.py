@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 from deepseek_frontend.generation import WorkerCapabilities
 
 from .accumulate import AccumulatedToolCall, ChoiceAccumulator, collect, merge_choices
+from .backlog import STREAM_YIELD_MS, PromptBacklog
 from .config import OFFLOAD_MIN_CHARS, OFFLOAD_PREPARE_CHARS, PipelineConfig
 from .interfaces import PipelineMetrics
 from .offload import OFFLOAD_THREADS, LoopTurns, OffloadPool, release_current_turn
@@ -81,6 +82,7 @@ __all__ = [
     "OFFLOAD_MIN_CHARS",
     "OFFLOAD_PREPARE_CHARS",
     "OFFLOAD_THREADS",
+    "STREAM_YIELD_MS",
     "UNKNOWN_RESERVATION_MARGIN",
     "_KEPT_ROLES",
     "AccumulatedToolCall",
@@ -145,6 +147,8 @@ class ChatPipeline:
         self.offload = offload if offload is not None else OffloadPool(settings.offload_threads)
         #: turns for the short prompts prepared on the event loop (bursts queue instead of stalling it)
         self.turns = turns if turns is not None else LoopTurns(LOOP_TURN_SLOTS)
+        #: whether prompt work waits, which a running stream's next chunk waits for (backlog.py)
+        self.backlog = PromptBacklog(self.turns, self.offload, settings.stream_yield_ms / 1000)
         self.planner = EnginePlanner(settings, engine, self.eos_token_id, _max_token_chars(tokenizer))
         self.preparer = PromptPreparer(
             settings, tokenizer, self.renderer, self.planner, metrics, self.offload, self.turns

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .backlog import STREAM_YIELD_MS
 from .offload import OFFLOAD_THREADS
 
 #: prompts with at least this many characters of text the prompt caches do not hold are tokenized
@@ -45,3 +46,6 @@ class PipelineConfig:
     offload_min_chars: int = OFFLOAD_MIN_CHARS
     #: requests with at least this many characters of text are also rendered off the event loop
     offload_prepare_chars: int = OFFLOAD_PREPARE_CHARS
+    #: the longest a running stream's next chunk waits for prompt work queued before it, in
+    #: milliseconds (pipeline/backlog.py; 0: never)
+    stream_yield_ms: float = STREAM_YIELD_MS

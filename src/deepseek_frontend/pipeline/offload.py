@@ -328,6 +328,11 @@ class LoopTurns:
         self._waiters: deque[asyncio.Future[None]] = deque()
         self._urgent: deque[asyncio.Future[None]] = deque()
 
+    @property
+    def waiting(self) -> bool:
+        """Whether a request waits for a turn."""
+        return bool(self._waiters or self._urgent)
+
     async def __aenter__(self) -> None:
         await self._acquire(False)
 

@@ -247,6 +247,7 @@ class ChoiceStream:
         metrics = self._metrics
         scheduling = self._scheduling
         timed = scheduling.deadline is not None
+        backlog = self._pipeline.backlog
         try:
             while True:
                 out = self._process(chunk)
@@ -257,6 +258,10 @@ class ChoiceStream:
                     if timed:
                         chunk = await _next_by(engine, scheduling, "part-way through its answer")
                     else:
+                        if backlog.waiting():
+                            # prompts first (pipeline/backlog.py): what the engine writes meanwhile
+                            # comes in the next chunk
+                            await backlog.cleared()
                         chunk = await anext(engine)
                 except StopAsyncIteration:
                     raise EngineStreamError(

@@ -143,6 +143,7 @@ def pipeline_config(config: ServerConfig) -> PipelineConfig:
         offload_threads=limits.offload_threads,
         offload_min_chars=limits.offload_min_chars,
         offload_prepare_chars=limits.offload_prepare_chars,
+        stream_yield_ms=limits.stream_yield_ms,
     )
 
 

@@ -324,6 +324,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="a request with at least this many characters of text is rendered on those threads "
         "too (default: %(default)g)",
     )
+    limits.add_argument(
+        "--stream-yield-ms",
+        type=float,
+        default=LIMIT_DEFAULTS.stream_yield_ms,
+        help="while prompts wait to be prepared, a running stream's next chunk waits for them, at "
+        "most this long; the tokens written meanwhile come in that chunk (0: never; default: %(default)g)",
+    )
 
     images = parser.add_argument_group("images (DeepSeek-V4.1; docs/serving.md, 'Images')")
     images.add_argument(
