@@ -5,6 +5,7 @@ tokens written meanwhile come in that chunk; nothing is lost, and a first chunk 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import threading
 from collections.abc import Awaitable
@@ -109,6 +110,23 @@ def test_requests_waiting_for_a_loop_turn_are_prompt_work() -> None:
         (await bounded(queued))()
         await bounded(wait)
         assert not backlog.waiting()
+
+    asyncio.run(go())
+
+
+def test_a_request_that_stopped_waiting_for_a_turn_is_no_prompt_work() -> None:
+    async def go() -> None:
+        turns = LoopTurns(1)
+        backlog = PromptBacklog(turns, OffloadPool(1), max_wait_s=LONG_WAIT_S)
+        release = await turns.take()
+        queued = asyncio.ensure_future(turns.take())
+        await asyncio.sleep(0)
+        assert backlog.waiting()
+        queued.cancel()  # its client went away
+        with contextlib.suppress(asyncio.CancelledError):
+            await queued
+        assert not backlog.waiting()
+        release()
 
     asyncio.run(go())
 

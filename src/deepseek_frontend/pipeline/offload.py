@@ -330,8 +330,11 @@ class LoopTurns:
 
     @property
     def waiting(self) -> bool:
-        """Whether a request waits for a turn."""
-        return bool(self._waiters or self._urgent)
+        """Whether a request waits for a turn (a cancelled wait stays queued until a release passes
+        it over: not counted)."""
+        return any(not waiter.done() for waiter in self._urgent) or any(
+            not waiter.done() for waiter in self._waiters
+        )
 
     async def __aenter__(self) -> None:
         await self._acquire(False)
