@@ -16,6 +16,8 @@ if TYPE_CHECKING:
     from deepseek_frontend.engines.base import Engine
     from deepseek_frontend.tokenization import PromptTokenizer
 
+    from .backlog import PromptBacklog
+
 
 class Observations(Protocol):
     """A distribution the pipeline adds durations to (a histogram)."""
@@ -107,4 +109,9 @@ class StreamSource(Protocol):
     @property
     def eos_token_id(self) -> int:
         """The end-of-sequence id."""
+        ...
+
+    @property
+    def backlog(self) -> PromptBacklog:
+        """Whether prompt work waits, which the stream's next chunk waits for (``backlog.py``)."""
         ...
