@@ -332,6 +332,8 @@ class LoopTurns:
     def waiting(self) -> bool:
         """Whether a request waits for a turn (a cancelled wait stays queued until a release passes
         it over: not counted)."""
+        if not (self._urgent or self._waiters):  # every running stream asks, per chunk
+            return False
         return any(not waiter.done() for waiter in self._urgent) or any(
             not waiter.done() for waiter in self._waiters
         )
