@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import threading
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import pytest
@@ -16,22 +16,17 @@ import pytest
 from deepseek_frontend.engines.sim.engine import SimulatedEngine
 from deepseek_frontend.parsing import ContentDelta
 from deepseek_frontend.pipeline.backlog import PromptBacklog
-from deepseek_frontend.pipeline.chat import ChatPipeline, ChatRequest, PipelineConfig
+from deepseek_frontend.pipeline.chat import ChatPipeline, ChatRequest
 from deepseek_frontend.pipeline.offload import LoopTurns, OffloadPool
 from deepseek_frontend.tokenization import PromptTokenizer
+
+from .test_pipeline import CONFIG
 
 T = TypeVar("T")
 #: bound on every wait below: a hang fails the test instead of stalling the suite
 BOUND_S = 20.0
 #: a wait long enough that only the end of the prompt work can end it within the test
 LONG_WAIT_S = 60.0
-CONFIG = PipelineConfig(
-    served_model_name="deepseek-v4-flash",
-    family="deepseek_v4",
-    engine="sim",
-    context_length=8192,
-    reasoning_effort_profile="preview",
-)
 
 
 async def bounded(waitable: Awaitable[T]) -> T:
@@ -97,13 +92,20 @@ def test_a_wait_ends_after_max_wait_while_the_work_goes_on() -> None:
     asyncio.run(go())
 
 
+async def queued_for_a_turn() -> tuple[PromptBacklog, Callable[[], None], asyncio.Future[Callable[[], None]]]:
+    """A backlog over a one-slot turn queue: the release of the turn one request holds, and a second
+    request queued for it."""
+    turns = LoopTurns(1)
+    backlog = PromptBacklog(turns, OffloadPool(1), max_wait_s=LONG_WAIT_S)
+    release = await turns.take()
+    queued = asyncio.ensure_future(turns.take())
+    await asyncio.sleep(0)  # the second request queues for the turn
+    return backlog, release, queued
+
+
 def test_requests_waiting_for_a_loop_turn_are_prompt_work() -> None:
     async def go() -> None:
-        turns = LoopTurns(1)
-        backlog = PromptBacklog(turns, OffloadPool(1), max_wait_s=LONG_WAIT_S)
-        release = await turns.take()
-        queued = asyncio.ensure_future(turns.take())
-        await asyncio.sleep(0)  # the second request queues for the turn
+        backlog, release, queued = await queued_for_a_turn()
         assert backlog.waiting()
         wait = backlog.cleared()
         release()
@@ -116,11 +118,7 @@ def test_requests_waiting_for_a_loop_turn_are_prompt_work() -> None:
 
 def test_a_request_that_stopped_waiting_for_a_turn_is_no_prompt_work() -> None:
     async def go() -> None:
-        turns = LoopTurns(1)
-        backlog = PromptBacklog(turns, OffloadPool(1), max_wait_s=LONG_WAIT_S)
-        release = await turns.take()
-        queued = asyncio.ensure_future(turns.take())
-        await asyncio.sleep(0)
+        backlog, release, queued = await queued_for_a_turn()
         assert backlog.waiting()
         queued.cancel()  # its client went away
         with contextlib.suppress(asyncio.CancelledError):
