@@ -17,7 +17,7 @@ another -- ``X-1`` and ``X-10`` were. With the terminator none is: a rid ends at
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -86,26 +86,33 @@ class SamplingParams:
     min_new_tokens: int = 0
 
 
+def id_list(ids: Sequence[int]) -> list[int]:
+    """``ids`` as a list (itself when it is one): what a worker's JSON body carries."""
+    return ids if isinstance(ids, list) else list(ids)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class PackedIds:
-    """A prompt's ids packed as 4-byte native ints (``array("i")`` bytes), for the one list ``ids``
-    they were packed from.
+    """A prompt's ids packed as 4-byte native ints (``array("i")`` bytes), for the one sequence
+    ``ids`` they were packed from.
 
     The tokenizer holds a prompt's ids packed anyway (its prefix cache keeps them so); an engine
     that reads ids as bytes -- the in-process simulated engine hashes and searches them -- takes
     ``data`` instead of packing the list again (0.45 ms for an agent's 29K-token prompt, on the
     event loop). Valid only while ``ids is request.input_ids``: a request whose ids were replaced
-    (a migrated request's prompt plus its output) is read from its list.
+    (a migrated request's prompt plus its output) is read from its ids.
     """
 
-    ids: list[int]
+    ids: Sequence[int]
     data: bytes
 
 
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
     request_id: str
-    input_ids: list[int]
+    #: the prompt's ids: a list, or (from the pipeline, for the in-process simulated engine) an
+    #: ``array("i")``; never mutated. An engine that sends them as JSON takes :func:`id_list`.
+    input_ids: Sequence[int]
     sampling: SamplingParams
     #: the prompt's images as ``data:`` URLs, one per image placeholder id of ``input_ids``, in
     #: order. The worker expands each placeholder itself (SGLang ``image_data``, vLLM

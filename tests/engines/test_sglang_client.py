@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from array import array
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -95,6 +96,13 @@ def test_request_body_follows_the_documented_shape() -> None:
     assert params["stop_token_ids"] == [1] and params["skip_special_tokens"] is False
     assert params["ebnf"] == 'root ::= "x"' and "json_schema" not in params
     assert body["return_logprob"] is False and body["top_logprobs_num"] == 0
+
+
+def test_ids_held_as_an_array_go_out_as_a_json_list() -> None:
+    """The pipeline hands the in-process engine the tokenizer's ``array("i")``; should such a
+    request reach a worker, its body still carries the ids as a JSON list."""
+    body = SGLangClient.request_body(request_for(array("i", [5, 6, 7])))  # type: ignore[arg-type]
+    assert orjson.loads(orjson.dumps(body))["input_ids"] == [5, 6, 7]
 
 
 # ---------------------------------------------------------------- fake SGLang handlers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from array import array
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -248,6 +249,14 @@ def test_completions_body_has_only_vllm_fields() -> None:
     # "detokenize" is not a /v1/completions field (vLLM would only warn and ignore it)
     assert "detokenize" not in body
     assert set(body) <= COMPLETION_FIELDS
+
+
+def test_ids_held_as_an_array_go_out_as_a_json_list() -> None:
+    """Ids handed over as the tokenizer's ``array("i")`` go out as a JSON list on both paths."""
+    client = VLLMClient("http://127.0.0.1:1", model="m")
+    request = request_for(array("i", [5, 6, 7]))  # type: ignore[arg-type]
+    assert orjson.loads(orjson.dumps(client.request_body(request)))["prompt"] == [5, 6, 7]
+    assert orjson.loads(orjson.dumps(client.generate_body(request)))["token_ids"] == [5, 6, 7]
 
 
 def test_http_errors_map_to_request_and_unavailable_errors() -> None:

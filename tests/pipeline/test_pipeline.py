@@ -301,3 +301,32 @@ def test_the_engine_gets_the_prompt_ids_packed_as_the_tokenizer_holds_them(
     pipeline, backend = make(prompt_tokenizer, ["Hi"], dataclasses.replace(CONFIG, engine="sglang"))
     run(pipeline, request(messages=first))
     assert backend.requests[-1].packed_ids is None
+
+
+def test_the_in_process_engine_gets_the_tokenizer_array_as_ids_of_its_own(
+    prompt_tokenizer: PromptTokenizer,
+) -> None:
+    """The in-process engine gets the prompt's ids as the tokenizer's compact array (no list of
+    Python ints is built for it), a worker over HTTP the same ids as a list. The array is the
+    request's own: a consumer that wrote over it would not change the prefix cache's entry, so a
+    follow-up built on that entry is what a cold encode gives."""
+    from array import array
+
+    pipeline, backend = make(prompt_tokenizer, ["Hi"])
+    http, http_backend = make(prompt_tokenizer, ["Hi"], dataclasses.replace(CONFIG, engine="sglang"))
+    first = [{"role": "user", "content": "List the open questions of the design. " * 40}]
+    follow_up = [*first, {"role": "assistant", "content": "Two."}, {"role": "user", "content": "Which?"}]
+    run(http, request(messages=first))
+    run(pipeline, request(messages=first))
+    sent = backend.requests[-1].input_ids
+    assert isinstance(sent, array) and type(http_backend.requests[-1].input_ids) is list
+    assert http_backend.requests[-1].input_ids == list(sent)
+    sent[:] = array("i", [0]) * len(sent)
+    hits = prompt_tokenizer.prefix_cache.hits
+    run(pipeline, request(messages=follow_up))
+    assert prompt_tokenizer.prefix_cache.hits == hits + 1, "the follow-up's head was not the cached one"
+    warm = list(backend.requests[-1].input_ids)
+    prompt_tokenizer.prefix_cache.clear()
+    prompt_tokenizer.cache.clear()
+    run(pipeline, request(messages=follow_up))
+    assert warm == list(backend.requests[-1].input_ids)

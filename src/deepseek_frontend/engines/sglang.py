@@ -83,6 +83,7 @@ from deepseek_frontend.generation import (
     TokenLogprob,
     WorkerCapabilities,
     engine_rid,
+    id_list,
 )
 
 __all__ = ["GRAMMAR_BACKEND_KINDS", "SGLangClient", "capabilities_from_server_info", "new_http_client"]
@@ -345,7 +346,7 @@ class SGLangClient(HTTPEngineClient):
             params[s.constraint.kind] = s.constraint.value
         body: dict[str, Any] = {
             "rid": engine_rid(request.request_id),
-            "input_ids": request.input_ids,
+            "input_ids": id_list(request.input_ids),
             "sampling_params": params,
             "stream": True,
             "return_logprob": s.logprobs,

@@ -91,6 +91,7 @@ from deepseek_frontend.generation import (
     TokenLogprob,
     WorkerCapabilities,
     engine_rid,
+    id_list,
 )
 
 __all__ = [
@@ -284,7 +285,7 @@ class VLLMClient(HTTPEngineClient):
         s = request.sampling
         body: dict[str, Any] = {
             "model": self.model,
-            "prompt": request.input_ids,
+            "prompt": id_list(request.input_ids),
             "max_tokens": s.max_new_tokens,
             **sampling_fields(s),
             "return_token_ids": True,
@@ -337,7 +338,7 @@ class VLLMClient(HTTPEngineClient):
         body: dict[str, Any] = {
             "model": self.model,
             "request_id": engine_rid(request.request_id),
-            "token_ids": request.input_ids,
+            "token_ids": id_list(request.input_ids),
             "sampling_params": params,
             "stream": True,
             "stream_options": {"include_usage": True},

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -116,8 +117,9 @@ class PromptPreparer:
         self.turns = turns
         self.offload_min_chars = config.offload_min_chars
         self.offload_prepare_chars = config.offload_prepare_chars
-        #: whether prepared requests carry their ids packed (:class:`PackedIds`): only the in-process
-        #: simulated engine reads them; for workers over HTTP they would be memory held for nothing
+        #: whether prepared requests carry their ids as the tokenizer's array and packed
+        #: (:class:`PackedIds`): only the in-process simulated engine reads them so; for workers over
+        #: HTTP the packed bytes would be memory held for nothing, and their JSON wants a list
         self.pack_ids = config.engine == "sim"
         #: tokenizer self-checks running on the offload threads (held so they are not collected)
         self._self_checks: set[asyncio.Task[None]] = set()
@@ -144,7 +146,7 @@ class PromptPreparer:
         """Prompt tokens of an encoded draft, each image counted at its expanded size."""
         return len(self._finish(draft)) + _image_handoff(draft.images)[1]
 
-    def _finish(self, draft: _Draft) -> list[int]:
+    def _finish(self, draft: _Draft) -> array:
         """The draft's prompt ids (``finish_encoding``). On the event loop, the tokenizer's sampled
         self-check -- a whole-prompt encode, 36 ms for 12K tokens and 0.2-0.3 s for 48K, once in
         512 prompts -- goes to the offload threads instead of stalling every stream."""
@@ -192,7 +194,9 @@ class PromptPreparer:
         """The :class:`PreparedRequest` of an encoded draft: ids, length checks, sampling."""
         req, tools, preopened, images = draft.request, draft.tools, draft.preopened, draft.images
         started = time.perf_counter()
-        input_ids = self._finish(draft)
+        ids = self._finish(draft)
+        # the in-process engine reads the compact array as it is; a worker's JSON wants a list
+        input_ids: Sequence[int] = ids if self.pack_ids else ids.tolist()
         if self.metrics is not None:
             seconds = draft.seconds + draft.encoding.seconds + time.perf_counter() - started
             self.metrics.tokenization.observe(seconds)

@@ -114,7 +114,8 @@ class PreparedRequest:
     """A request ready for the engine: prompt ids, sampling parameters, parser settings."""
 
     request: ChatRequest
-    input_ids: list[int]
+    #: a list, or for the in-process simulated engine the tokenizer's ``array("i")`` (never mutated)
+    input_ids: Sequence[int]
     sampling: SamplingParams
     #: tools the output parser accepts (None when tool_choice is "none" or no tools were sent)
     tools: Sequence[dict[str, Any]] | None

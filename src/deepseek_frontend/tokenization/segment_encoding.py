@@ -44,7 +44,7 @@ class SegmentTokenizer(Protocol):
 
     def _encode_texts(self, texts: list[str], *, bulk: bool = False) -> list[list[int]]: ...
 
-    def self_check(self, segments: list[PromptSegment], ids: list[int]) -> None: ...
+    def self_check(self, segments: list[PromptSegment], ids: Sequence[int]) -> None: ...
 
 
 class PendingEncoding:
@@ -207,11 +207,10 @@ def start_encoding(
     )
 
 
-def finish_encoding(
-    tokenizer: SegmentTokenizer, pending: PendingEncoding, defer_self_check: bool
-) -> list[int]:
+def finish_encoding(tokenizer: SegmentTokenizer, pending: PendingEncoding, defer_self_check: bool) -> array:
     """:meth:`.PromptTokenizer.finish_encoding`: join the runs' ids with the special ids, fill both caches
-    (unless over ``cache_limit``) and sample the prompt for the self-check."""
+    (unless over ``cache_limit``) and sample the prompt for the self-check. The ids come as an
+    ``array("i")`` of their own (a memory copy of the prefix cache's entry)."""
     if pending.encoded is None or pending.finished:
         raise RuntimeError("finish_encoding() needs a PendingEncoding after encode(), and only once")
     resolved, runs, out = pending.resolved, pending.runs, pending.ids
@@ -241,7 +240,8 @@ def finish_encoding(
             mark(len(out))
         else:
             extend(resolved[run])  # type: ignore[index]
-    ids = out.tolist()
+    # a copy: ``out`` may become the prefix cache's entry, and a caller owns what it is given
+    ids = out[:]
     if not cacheable:
         return ids
     # the array itself becomes the cache entry: a follow-up's prefix is never copied into a

@@ -102,7 +102,8 @@ class SimPrompt:
     prompt's own.
     """
 
-    ids: list[int]
+    #: a list, or the pipeline's ``array("i")`` (:attr:`GenerateRequest.input_ids`)
+    ids: Sequence[int]
     data: bytes | None
     chains: list[int] = field(default_factory=list)
     chained_ids: int = 0
@@ -110,7 +111,7 @@ class SimPrompt:
     @classmethod
     def of(cls, ids: Sequence[int]) -> SimPrompt:
         """Read ``ids`` whole (raises :class:`RequestError` when an item is not an int)."""
-        return cls(ids if isinstance(ids, list) else list(ids), prompt_bytes(ids))
+        return cls(ids if isinstance(ids, list | array) else list(ids), prompt_bytes(ids))
 
     @classmethod
     def of_request(cls, request: GenerateRequest) -> SimPrompt:
