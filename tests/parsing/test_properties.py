@@ -18,7 +18,7 @@ import json
 import re
 from itertools import pairwise
 
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from .dsml_harness import EOS, get_grammar, markup_in, run
@@ -148,6 +148,9 @@ _SOUP = st.sampled_from(
     cuts=st.lists(st.integers(min_value=0, max_value=500), max_size=20),
     family=st.sampled_from(["deepseek_v4", "deepseek_v41"]),
 )
+# a block opener spelled with the other family's spacing: once shown as text
+@example(text="<｜DSML｜ tool_calls>", thinking=False, cuts=[], family="deepseek_v4")
+@example(text="<｜DSML｜calls>", thinking=False, cuts=[5], family="deepseek_v41")
 def test_arbitrary_markup_soup_never_raises_or_leaks_and_is_chunking_invariant(
     text: str, thinking: bool, cuts: list[int], family: str
 ) -> None:

@@ -38,8 +38,11 @@ class Terminal(enum.IntEnum):
 
 
 # Spellings shared by the DeepSeek families. V4.1 puts a space between the DSML token and the tag name
-# (sglang's DeepSeekV41Detector notes the space is intentional).
-_BLOCK_ALIASES = ("tool_calls", "function_calls", "toolcalls", " calls")
+# (sglang's DeepSeekV41Detector notes the space is intentional); a block is read under each family's
+# name with or without it, so a model that mixes the two spellings never shows its block as text.
+_BLOCK_ALIASES = tuple(
+    spaced + name for name in ("tool_calls", "function_calls", "toolcalls", "calls") for spaced in ("", " ")
+)
 _INVOKE_ALIASES = ("invoke", " invoke")
 _PARAMETER_ALIASES = ("parameter", " parameter")
 
