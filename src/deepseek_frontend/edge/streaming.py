@@ -29,7 +29,6 @@ from deepseek_frontend.pipeline.offload import CURRENT_TURN
 from .context import RAW_SEND_KEY
 from .errors import ErrorBodyRenderer, as_frontend_error, openai_error_body
 from .sse import MEDIA_TYPE, SSE_HEADERS, FinalPart
-from .turns import WARM_KEY
 
 if TYPE_CHECKING:
     from .tracking import RequestTracker
@@ -177,32 +176,13 @@ async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) ->
     On a disconnect ``work`` is cancelled -- which closes its engine streams and so aborts
     the engine requests -- and ``ClientGoneError`` is raised.
 
-    A warm request (``WARM_KEY``: a follow-up whose prompt came from the caches) awaits ``work``
-    in the request's own task, so its engine request goes out in the step that prepared it. In a
-    new task the work would start one loop iteration later, after that iteration's network reads
-    -- during a burst, milliseconds of other connections' requests (bench_burst_stages.py
-    --timeline).
+    ``work`` runs in the calling task, which a watcher task cancels when the client leaves first:
+    the engine request goes out in the step that prepared it, and the caller goes on in the step
+    that finished it. In a task of its own each would wait one more turn of the event loop, which
+    under a burst is tens of milliseconds: with one process at 1,024 new conversations arriving
+    together, running the work here brought the first-chunk median from 617-734 ms to 539-688
+    (docs/performance.md, step 25).
     """
-    if request.scope.get(WARM_KEY):
-        return await _in_this_task_unless_disconnected(request, work)
-    task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-    if task.cancelled():
-        raise ClientGoneError("the client disconnected before the response was ready")
-    return task.result()
-
-
-async def _in_this_task_unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) -> T:
-    """:func:`unless_disconnected` with ``work`` awaited in the calling task, which a watcher
-    cancels when the client leaves first."""
     task = asyncio.current_task()
     assert task is not None
     finished = False
