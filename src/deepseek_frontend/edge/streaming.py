@@ -180,8 +180,8 @@ async def unless_disconnected(request: Request, work: Coroutine[Any, Any, T]) ->
     the engine request goes out in the step that prepared it, and the caller goes on in the step
     that finished it. In a task of its own each would wait one more turn of the event loop, which
     under a burst is tens of milliseconds: with one process at 1,024 new conversations arriving
-    together, running the work here brought the first-chunk median from 617-734 ms to 539-688
-    (docs/performance.md, step 25).
+    together, running the work here took a fifth off the first-chunk median (docs/performance.md,
+    step 25).
     """
     task = asyncio.current_task()
     assert task is not None
