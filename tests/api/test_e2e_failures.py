@@ -268,8 +268,9 @@ def _metric(server: Server, line_start: str) -> float:
 def test_a_client_leaving_during_a_long_prefill_aborts_before_the_first_token(
     slow_start: Server, slow_start_frontend: Server, follow_up: bool
 ) -> None:
-    """Also for a follow-up of a recent conversation, whose engine call runs in the request's own
-    task (``unless_disconnected``): the disconnect still cancels it and aborts the engine request."""
+    """A new conversation and a follow-up of a recent one alike: the engine call runs in the
+    request's own task (``unless_disconnected``), and the disconnect still cancels it and aborts
+    the engine request."""
     content = "hello"
     if follow_up:
         # a body whose first 4 KB a recent request had (here one refused at once) arrives warm
