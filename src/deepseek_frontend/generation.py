@@ -91,27 +91,12 @@ def id_list(ids: Sequence[int]) -> list[int]:
     return ids if isinstance(ids, list) else list(ids)
 
 
-@dataclass(frozen=True, slots=True, eq=False)
-class PackedIds:
-    """A prompt's ids packed as 4-byte native ints (``array("i")`` bytes), for the one sequence
-    ``ids`` they were packed from.
-
-    The tokenizer holds a prompt's ids packed anyway (its prefix cache keeps them so); an engine
-    that reads ids as bytes -- the in-process simulated engine hashes and searches them -- takes
-    ``data`` instead of packing the list again (0.45 ms for an agent's 29K-token prompt, on the
-    event loop). Valid only while ``ids is request.input_ids``: a request whose ids were replaced
-    (a migrated request's prompt plus its output) is read from its ids.
-    """
-
-    ids: Sequence[int]
-    data: bytes
-
-
 @dataclass(frozen=True, slots=True)
 class GenerateRequest:
     request_id: str
-    #: the prompt's ids: a list, or (from the pipeline, for the in-process simulated engine) an
-    #: ``array("i")``; never mutated. An engine that sends them as JSON takes :func:`id_list`.
+    #: the prompt's ids: a list, or (from the pipeline, for the in-process simulated engine) the
+    #: tokenizer's ``array("i")``, whose bytes that engine reads as they are; never mutated. An
+    #: engine that sends them as JSON takes :func:`id_list`.
     input_ids: Sequence[int]
     sampling: SamplingParams
     #: the prompt's images as ``data:`` URLs, one per image placeholder id of ``input_ids``, in
@@ -130,9 +115,6 @@ class GenerateRequest:
     #: batch line the lowest); each engine client turns it into its worker's own field and sign
     #: when the worker schedules by priority (engines/sglang.py, engines/vllm.py). None: not stated
     priority: int | None = None
-    #: ``input_ids`` packed (:class:`PackedIds`), for the in-process simulated engine (the pipeline
-    #: sets it for that engine only; engines that send the list would ignore it)
-    packed_ids: PackedIds | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -291,7 +291,8 @@ def test_a_client_leaving_during_a_long_prefill_aborts_before_the_first_token(
     before = sim_stats(slow_start)["aborted"]
     engine_started = sim_stats(slow_start)["started"]
     body = orjson.dumps({"messages": user(content), "stream": True})
-    host, port = httpx.URL(slow_start_frontend.url).host, httpx.URL(slow_start_frontend.url).port
+    url = httpx.URL(slow_start_frontend.url)
+    host, port = url.host, url.port
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\n\r\n"

@@ -14,7 +14,7 @@ import pytest
 from deepseek_frontend.engines.sim.engine import PrefixCache
 from deepseek_frontend.engines.sim.prompts import RecentPrompts, SimPrompt, prompt_bytes
 from deepseek_frontend.errors import RequestError
-from deepseek_frontend.generation import GenerateRequest, PackedIds, SamplingParams
+from deepseek_frontend.generation import GenerateRequest, SamplingParams
 
 
 def body_of(ids: Any, *, rid: str = "r1", compact: bool = True, **extra: Any) -> bytes:
@@ -181,18 +181,20 @@ def test_mutated_bodies_are_read_exactly_as_parsed_or_left_to_the_parse() -> Non
     assert accepted > 3000, "most edits outside the ids keep a valid body"
 
 
-def test_a_request_is_read_from_its_packed_ids_only_while_they_are_its_ids() -> None:
-    """The in-process engine takes the tokenizer's packing of a request's ids as they come; a
-    request whose ids were replaced -- a migrated request's prompt plus its output, or any other
-    list, even of the same length -- is read from its own ids."""
+def test_a_request_is_read_from_its_own_ids_whether_a_list_or_the_tokenizers_array() -> None:
+    """The in-process engine reads the tokenizer's ``array("i")`` as its bytes, the same bytes a
+    list of the same ids packs to; a request whose ids were replaced -- a migrated request's prompt
+    plus its output, or any other list, even of the same length -- is read from its new ids."""
     ids = list(range(1000, 1400))
-    packed = PackedIds(ids, array("i", ids).tobytes())
-    request = GenerateRequest("r1", ids, SamplingParams(max_new_tokens=4), packed_ids=packed)
+    as_array = array("i", ids)
+    request = GenerateRequest("r1", as_array, SamplingParams(max_new_tokens=4))
     prompt = SimPrompt.of_request(request)
-    assert prompt.ids is ids and prompt.data is packed.data
+    assert prompt.ids is as_array
+    assert prompt.data == prompt_bytes(ids) == as_array.tobytes()
     for replaced in ([*ids, 7, 8], list(reversed(ids))):
         moved = dataclasses.replace(request, input_ids=replaced)
         prompt = SimPrompt.of_request(moved)
-        assert prompt.ids is replaced and prompt.data == prompt_bytes(replaced) != packed.data
-    unpacked = SimPrompt.of_request(dataclasses.replace(request, packed_ids=None))
-    assert unpacked.data == packed.data
+        assert prompt.ids is replaced and prompt.data == prompt_bytes(replaced) != as_array.tobytes()
+    # an array of another width is read id by id: its items, not its bytes
+    wide = array("q", ids)
+    assert SimPrompt.of_request(dataclasses.replace(request, input_ids=wide)).data == as_array.tobytes()

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from deepseek_frontend import _tracing
 from deepseek_frontend.errors import FrontendError, RequestError
-from deepseek_frontend.generation import PackedIds
 from deepseek_frontend.tokenization import encode_together
 
 from .offload import CURRENT_TURN, LoopTurns, OffloadPool, release_current_turn
@@ -117,10 +116,9 @@ class PromptPreparer:
         self.turns = turns
         self.offload_min_chars = config.offload_min_chars
         self.offload_prepare_chars = config.offload_prepare_chars
-        #: whether prepared requests carry their ids as the tokenizer's array and packed
-        #: (:class:`PackedIds`): only the in-process simulated engine reads them so; for workers over
-        #: HTTP the packed bytes would be memory held for nothing, and their JSON wants a list
-        self.pack_ids = config.engine == "sim"
+        #: whether prepared requests carry their ids as the tokenizer's ``array("i")``: the
+        #: in-process simulated engine reads its bytes as they are; a worker's JSON wants a list
+        self.ids_as_array = config.engine == "sim"
         #: tokenizer self-checks running on the offload threads (held so they are not collected)
         self._self_checks: set[asyncio.Task[None]] = set()
 
@@ -157,7 +155,8 @@ class PromptPreparer:
         encoding = draft.encoding
         ids = self.tokenizer.finish_encoding(encoding, defer_self_check=loop is not None)
         if loop is not None and encoding.self_check_due:
-            check = self.offload.run(self.tokenizer.self_check, encoding.segments, list(ids))
+            # the array is never mutated: the check reads it as the engine does
+            check = self.offload.run(self.tokenizer.self_check, encoding.segments, ids)
             task = loop.create_task(check)
             self._self_checks.add(task)
             task.add_done_callback(self._self_check_done)
@@ -196,7 +195,7 @@ class PromptPreparer:
         started = time.perf_counter()
         ids = self._finish(draft)
         # the in-process engine reads the compact array as it is; a worker's JSON wants a list
-        input_ids: Sequence[int] = ids if self.pack_ids else ids.tolist()
+        input_ids: Sequence[int] = ids if self.ids_as_array else ids.tolist()
         if self.metrics is not None:
             seconds = draft.seconds + draft.encoding.seconds + time.perf_counter() - started
             self.metrics.tokenization.observe(seconds)
@@ -216,7 +215,6 @@ class PromptPreparer:
             opened_block="".join(seg[0] for seg in preopened[1]).lstrip("\n") if preopened else "",
             images=handoff,
             image_extra_tokens=extra,
-            packed_ids=PackedIds(input_ids, draft.encoding.packed()) if self.pack_ids else None,
         )
 
     # -- isolation: long prompts off the event loop ---------------------------------

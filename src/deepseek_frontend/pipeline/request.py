@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from deepseek_frontend.generation import PackedIds, SamplingParams, TokenLogprob
+from deepseek_frontend.generation import SamplingParams, TokenLogprob
 from deepseek_frontend.parsing import (
     ContentDelta,
     ReasoningDelta,
@@ -135,8 +135,6 @@ class PreparedRequest:
     images: tuple[str, ...] = ()
     #: tokens the engine adds when it expands the image placeholders (``sum(tokens - 1)``)
     image_extra_tokens: int = 0
-    #: ``input_ids`` packed as the tokenizer holds them (for an engine that reads bytes)
-    packed_ids: PackedIds | None = None
 
     @property
     def request_id(self) -> str:

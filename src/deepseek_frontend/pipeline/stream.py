@@ -154,7 +154,6 @@ class ChoiceStream:
                 images=prepared.images,
                 trace_headers=trace_headers,
                 priority=req.scheduling.priority,
-                packed_ids=prepared.packed_ids,
             )
         )
         self._detok = pipeline.tokenizer.new_detokenizer()

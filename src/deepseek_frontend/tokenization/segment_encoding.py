@@ -103,13 +103,6 @@ class PendingEncoding:
         #: the prompt was sampled for :meth:`PromptTokenizer.self_check` and the caller runs it
         self.self_check_due = False
 
-    def packed(self) -> bytes:
-        """The prompt's ids as 4-byte native ints (``array("i")`` bytes; one memory copy), once
-        :meth:`.PromptTokenizer.finish_encoding` has given them."""
-        if not self.finished:
-            raise RuntimeError("packed() needs a finished PendingEncoding")
-        return self.ids.tobytes()
-
     def encode(self) -> None:
         """Tokenize the missing runs (``FormatError`` for a lone surrogate); idempotent.
 

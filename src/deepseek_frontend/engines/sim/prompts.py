@@ -49,9 +49,15 @@ def prompt_bytes(ids: Sequence[int]) -> bytes | None:
     """``ids`` as 4-byte machine ints -- one C loop; what the engine hashes and searches instead of
     a Python loop per id of a long prompt -- or None when an id does not fit in 32 bits.
 
+    The pipeline's ``array("i")`` (:attr:`GenerateRequest.input_ids` for this engine) is those
+    bytes already: one memory copy, not a conversion per id (0.45 ms for an agent's 29K-token
+    prompt, on the event loop).
+
     Raises :class:`RequestError` when an item is not an int (the check a worker makes of
     ``input_ids``).
     """
+    if isinstance(ids, array) and ids.typecode == "i" and ids.itemsize == ID_WIDTH:
+        return ids.tobytes()
     try:
         return array("i", ids).tobytes()
     except OverflowError:
@@ -115,13 +121,8 @@ class SimPrompt:
 
     @classmethod
     def of_request(cls, request: GenerateRequest) -> SimPrompt:
-        """``request``'s prompt, from the bytes its ids came packed in when they are its ids'
-        (:class:`~deepseek_frontend.generation.PackedIds`; the same bytes :func:`prompt_bytes`
-        gives), else read whole (:meth:`of`)."""
-        packed, ids = request.packed_ids, request.input_ids
-        if packed is not None and packed.ids is ids and len(packed.data) == ID_WIDTH * len(ids):
-            return cls(ids, packed.data)
-        return cls.of(ids)
+        """``request``'s prompt (:meth:`of` its ids)."""
+        return cls.of(request.input_ids)
 
 
 @dataclass(slots=True, eq=False)
