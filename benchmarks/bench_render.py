@@ -4,6 +4,7 @@ Run by hand (not a test)::
 
     python benchmarks/bench_render.py            # every family (V4, V4.1, V3.2), all shapes
     python benchmarks/bench_render.py --quick    # fewer repeats
+    python benchmarks/bench_render.py --decode   # the decode table alone
 
 Workloads are agent conversations with 20 tools (realistic JSON schemas on the
 system message), reasoning, tool calls and tool results, at 10 / 100 / 1000 / 3000
@@ -39,6 +40,12 @@ about ``--tokens`` tokens (default 400 000), V4 format, thinking mode:
   tokenization that a follow-up pays);
 * ``render+tok warm/cold``: the whole prompt side, warm over cold (render is not cached:
   every request re-renders its conversation).
+
+A fourth table measures decoding a rendered V4 agent prompt's ids, as the in-process simulated
+engine reads every prompt it serves (``PromptTokenizer.decode``): the tokenizer's ``array("i")``
+decoded as it is, against a list made of it first and then decoded (a caller's copy, and the
+sign check then boxes every id again), best-of wall time, prompts cut to 1,000 / 17,000 /
+100,000 ids.
 
 Wall time here, not CPU time: ``encode_batch`` runs on several Rust threads. The
 tokenizer's sampled self-check (1 request in 512 re-encoded whole) is switched off
@@ -372,15 +379,54 @@ def prepare_table(repeats: int) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
 
 
+DECODE_SIZES: tuple[int, ...] = (1_000, 17_000, 100_000)
+
+
+def decode_table(repeats: int) -> None:
+    """Decoding a prompt's ids: the array as it is, against a list made of it first."""
+    from array import array
+
+    from deepseek_frontend.tokenization import PromptTokenizer
+
+    tok = PromptTokenizer.load()
+    tok.self_check_rate = 0.0
+    messages = grown_agent_conversation(max(DECODE_SIZES) * 1.2, 60)
+    segments = dsv4.render_prompt_segments(messages, "thinking")
+    ids = tok.encode_segments(segments)
+    assert len(ids) >= max(DECODE_SIZES), len(ids)
+    head = ["ids", "array ms", "list of it, then decode ms", "array / list"]
+    rows = []
+    for size in DECODE_SIZES:
+        cut = array("i", ids[:size])
+        assert tok.decode(cut) == tok.decode(list(cut))
+        # interleaved, so that a shared machine's load falls on both alike
+        as_array = as_list = math.inf
+        for _ in range(max(repeats, 7)):
+            as_array = min(as_array, _best_wall(lambda cut=cut: tok.decode(cut), 3))
+            as_list = min(as_list, _best_wall(lambda cut=cut: tok.decode(list(cut)), 3))
+        rows.append(
+            [f"{size:,}", f"{as_array * 1e3:.3f}", f"{as_list * 1e3:.3f}", f"{as_array / as_list:.2f}"]
+        )
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    print("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 repeats and no time budget")
     parser.add_argument(
         "--tokens", type=int, default=TOKENS_TARGET, help="size of the tokenization conversation (0: skip)"
     )
+    parser.add_argument("--decode", action="store_true", help="the decode table alone")
     args = parser.parse_args()
     repeats = 3 if args.quick else REPEATS
     budget_s = 0.0 if args.quick else BUDGET_S
+    if args.decode:
+        decode_table(repeats)
+        return
     rows: list[Row] = []
     # V4.1 next to V4 on the same conversations (same messages, V4.1's own rules)
     for family, module in (("dsv4", dsv4), ("dsv41", dsv41), ("dsv32", dsv32)):
@@ -400,6 +446,8 @@ def main() -> None:
     if args.tokens:
         print()
         tokenization_table(args.tokens, repeats)
+    print()
+    decode_table(repeats)
 
 
 if __name__ == "__main__":

@@ -286,6 +286,32 @@ def test_decode_is_the_hf_decode(prompt_tokenizer: PromptTokenizer) -> None:
                 prompt_tokenizer.decode(bad)
 
 
+def test_decode_reads_the_pipelines_id_array_as_its_list(prompt_tokenizer: PromptTokenizer) -> None:
+    """An ``array("i")`` of ids (what the in-process engine reads) decodes as the same ids in a
+    list, a negative id included: it is never read from the end of the byte table."""
+    from array import array
+
+    rng = random.Random(6)
+    vocab = prompt_tokenizer.vocab_size
+    for size in (1, 300, 5000):
+        ids = [rng.randrange(vocab) for _ in range(size)]
+        assert prompt_tokenizer.decode(array("i", ids)) == prompt_tokenizer.decode(ids)
+    for negative in (-1, -5, -(2**31)):
+        for where in (0, 150, 299):
+            ids = [rng.randrange(vocab) for _ in range(300)]
+            ids[where] = negative
+            outcomes: list[object] = []
+            for form in (ids, array("i", ids)):
+                try:
+                    outcomes.append(prompt_tokenizer.decode(form))
+                except Exception as exc:  # whatever the HF tokenizer makes of a negative id
+                    outcomes.append(type(exc))
+            assert outcomes[0] == outcomes[1]
+            if negative > -vocab:  # the id the table's end would have given instead
+                wrapped = [*ids[:where], vocab + negative, *ids[where + 1 :]]
+                assert outcomes[1] != prompt_tokenizer.decode(wrapped)
+
+
 def test_detokenizer_rejects_ids_outside_the_vocabulary(prompt_tokenizer: PromptTokenizer) -> None:
     det = prompt_tokenizer.new_detokenizer()
     with pytest.raises(FormatError, match="out of range"):

@@ -19,6 +19,7 @@ import json
 import logging
 import random
 import re
+import sys
 from array import array
 from collections.abc import Sequence
 from pathlib import Path
@@ -48,6 +49,8 @@ SELF_CHECK_RATE = 1 / 512
 
 BOS_SPELLING = "<｜begin▁of▁sentence｜>"
 EOS_SPELLING = "<｜end▁of▁sentence｜>"
+#: where the byte holding an ``array("i")`` item's sign is, within the item's four native bytes
+_SIGN_BYTE = 3 if sys.byteorder == "little" else 0
 
 
 class PromptTokenizer:
@@ -249,10 +252,11 @@ class PromptTokenizer:
 
         With special tokens kept, a byte-level vocabulary decodes by joining each id's bytes
         (the same text, about 4x faster than the tokenizer's own decode on long prompts: the
-        simulated engine reads every prompt it serves this way).
+        simulated engine reads every prompt it serves this way). ``ids`` may be the pipeline's
+        ``array("i")`` as it is: no list is made of it.
         """
         table = self._id_bytes
-        if table is not None and not skip_special_tokens and (not ids or min(ids) >= 0):
+        if table is not None and not skip_special_tokens and _no_negative(ids):
             try:
                 return b"".join(map(table.__getitem__, ids)).decode("utf-8", "replace")
             except (IndexError, TypeError):
@@ -267,3 +271,15 @@ class PromptTokenizer:
             f"PromptTokenizer(source={self.source!r}, vocab_size={self.vocab_size}, "
             f"cache={self.cache!r}, prefix_cache={self.prefix_cache!r})"
         )
+
+
+def _no_negative(ids: Sequence[int]) -> bool:
+    """Whether no id of ``ids`` is negative (a negative index would read the byte table from its end).
+
+    An ``array("i")`` is checked on its bytes: an id is negative when the high bit of its sign
+    byte is set, and ``isascii`` tests every such byte in one C pass (12 us for 17K ids, where
+    ``min`` boxed each id: 370 us, more than the decode's join).
+    """
+    if isinstance(ids, array) and ids.typecode == "i" and ids.itemsize == 4:
+        return ids.tobytes()[_SIGN_BYTE::4].isascii()
+    return not ids or min(ids) >= 0

@@ -434,12 +434,12 @@ class SimulatedEngine(EngineClient, Engine):
         users = positions_from_end(data, user_id) if data is not None and user_id is not None else iter(())
         last = next(users, -1)
         if last < 0:
-            return read_prompt(decode(list(input_ids), skip_special_tokens=False))
-        turn = decode(list(input_ids[last + 1 :]), skip_special_tokens=False)
+            return read_prompt(decode(input_ids, skip_special_tokens=False))
+        turn = decode(input_ids[last + 1 :], skip_special_tokens=False)
         if USER_TURN in turn:
             # the turn spells the opener as text (a prompt injection the frontend kept as text):
             # the text reading finds that spelling last; keep the same view
-            return read_prompt(decode(list(input_ids), skip_special_tokens=False))
+            return read_prompt(decode(input_ids, skip_special_tokens=False))
         key = (last, hash(data[: last * ID_WIDTH]))  # type: ignore[index]
         heads = self._heads
         head = heads.get(key)
@@ -511,7 +511,7 @@ class SimulatedEngine(EngineClient, Engine):
     def _assistant_id(self) -> int | None:
         return self._special_id("<｜Assistant｜>")
 
-    def _decode_with_specials(self, ids: list[int]) -> str:
+    def _decode_with_specials(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def _cached_prefix(self, input_ids: Sequence[int], prompt: SimPrompt) -> int:

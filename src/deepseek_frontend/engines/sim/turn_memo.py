@@ -141,17 +141,17 @@ class HeadTexts(_PrefixMemo[str]):
         data: bytes,
         last: int,
         earlier: Iterator[int],
-        decode: Callable[[list[int]], str],
+        decode: Callable[[Sequence[int]], str],
     ) -> tuple[str, tuple[int, int] | None]:
         """``decode(ids[:last])``, and the key of the remembered head it extends (its id count and
         the hash of those ids' bytes; None: decoded whole); ``earlier``: indices of the user turns
         before ``last``, newest first."""
         found = self._take(data, earlier)
         if found is None:
-            text = decode(list(ids[:last]))
+            text = decode(ids[:last])
         else:
             extended, known = found
-            text = known + decode(list(ids[extended[0] : last]))
+            text = known + decode(ids[extended[0] : last])
         self.remember(data, last, text)
         return text, found[0] if found is not None else None
 
