@@ -5,6 +5,7 @@ Run by hand (not a test)::
     python benchmarks/bench_render.py            # every family (V4, V4.1, V3.2), all shapes
     python benchmarks/bench_render.py --quick    # fewer repeats
     python benchmarks/bench_render.py --decode   # the decode table alone
+    python benchmarks/bench_render.py --short-text  # the short-text table alone
 
 Workloads are agent conversations with 20 tools (realistic JSON schemas on the
 system message), reasoning, tool calls and tool results, at 10 / 100 / 1000 / 3000
@@ -46,6 +47,11 @@ engine reads every prompt it serves (``PromptTokenizer.decode``): the tokenizer'
 decoded as it is, against a list made of it first and then decoded (a caller's copy, and the
 sign check then boxes every id again), best-of wall time, prompts cut to 1,000 / 17,000 /
 100,000 ids.
+
+A fifth table measures encoding short ASCII text (what the in-process engine writes as an answer,
+a follow-up's few new words: at most ``SHORT_TEXT_CHARS`` characters, encoded holding the GIL) by
+``tokenizers``' ``Tokenizer.encode`` and by the checked ``tiktoken`` pieces
+(``TiktokenText.encode_short_ascii``), interleaved, best-of wall time.
 
 Wall time here, not CPU time: ``encode_batch`` runs on several Rust threads. The
 tokenizer's sampled self-check (1 request in 512 re-encoded whole) is switched off
@@ -414,6 +420,56 @@ def decode_table(repeats: int) -> None:
         print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
 
 
+SHORT_TEXTS: tuple[str, ...] = (
+    "Sure.",
+    "Understood: the limiter now admits the burst.",
+    "Based on the tool result: def admit(self, key: str) -> bool: return self.tokens[key] > 0 "
+    "and self.window.allows(key, now=time.monotonic()).",
+    "I ran the tests after the change: 212 passed, 3 skipped. The rate limiter refused requests "
+    "it should admit because the refill used integer division; it now refills 2.5 tokens a second "
+    "as configured, and a test covers the fractional refill. Next I will look at the window's "
+    "clock, which still reads wall time instead of the monotonic clock.",
+)
+
+
+def short_text_table(repeats: int) -> None:
+    """Encoding short ASCII text holding the GIL: ``tokenizers`` against ``tiktoken``'s pieces."""
+    from deepseek_frontend.tokenization import PromptTokenizer
+
+    tok = PromptTokenizer.load()
+    fast = tok.text_encoder.fast
+    assert fast is not None and fast.short_ascii, "the bundled tokenizer's short path is not checked"
+    head = ["chars", "tokenizers encode us", "tiktoken pieces us", "pieces / tokenizers"]
+    rows = []
+    for text in SHORT_TEXTS:
+        reference = tok.text.encode(text, add_special_tokens=False).ids
+        assert fast.encode_short_ascii(text) == reference
+        by_reference = by_pieces = math.inf
+        for _ in range(max(repeats, 7)):
+            by_reference = min(
+                by_reference,
+                _best_wall(
+                    lambda t=text: [tok.text.encode(t, add_special_tokens=False).ids for _ in range(100)], 3
+                ),
+            )
+            by_pieces = min(
+                by_pieces, _best_wall(lambda t=text: [fast.encode_short_ascii(t) for _ in range(100)], 3)
+            )
+        rows.append(
+            [
+                str(len(text)),
+                f"{by_reference * 1e4:.1f}",
+                f"{by_pieces * 1e4:.1f}",
+                f"{by_pieces / by_reference:.2f}",
+            ]
+        )
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    print("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 repeats and no time budget")
@@ -421,11 +477,15 @@ def main() -> None:
         "--tokens", type=int, default=TOKENS_TARGET, help="size of the tokenization conversation (0: skip)"
     )
     parser.add_argument("--decode", action="store_true", help="the decode table alone")
+    parser.add_argument("--short-text", action="store_true", help="the short-text table alone")
     args = parser.parse_args()
     repeats = 3 if args.quick else REPEATS
     budget_s = 0.0 if args.quick else BUDGET_S
-    if args.decode:
-        decode_table(repeats)
+    if args.decode or args.short_text:
+        if args.decode:
+            decode_table(repeats)
+        if args.short_text:
+            short_text_table(repeats)
         return
     rows: list[Row] = []
     # V4.1 next to V4 on the same conversations (same messages, V4.1's own rules)
@@ -448,6 +508,8 @@ def main() -> None:
         tokenization_table(args.tokens, repeats)
     print()
     decode_table(repeats)
+    print()
+    short_text_table(repeats)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ not valid Unicode, tokenizers of another shape, and the run-time self-check's wa
 from __future__ import annotations
 
 import json
+import random
 import threading
 
 import pytest
@@ -13,7 +14,7 @@ from deepseek_frontend.errors import FormatError
 from deepseek_frontend.formats.segments import PromptSegment
 from deepseek_frontend.tokenization import PromptTokenizer, bundled_tokenizer_path, load_v41_stand_in
 from deepseek_frontend.tokenization.text_encoding import LONG_RUN_CHARS, TextEncoder, encode_texts
-from deepseek_frontend.tokenization.tiktoken_encoder import tiktoken_text_for
+from deepseek_frontend.tokenization.tiktoken_encoder import TiktokenText, tiktoken_text_for
 
 
 @pytest.fixture(scope="module")
@@ -97,6 +98,39 @@ def test_long_runs_give_the_reference_ids_without_a_panic(tok, text):
 def test_a_lone_surrogate_is_a_format_error_that_names_it(tok, filler):
     with pytest.raises(FormatError, match=rf"U\+D800 at character {filler + 3}"):
         tok.text_encoder.encode(["fine", "x" * filler + "abc\ud800"])
+
+
+def test_short_ascii_text_is_encoded_holding_the_gil_with_the_reference_ids(tok):
+    """Short ASCII text (the engine's answers, a follow-up's few new words) goes through the Python
+    split and ``tiktoken``'s one-piece merges, and gets exactly the reference's ids: every ASCII
+    character in the contexts the pattern rewrites, and random ASCII text of every mix."""
+    fast = tok.text_encoder.fast
+    assert fast is not None and fast.short_ascii
+    texts = [f"{c}{c} a{c}b  {c}1{c}  {c}\n{c}  x{c}" for c in map(chr, range(128))]
+    rng = random.Random(11)
+    every = [chr(cp) for cp in range(128)]
+    texts += ["".join(rng.choice(every) for _ in range(rng.randrange(1, 300))) for _ in range(3000)]
+    boundaries = " \t\n\r1aZ.,'!-_"
+    texts += ["".join(rng.choice(boundaries) for _ in range(rng.randrange(1, 80))) for _ in range(3000)]
+    texts += ["Based on the tool result: def admit(self, key: str) -> bool: return self.tokens[key] > 0."]
+    reference = _reference(tok, texts)
+    mismatched = [t for t, ids in zip(texts, reference, strict=True) if tok.text_encoder.encode([t]) != [ids]]
+    assert not mismatched, mismatched[:3]
+    assert [fast.encode_short_ascii(t) for t in texts[:200]] == reference[:200]
+
+
+def test_short_text_stays_on_tokenizers_until_the_split_is_checked(tok):
+    """An encoding whose Python split was not checked (or failed the check) never encodes short text."""
+    fast = tok.text_encoder.fast
+    unchecked = TiktokenText(fast.encoding, fast._ranks)
+    assert not unchecked.short_ascii
+
+    def refuse(text: str) -> list[int]:
+        raise AssertionError("the unchecked split was used")
+
+    unchecked.encode_short_ascii = refuse  # type: ignore[method-assign]
+    texts = ["hello there", "a b c 123"]
+    assert TextEncoder(tok.text, unchecked).encode(texts) == _reference(tok, texts)
 
 
 def _with(data: dict, **model_changes) -> str:

@@ -2,8 +2,9 @@
 
 Owns how a list of text runs is encoded: by ``tiktoken`` where it gives the reference tokenizer's
 ids (:mod:`.tiktoken_encoder`), else by HF ``tokenizers``' ``encode_batch_fast`` (which releases the
-GIL and computes no character offsets); texts over :data:`LONG_RUN_CHARS` cut at pre-token
-boundaries (:func:`split_long_run`) so their cost stays linear; a lone UTF-16 surrogate reported as
+GIL and computes no character offsets); short texts holding the GIL; texts over
+:data:`LONG_RUN_CHARS` cut at pre-token boundaries (:func:`split_long_run`) so their cost stays
+linear; a lone UTF-16 surrogate reported as
 a ``FormatError`` that names it. Which tokenizer is the reference (the injection-safe text one) is
 the caller's choice.
 """
@@ -150,10 +151,16 @@ class TextEncoder:
     def encode(self, texts: list[str], *, bulk: bool = False) -> list[list[int]]:
         """Ids of each text; lone surrogates are a FormatError. ``bulk``: the calling thread
         encodes many requests' text (it gets a ``tiktoken`` encoding of its own, see
-        :class:`.tiktoken_encoder.TiktokenText`)."""
-        if sum(map(len, texts)) <= SHORT_TEXT_CHARS:
-            return encode_short(self.reference, texts)
+        :class:`.tiktoken_encoder.TiktokenText`).
+
+        Texts of at most :data:`SHORT_TEXT_CHARS` together are encoded holding the GIL: ASCII
+        ones by ``tiktoken``'s pieces (:meth:`.TiktokenText.encode_short_ascii`, once checked),
+        others by :func:`encode_short`."""
         fast = self.fast
+        if sum(map(len, texts)) <= SHORT_TEXT_CHARS:
+            if fast is not None and fast.short_ascii and all(text.isascii() for text in texts):
+                return [fast.encode_short_ascii(text) for text in texts]
+            return encode_short(self.reference, texts)
         if fast is None:
             return encode_texts(self.reference, texts)
         if bulk:
