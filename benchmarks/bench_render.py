@@ -218,6 +218,15 @@ COLUMNS: list[Column] = [
 """(header, format, function) per column, computed left to right; a column may read earlier ones."""
 
 
+def print_rows(head: list[str], rows: list[list[str]]) -> None:
+    """``rows`` of cells under ``head``, each column right-aligned to its widest cell."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
+    print("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for r in rows:
+        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+
+
 def print_table(rows: list[Row], columns: list[Column]) -> None:
     head = ["family", "shape", "messages"] + [name for name, _, _ in columns]
     cells = [
@@ -336,10 +345,7 @@ def tokenization_table(tokens_target: int, repeats: int) -> None:
         f"{best_tok / cold_s:.1%}",
         f"{best_total / (cold_s + cold_render_s):.1%}",
     ]
-    widths = [max(len(h), len(c)) for h, c in zip(head, row, strict=True)]
-    print("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
-    print("  ".join("-" * w for w in widths))
-    print("  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)))
+    print_rows(head, [row])
 
 
 def prepare_table(repeats: int) -> None:
@@ -378,11 +384,7 @@ def prepare_table(repeats: int) -> None:
             continue
         v4_ms, _ = prepare_ms("dsv4", messages)
         rows.append([name, str(v41_tokens), f"{v4_ms:.2f}", f"{v41_ms:.2f}", f"{v41_ms / v4_ms:.2f}"])
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    print("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+    print_rows(head, rows)
 
 
 DECODE_SIZES: tuple[int, ...] = (1_000, 17_000, 100_000)
@@ -413,11 +415,7 @@ def decode_table(repeats: int) -> None:
         rows.append(
             [f"{size:,}", f"{as_array * 1e3:.3f}", f"{as_list * 1e3:.3f}", f"{as_array / as_list:.2f}"]
         )
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    print("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+    print_rows(head, rows)
 
 
 SHORT_TEXTS: tuple[str, ...] = (
@@ -463,11 +461,7 @@ def short_text_table(repeats: int) -> None:
                 f"{by_pieces / by_reference:.2f}",
             ]
         )
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(head)]
-    print("  ".join(h.rjust(w) for h, w in zip(head, widths, strict=True)))
-    print("  ".join("-" * w for w in widths))
-    for r in rows:
-        print("  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)))
+    print_rows(head, rows)
 
 
 def main() -> None:

@@ -4,9 +4,8 @@ Owns how a list of text runs is encoded: by ``tiktoken`` where it gives the refe
 ids (:mod:`.tiktoken_encoder`), else by HF ``tokenizers``' ``encode_batch_fast`` (which releases the
 GIL and computes no character offsets); short texts holding the GIL; texts over
 :data:`LONG_RUN_CHARS` cut at pre-token boundaries (:func:`split_long_run`) so their cost stays
-linear; a lone UTF-16 surrogate reported as
-a ``FormatError`` that names it. Which tokenizer is the reference (the injection-safe text one) is
-the caller's choice.
+linear; a lone UTF-16 surrogate reported as a ``FormatError`` that names it. Which tokenizer is
+the reference (the injection-safe text one) is the caller's choice.
 """
 
 from __future__ import annotations

@@ -158,11 +158,12 @@ class TiktokenText:
 
         ``encode`` releases the GIL, and a thread that takes it back while another runs Python may
         wait up to the interpreter's switch interval (5 ms), where ``tokenizers``' ``encode``, which
-        keeps it, costs 52 us for a 150-character answer. Here the pattern's pieces come from the
+        keeps it, costs 46 us for a 139-character answer. Here the pattern's pieces come from the
         ``regex`` module, a piece the vocabulary holds whole is its id, and any other is merged by
-        ``tiktoken``'s ``encode_single_piece``: 17 us. ``regex``'s Unicode tables are not the Rust
-        engine's (they disagreed on 12 of 9,140 check texts, none of them ASCII), so only ASCII
-        text is taken, and only once :attr:`short_ascii` is set.
+        ``tiktoken``'s ``encode_single_piece``: 17 us (``benchmarks/bench_render.py --short-text``).
+        ``regex``'s Unicode tables are not the Rust engine's (they disagreed on 12 of 9,140 check
+        texts, none of them ASCII), so only ASCII text is taken, and only once :attr:`short_ascii`
+        is set.
         """
         merge_piece = self._merge_piece
         assert merge_piece is not None, "encode_short_ascii needs tiktoken's encode_single_piece"
