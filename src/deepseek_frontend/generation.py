@@ -17,9 +17,10 @@ another -- ``X-1`` and ``X-10`` were. With the terminator none is: a rid ends at
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 EngineFinishReason = Literal["stop", "length", "abort"]
 
@@ -89,6 +90,12 @@ class SamplingParams:
 def id_list(ids: Sequence[int]) -> list[int]:
     """``ids`` as a list (itself when it is one): what a worker's JSON body carries."""
     return ids if isinstance(ids, list) else list(ids)
+
+
+def is_id_array(ids: Sequence[int]) -> TypeGuard[array[int]]:
+    """Whether ``ids`` is an ``array("i")`` of 4-byte ints (the tokenizer's id array), whose
+    ``tobytes()`` are the ids as machine ints, read without a conversion per id."""
+    return isinstance(ids, array) and ids.typecode == "i" and ids.itemsize == 4
 
 
 @dataclass(frozen=True, slots=True)

@@ -188,13 +188,13 @@ def test_a_request_is_read_from_its_own_ids_whether_a_list_or_the_tokenizers_arr
     ids = list(range(1000, 1400))
     as_array = array("i", ids)
     request = GenerateRequest("r1", as_array, SamplingParams(max_new_tokens=4))
-    prompt = SimPrompt.of_request(request)
+    prompt = SimPrompt.of(request.input_ids)
     assert prompt.ids is as_array
     assert prompt.data == prompt_bytes(ids) == as_array.tobytes()
     for replaced in ([*ids, 7, 8], list(reversed(ids))):
         moved = dataclasses.replace(request, input_ids=replaced)
-        prompt = SimPrompt.of_request(moved)
+        prompt = SimPrompt.of(moved.input_ids)
         assert prompt.ids is replaced and prompt.data == prompt_bytes(replaced) != as_array.tobytes()
     # an array of another width is read id by id: its items, not its bytes
     wide = array("q", ids)
-    assert SimPrompt.of_request(dataclasses.replace(request, input_ids=wide)).data == as_array.tobytes()
+    assert SimPrompt.of(wide).data == as_array.tobytes()

@@ -5,8 +5,8 @@ server, ``--structured-outputs-config``, not per request), each serving the tiny
 Llama of :mod:`tests.real_engine.make_tiny_model` with ``--load-format dummy``. Both are launched
 when the session first needs either, so their start-ups (the stage's biggest cost after the
 install) overlap; each fixture then waits, bounded, for its server's ``/health``. Servers bind free
-localhost ports, log to a file shown when start-up fails, and are terminated (then killed) when
-the session ends.
+localhost ports, log to a file shown when start-up fails, and are terminated (then killed, with
+the engine processes they started) when the session ends.
 
 The worker flags are the ones docs/serving.md asks a deployment for: ``--enable-scale-out`` (the
 token-in ``/inference/v1/generate`` API), ``--enable-prompt-tokens-details`` (``cached_tokens``).
@@ -34,7 +34,7 @@ from tests.real_engine.make_tiny_model import write_tiny_model
 
 # the SGLang servers' fixtures (.ci/stage-real-sglang.sh); they skip under an interpreter without SGLang
 from tests.real_engine.sglang_servers import sglang_aggregated, sglang_fleet, sglang_model, sglang_pd  # noqa: F401
-from tests.support.servers import Server, free_port, start_frontend, stop_process
+from tests.support.servers import Server, free_port, start_frontend, stop_process_group
 
 #: the name the workers serve the tiny model under (the frontend's --worker-model)
 WORKER_MODEL = "tiny"
@@ -59,6 +59,10 @@ class VLLMServer:
 
     def log(self) -> str:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self) -> None:
+        """SIGTERM, then SIGKILL to the process group (the EngineCore and its workers too) past 30 s."""
+        stop_process_group(self.proc, timeout=30.0)
 
     def wait_healthy(self, timeout_s: float = VLLM_START_TIMEOUT_S) -> None:
         """Poll ``/health`` until 200; fail with the server's log if it exits or the time runs out."""
@@ -143,7 +147,8 @@ def launch_vllm(
         str(port),
         *extra_args,
     ]
-    proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env)
+    # its own session: stop() kills the group, so the EngineCore and workers go with the API server
+    proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     os.close(fd)
     return VLLMServer(label, proc, f"http://127.0.0.1:{port}", Path(log_name))
 
@@ -161,7 +166,7 @@ def vllm_servers(tiny_model: Path) -> Iterator[dict[str, VLLMServer]]:
         yield servers
     finally:
         for server in servers.values():
-            stop_process(server.proc, timeout=30.0)
+            server.stop()
             server.log_path.unlink(missing_ok=True)
 
 

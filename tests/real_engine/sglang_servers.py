@@ -41,7 +41,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -56,7 +55,7 @@ import pytest
 
 from tests.real_engine.make_tiny_model import write_tiny_model
 from tests.real_engine.random_weights import write_random_llama_weights
-from tests.support.servers import free_port
+from tests.support.servers import free_port, stop_process_group
 
 #: the name the workers serve the tiny model under (SGLang's /generate names no model; /v1/models says it)
 SGLANG_WORKER_MODEL = "tiny"
@@ -165,15 +164,7 @@ class SGLangServer:
 
     def stop(self) -> None:
         """SIGTERM, then SIGKILL to the process group (the scheduler and detokenizer too) past the bound."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=SGLANG_STOP_TIMEOUT_S)
-        # the launcher's children (scheduler, detokenizer, resource tracker) share its process group
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(timeout=10.0)
+        stop_process_group(self.proc, SGLANG_STOP_TIMEOUT_S)
 
 
 def launch_sglang(

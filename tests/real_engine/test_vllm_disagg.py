@@ -32,7 +32,7 @@ from tests.real_engine.conftest import (
 )
 from tests.real_engine.make_tiny_model import write_tiny_model
 from tests.real_engine.random_weights import write_random_llama_weights
-from tests.support.servers import Server, free_port, stop_process
+from tests.support.servers import Server, free_port
 
 pytestmark = pytest.mark.real_engine
 
@@ -74,7 +74,7 @@ def pd_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, V
         yield servers
     finally:
         for server in servers.values():
-            stop_process(server.proc, timeout=30.0)
+            server.stop()
             server.log_path.unlink(missing_ok=True)
 
 

@@ -11,13 +11,16 @@ terminates the process (then kills it) and returns its log for failure messages;
 :class:`Server` is also a context manager that stops on exit.
 
 Tests that run some other process (an installed console script, a replayed image) reuse
-:func:`stop_process` and :func:`free_port`.
+:func:`stop_process` and :func:`free_port`; a process started in its own session whose children
+must not outlive it (a real engine's scheduler and workers) is stopped by :func:`stop_process_group`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -57,6 +60,23 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=timeout)
+
+
+def stop_process_group(proc: subprocess.Popen[Any], timeout: float) -> None:
+    """SIGTERM ``proc``, wait up to ``timeout`` seconds, then SIGKILL its whole process group.
+
+    ``proc`` must have been started with ``start_new_session=True``: the engine processes it
+    started (vLLM's ``EngineCore`` and workers, SGLang's scheduler and detokenizer) share its group,
+    and would otherwise keep running -- and keep a core busy -- after their API server is gone.
+    """
+    if proc.poll() is None:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=timeout)
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10.0)
 
 
 @dataclass

@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 
 from deepseek_frontend.errors import FormatError
 from deepseek_frontend.formats.segments import PromptSegment, join_segments
+from deepseek_frontend.generation import is_id_array
 from deepseek_frontend.tokenization import segment_encoding
 from deepseek_frontend.tokenization.bundled import bundled_tokenizer_path
 from deepseek_frontend.tokenization.caches import (
@@ -280,6 +281,6 @@ def _no_negative(ids: Sequence[int]) -> bool:
     byte is set, and ``isascii`` tests every such byte in one C pass (12 us for 17K ids, where
     ``min`` boxed each id: 370 us, more than the decode's join).
     """
-    if isinstance(ids, array) and ids.typecode == "i" and ids.itemsize == 4:
+    if is_id_array(ids):
         return ids.tobytes()[_SIGN_BYTE::4].isascii()
     return not ids or min(ids) >= 0

@@ -582,7 +582,7 @@ class SimulatedEngine(EngineClient, Engine):
             request_seed = behavior.effective_seed(request_seed)
         seed = request_seed if request_seed is not None else self.seed
         if prompt is None or prompt.ids is not request.input_ids:
-            prompt = SimPrompt.of_request(request)
+            prompt = SimPrompt.of(request.input_ids)
         here = transferred_plan is not None or self._memoised(request, prompt, seed)
         view = None if here else self._cheap_plan_view(request, prompt)
         if here or view is not None:
@@ -809,7 +809,7 @@ class SimulatedEngine(EngineClient, Engine):
         if self.behavior is not None:
             seed = self.behavior.effective_seed(seed)
         if prompt is None or prompt.ids is not request.input_ids:
-            prompt = SimPrompt.of_request(request)
+            prompt = SimPrompt.of(request.input_ids)
         return self._planned(request, prompt, seed if seed is not None else self.seed)[0]
 
     def _planned(

@@ -27,11 +27,11 @@ from typing import Any
 import orjson
 
 from deepseek_frontend.errors import RequestError
-from deepseek_frontend.generation import GenerateRequest
+from deepseek_frontend.generation import is_id_array
 
 __all__ = ["ID_WIDTH", "INPUT_IDS_ERROR", "RecentPrompts", "SimPrompt", "prompt_bytes"]
 
-#: bytes per id in :func:`prompt_bytes`
+#: bytes per id in :func:`prompt_bytes` (an ``array("i")``'s item size, :func:`is_id_array`)
 ID_WIDTH = 4
 #: the refusal of an ``input_ids`` that is not a non-empty list of ints (SGLang's 400)
 INPUT_IDS_ERROR = "input_ids must be a non-empty list of token ids (the sim serves token mode)"
@@ -56,7 +56,7 @@ def prompt_bytes(ids: Sequence[int]) -> bytes | None:
     Raises :class:`RequestError` when an item is not an int (the check a worker makes of
     ``input_ids``).
     """
-    if isinstance(ids, array) and ids.typecode == "i" and ids.itemsize == ID_WIDTH:
+    if is_id_array(ids):
         return ids.tobytes()
     try:
         return array("i", ids).tobytes()
@@ -118,11 +118,6 @@ class SimPrompt:
     def of(cls, ids: Sequence[int]) -> SimPrompt:
         """Read ``ids`` whole (raises :class:`RequestError` when an item is not an int)."""
         return cls(ids if isinstance(ids, list | array) else list(ids), prompt_bytes(ids))
-
-    @classmethod
-    def of_request(cls, request: GenerateRequest) -> SimPrompt:
-        """``request``'s prompt (:meth:`of` its ids)."""
-        return cls.of(request.input_ids)
 
 
 @dataclass(slots=True, eq=False)
