@@ -84,7 +84,9 @@ class VLLMServer:
     def metric(self, name: str, **labels: str) -> float:
         """The sum of the Prometheus samples ``name`` whose labels include ``labels``."""
         total = 0.0
-        for line in httpx.get(self.url + "/metrics", timeout=10.0).text.splitlines():
+        # as long as a generate call may take: with five CPU servers on two cores (the disagg module's
+        # three beside the session's two) a busy server answered /metrics in more than 10 s
+        for line in httpx.get(self.url + "/metrics", timeout=120.0).text.splitlines():
             if not line.startswith(name + "{") and not line.startswith(name + " "):
                 continue
             series, _, value = line.rpartition(" ")
