@@ -36,6 +36,11 @@ from tests.support.servers import Server, free_port
 
 pytestmark = pytest.mark.real_engine
 
+#: five CPU vLLM servers share two cores here (this module's three and the session's two): a starved
+#: decode server has sent its response headers after more than the frontend's default 10 s, which
+#: ejects it as silent; the frontends of this module wait as long as a generate call may take
+SLOW_WORKERS = ("--worker-response-timeout", "120")
+
 #: a prompt of several KV blocks (the CPU backend's blocks hold 128 tokens), any ids the tokenizer has
 PROMPT = list(range(3000, 3300))
 #: the same prompt with its first 100 ids replaced: the last 200 tokens, and so the last token, are the same
@@ -209,10 +214,11 @@ def test_the_frontend_in_pd_mode_answers_as_over_the_aggregated_worker(
     prefill, decode = pd_servers["prefill"], pd_servers["decode"]
     # a prompt of several KV blocks that no server has seen
     text = " ".join(f"item {i} of the disaggregated check" for i in range(60))
-    with vllm_frontend(("--worker", pd_servers["aggregated"].url)) as aggregated:
+    with vllm_frontend(("--worker", pd_servers["aggregated"].url), *SLOW_WORKERS) as aggregated:
         expected = _chat(aggregated, text)
     before = _sources(decode)
-    with vllm_frontend(("--prefill-worker", prefill.url, "--decode-worker", decode.url)) as frontend:
+    pair = ("--prefill-worker", prefill.url, "--decode-worker", decode.url)
+    with vllm_frontend(pair, *SLOW_WORKERS) as frontend:
         answer = _chat(frontend, text)
     after = _sources(decode)
     assert expected["usage"]["completion_tokens"] > 1  # something to compare (seeded weights: always)
@@ -235,10 +241,11 @@ def test_min_tokens_reaches_the_decode_and_not_the_one_token_prefill(
     prefill, decode = pd_servers["prefill"], pd_servers["decode"]
     text = " ".join(f"entry {i} of the min_tokens check" for i in range(40))
     extra = {"min_tokens": 6, "max_tokens": 12}
-    with vllm_frontend(("--worker", pd_servers["aggregated"].url)) as aggregated:
+    with vllm_frontend(("--worker", pd_servers["aggregated"].url), *SLOW_WORKERS) as aggregated:
         expected = _chat(aggregated, text, **extra)
     before = _sources(decode)
-    with vllm_frontend(("--prefill-worker", prefill.url, "--decode-worker", decode.url)) as frontend:
+    pair = ("--prefill-worker", prefill.url, "--decode-worker", decode.url)
+    with vllm_frontend(pair, *SLOW_WORKERS) as frontend:
         answer = _chat(frontend, text, **extra)
     after = _sources(decode)
     assert answer["usage"]["completion_tokens"] >= 6
