@@ -34,7 +34,7 @@ from tests.real_engine.make_tiny_model import write_tiny_model
 
 # the SGLang servers' fixtures (.ci/stage-real-sglang.sh); they skip under an interpreter without SGLang
 from tests.real_engine.sglang_servers import sglang_aggregated, sglang_fleet, sglang_model, sglang_pd  # noqa: F401
-from tests.support.servers import Server, free_port, start_frontend, stop_process_group
+from tests.support.servers import Server, free_engine_port, start_frontend, stop_process_group
 
 #: the name the workers serve the tiny model under (the frontend's --worker-model)
 WORKER_MODEL = "tiny"
@@ -103,15 +103,17 @@ def launch_vllm(
     load_format: str = "dummy",
     extra_args: Sequence[str] = (),
     extra_env: Mapping[str, str] | None = None,
+    niceness: int = 0,
 ) -> VLLMServer:
     """Start ``python -m vllm.entrypoints.openai.api_server`` for ``model_dir`` (not waiting for it).
 
     ``name`` labels the server in logs and failures (default: ``backend``); ``load_format`` ``auto``
     serves the weights in ``model_dir``; ``extra_args`` / ``extra_env`` add flags (say,
-    ``--kv-transfer-config``) and environment.
+    ``--kv-transfer-config``) and environment; ``niceness`` above 0 runs the server (and so its
+    EngineCore and workers) at that lower CPU priority.
     """
     label = name or backend
-    port = free_port()
+    port = free_engine_port()
     fd, log_name = tempfile.mkstemp(prefix=f"vllm-{label}-", suffix=".log")
     env = {
         **os.environ,
@@ -123,6 +125,7 @@ def launch_vllm(
         **(extra_env or {}),
     }
     cmd = [
+        *(("nice", "-n", str(niceness)) if niceness else ()),
         sys.executable,
         "-m",
         "vllm.entrypoints.openai.api_server",
@@ -149,8 +152,10 @@ def launch_vllm(
         str(port),
         *extra_args,
     ]
-    # its own session: stop() kills the group, so the EngineCore and workers go with the API server
-    proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    # its own process group: stop() kills the group, so the EngineCore and workers go with the API server.
+    # Not its own session: Linux puts each session in its own scheduling group (autogroup), where a
+    # niceness only ranks the session's own processes; in the tests' session it yields to them.
+    proc = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT, env=env, process_group=0)
     os.close(fd)
     return VLLMServer(label, proc, f"http://127.0.0.1:{port}", Path(log_name))
 

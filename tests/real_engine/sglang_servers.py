@@ -55,7 +55,7 @@ import pytest
 
 from tests.real_engine.make_tiny_model import write_tiny_model
 from tests.real_engine.random_weights import write_random_llama_weights
-from tests.support.servers import free_port, stop_process_group
+from tests.support.servers import free_engine_port, stop_process_group
 
 #: the name the workers serve the tiny model under (SGLang's /generate names no model; /v1/models says it)
 SGLANG_WORKER_MODEL = "tiny"
@@ -181,7 +181,7 @@ def launch_sglang(
     ``extra_args`` / ``extra_env`` add flags and environment; ``kv_events_port`` / ``bootstrap_port`` are only
     recorded on the returned server (the caller puts them into ``extra_args``).
     """
-    port = free_port()
+    port = free_engine_port()
     fd, log_name = tempfile.mkstemp(prefix=f"sglang-{name}-", suffix=".log")
     env = {
         **os.environ,
@@ -243,7 +243,7 @@ class SGLangPair:
 
 def launch_aggregated(model_dir: Path, *extra_args: str) -> SGLangServer:
     """The aggregated server, publishing KV events on a free port."""
-    events = free_port()
+    events = free_engine_port()
     return launch_sglang(
         model_dir,
         "aggregated",
@@ -254,7 +254,7 @@ def launch_aggregated(model_dir: Path, *extra_args: str) -> SGLangServer:
 
 def launch_pd_pair(model_dir: Path) -> SGLangPair:
     """A prefill and a decode server (not waiting for them)."""
-    bootstrap = free_port()
+    bootstrap = free_engine_port()
     transfer = ("--disaggregation-transfer-backend", "mooncake_tcp")
     prefill = launch_sglang(
         model_dir,

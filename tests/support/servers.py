@@ -11,14 +11,17 @@ terminates the process (then kills it) and returns its log for failure messages;
 :class:`Server` is also a context manager that stops on exit.
 
 Tests that run some other process (an installed console script, a replayed image) reuse
-:func:`stop_process` and :func:`free_port`; a process started in its own session whose children
+:func:`stop_process` and :func:`free_port`; a process started in its own process group whose children
 must not outlive it (a real engine's scheduler and workers) is stopped by :func:`stop_process_group`.
+A real engine binds the ports it is told tens of seconds into its start-up: it gets them from
+:func:`free_engine_port`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import signal
 import socket
@@ -51,6 +54,45 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+#: the kernel's range for port-0 binds; these defaults where ``/proc`` does not say
+_EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_EPHEMERAL_DEFAULT = (32768, 60999)
+#: ports :func:`free_engine_port` handed out in this process (two engines started together never share one)
+_ENGINE_PORTS: set[int] = set()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = (int(part) for part in _EPHEMERAL_RANGE_FILE.read_text().split())
+    except (OSError, ValueError):
+        return _EPHEMERAL_DEFAULT
+    return low, high
+
+
+def free_engine_port() -> int:
+    """A free localhost port outside the kernel's ephemeral range, for a server that binds it long after
+    it is chosen (a real engine binds its HTTP port, and vLLM its NIXL side channel, 40-90 s into start-up).
+
+    A port from :func:`free_port` is free only when chosen: every port-0 bind in between (the engine's
+    own ZMQ and gloo sockets, another engine starting beside it) draws from the ephemeral range and can
+    be handed the same number, and the engine then fails to bind it. Ports below (else above) the range
+    are never handed out that way."""
+    low, high = _ephemeral_range()
+    candidates = range(10000, low) if low - 10000 >= 1000 else range(high + 1, 65536)
+    for _ in range(200):
+        port = random.choice(candidates)
+        if port in _ENGINE_PORTS:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _ENGINE_PORTS.add(port)
+        return port
+    raise RuntimeError(f"no free port in {candidates.start}-{candidates.stop - 1}")
+
+
 def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
     """Terminate ``proc`` and wait for it; kill it if it has not exited after ``timeout`` seconds."""
     if proc.poll() is None:
@@ -65,7 +107,8 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
 def stop_process_group(proc: subprocess.Popen[Any], timeout: float) -> None:
     """SIGTERM ``proc``, wait up to ``timeout`` seconds, then SIGKILL its whole process group.
 
-    ``proc`` must have been started with ``start_new_session=True``: the engine processes it
+    ``proc`` must lead its own process group (started with ``process_group=0`` or
+    ``start_new_session=True``): the engine processes it
     started (vLLM's ``EngineCore`` and workers, SGLang's scheduler and detokenizer) share its group,
     and would otherwise keep running -- and keep a core busy -- after their API server is gone.
     """
