@@ -12,6 +12,10 @@ prompt, so "the decode's output equals the aggregated server's" can fail when th
 The decode server's own counters say where its prompt tokens came from
 (``vllm:prompt_tokens_by_source_total``): all of them from the transfer, none computed. The last test drives
 the pair through ``deepseek-frontend serve --engine vllm --prefill-worker ... --decode-worker ...``.
+
+NIXL's UCX progress thread polls without a pause (the ``nixl`` binding gives the agent a ``pthrDelay`` of 0):
+each of the two servers keeps a core busy even when idle. They run at a lower CPU priority, so the
+aggregated server, the frontends and the test itself get the cores when they need them.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from tests.real_engine.conftest import (
 )
 from tests.real_engine.make_tiny_model import write_tiny_model
 from tests.real_engine.random_weights import write_random_llama_weights
-from tests.support.servers import Server, free_port
+from tests.support.servers import Server, free_engine_port
 
 pytestmark = pytest.mark.real_engine
 
@@ -46,6 +50,10 @@ PROMPT = list(range(3000, 3300))
 #: the same prompt with its first 100 ids replaced: the last 200 tokens, and so the last token, are the same
 OTHER_HEAD = list(range(6000, 6100)) + PROMPT[100:]
 MAX_TOKENS = 16
+#: the niceness of the prefill and decode servers (their progress threads spin; see above)
+PAIR_NICENESS = 10
+#: tries the transfer that opens the pair gets (see ``_open_pair``)
+OPENING_TRIES = 3
 
 
 def _kv_config(role: str) -> str:
@@ -71,11 +79,13 @@ def pd_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, V
                 # each NIXL agent's handshake listener, on loopback
                 extra_env={
                     "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1",
-                    "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port()),
+                    "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_engine_port()),
                 },
+                niceness=PAIR_NICENESS,
             )
         for server in servers.values():
             server.wait_healthy()
+        _open_pair(servers["prefill"], servers["decode"])
         yield servers
     finally:
         for server in servers.values():
@@ -83,7 +93,7 @@ def pd_servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, V
             server.log_path.unlink(missing_ok=True)
 
 
-def _generate(server: VLLMServer, ids: list[int], max_tokens: int, **extra: Any) -> dict[str, Any]:
+def _post_generate(server: VLLMServer, ids: list[int], max_tokens: int, **extra: Any) -> httpx.Response:
     """One greedy request to vLLM's token-in API (``/inference/v1/generate``), with top-1 logprobs."""
     body = {
         "model": WORKER_MODEL,
@@ -91,9 +101,40 @@ def _generate(server: VLLMServer, ids: list[int], max_tokens: int, **extra: Any)
         "sampling_params": {"temperature": 0.0, "max_tokens": max_tokens, "logprobs": 1},
         **extra,
     }
-    response = httpx.post(server.url + "/inference/v1/generate", json=body, timeout=120.0)
-    assert response.status_code == 200, f"{server.backend}: {response.status_code} {response.text}"
+    return httpx.post(server.url + "/inference/v1/generate", json=body, timeout=120.0)
+
+
+def _failure(server: VLLMServer, response: httpx.Response) -> str:
+    """A failed answer and the end of the server's log: vLLM answers a failed KV load with a bare 500, its
+    log says which step of the transfer failed."""
+    answer = f"{server.backend}: {response.status_code} {response.text}"
+    return f"{answer}\n{server.backend} log:\n{server.log()[-6000:]}"
+
+
+def _generate(server: VLLMServer, ids: list[int], max_tokens: int, **extra: Any) -> dict[str, Any]:
+    response = _post_generate(server, ids, max_tokens, **extra)
+    assert response.status_code == 200, _failure(server, response)
     return response.json()
+
+
+def _open_pair(prefill: VLLMServer, decode: VLLMServer) -> None:
+    """One transfer through the pair before any test, on prompts no test sends.
+
+    The decode server's first transfer from a prefill engine opens their NIXL connection: a handshake whose
+    reply vLLM waits 5 s for (``nixl/base_worker.py`` ``_nixl_handshake``), which a starved CPU server can
+    miss (the decode request then fails with a 500); later transfers reuse the connection. The pair is ready
+    once one transfer has gone through."""
+    failures: list[str] = []
+    for attempt in range(OPENING_TRIES):
+        ids = list(range(40000 + 1000 * attempt, 40300 + 1000 * attempt))
+        first = _generate(
+            prefill, ids, 1, kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False}
+        )
+        response = _post_generate(decode, ids, 1, kv_transfer_params=first["kv_transfer_params"])
+        if response.status_code == 200:
+            return
+        failures.append(_failure(decode, response))
+    raise RuntimeError(f"no transfer went through the pair in {OPENING_TRIES} tries:\n" + "\n".join(failures))
 
 
 def _tokens(answer: dict[str, Any]) -> list[int]:
@@ -125,6 +166,7 @@ def test_decode_from_transferred_kv_matches_the_aggregated_server(pd_servers: di
     prefill, decode = pd_servers["prefill"], pd_servers["decode"]
     expected = _generate(pd_servers["aggregated"], PROMPT, MAX_TOKENS)
 
+    before = _sources(decode)
     first = _generate(
         prefill,
         PROMPT,
@@ -136,7 +178,6 @@ def test_decode_from_transferred_kv_matches_the_aggregated_server(pd_servers: di
     assert params["remote_engine_id"] and params["remote_block_ids"], params
     assert _tokens(first) == _tokens(expected)[:1]
 
-    before = _sources(decode)
     answer = _generate(decode, PROMPT, MAX_TOKENS, kv_transfer_params=params)
     after = _sources(decode)
 
@@ -156,13 +197,13 @@ def test_a_second_pair_of_requests_transfers_again(pd_servers: dict[str, VLLMSer
     still yields the aggregated continuation."""
     prefill, decode = pd_servers["prefill"], pd_servers["decode"]
     expected = _tokens(_generate(pd_servers["aggregated"], OTHER_HEAD, MAX_TOKENS))
+    before = _sources(decode)
     first = _generate(
         prefill,
         OTHER_HEAD,
         1,
         kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False},
     )
-    before = _sources(decode)
     answer = _generate(decode, OTHER_HEAD, MAX_TOKENS, kv_transfer_params=first["kv_transfer_params"])
     after = _sources(decode)
     assert _tokens(answer) == expected
@@ -178,17 +219,28 @@ def test_the_decode_continues_whatever_kv_it_was_handed(pd_servers: dict[str, VL
     prefill, decode, aggregated = pd_servers["prefill"], pd_servers["decode"], pd_servers["aggregated"]
     handed = list(range(20000, 20300))
     named = list(range(30000, 30100)) + handed[100:]
+    before = _sources(decode)
     first = _generate(
         prefill,
         handed,
         1,
         kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False},
     )
-    before = _sources(decode)
     answer = _tokens(_generate(decode, named, MAX_TOKENS, kv_transfer_params=first["kv_transfer_params"]))
     assert _sources(decode)["local_compute"] == before["local_compute"]
     assert answer == _tokens(_generate(aggregated, handed, MAX_TOKENS))
     assert answer != _tokens(_generate(aggregated, named, MAX_TOKENS))
+
+
+def _aggregated_frontend(servers: dict[str, VLLMServer]) -> Server:
+    """``serve --engine vllm`` over the aggregated reference worker."""
+    return vllm_frontend(("--worker", servers["aggregated"].url), *SLOW_WORKERS)
+
+
+def _pd_frontend(servers: dict[str, VLLMServer]) -> Server:
+    """``serve --engine vllm`` over the prefill/decode pair."""
+    pair = ("--prefill-worker", servers["prefill"].url, "--decode-worker", servers["decode"].url)
+    return vllm_frontend(pair, *SLOW_WORKERS)
 
 
 def _chat(frontend: Server, text: str, **extra: Any) -> dict[str, Any]:
@@ -211,14 +263,13 @@ def test_the_frontend_in_pd_mode_answers_as_over_the_aggregated_worker(
     """``serve --engine vllm --prefill-worker P --decode-worker D``: the frontend runs vLLM's two-step flow
     and the client gets what the same frontend over the aggregated worker answers, the prompt's KV having
     come over NIXL."""
-    prefill, decode = pd_servers["prefill"], pd_servers["decode"]
+    decode = pd_servers["decode"]
     # a prompt of several KV blocks that no server has seen
     text = " ".join(f"item {i} of the disaggregated check" for i in range(60))
-    with vllm_frontend(("--worker", pd_servers["aggregated"].url), *SLOW_WORKERS) as aggregated:
+    with _aggregated_frontend(pd_servers) as aggregated:
         expected = _chat(aggregated, text)
     before = _sources(decode)
-    pair = ("--prefill-worker", prefill.url, "--decode-worker", decode.url)
-    with vllm_frontend(pair, *SLOW_WORKERS) as frontend:
+    with _pd_frontend(pd_servers) as frontend:
         answer = _chat(frontend, text)
     after = _sources(decode)
     assert expected["usage"]["completion_tokens"] > 1  # something to compare (seeded weights: always)
@@ -238,14 +289,13 @@ def test_min_tokens_reaches_the_decode_and_not_the_one_token_prefill(
     """``min_tokens`` above 1 on the pair: vLLM answers a prefill request carrying it with a 400
     ("min_tokens must be less than or equal to max_tokens=1"), so the prefill leg drops it; the decode
     leg keeps it, and the answer is the aggregated worker's for the same request."""
-    prefill, decode = pd_servers["prefill"], pd_servers["decode"]
+    decode = pd_servers["decode"]
     text = " ".join(f"entry {i} of the min_tokens check" for i in range(40))
     extra = {"min_tokens": 6, "max_tokens": 12}
-    with vllm_frontend(("--worker", pd_servers["aggregated"].url), *SLOW_WORKERS) as aggregated:
+    with _aggregated_frontend(pd_servers) as aggregated:
         expected = _chat(aggregated, text, **extra)
     before = _sources(decode)
-    pair = ("--prefill-worker", prefill.url, "--decode-worker", decode.url)
-    with vllm_frontend(pair, *SLOW_WORKERS) as frontend:
+    with _pd_frontend(pd_servers) as frontend:
         answer = _chat(frontend, text, **extra)
     after = _sources(decode)
     assert answer["usage"]["completion_tokens"] >= 6
