@@ -92,10 +92,14 @@ def id_list(ids: Sequence[int]) -> list[int]:
     return ids if isinstance(ids, list) else list(ids)
 
 
+#: bytes per id of the tokenizer's id array (:func:`is_id_array`)
+ID_ARRAY_ITEMSIZE = 4
+
+
 def is_id_array(ids: Sequence[int]) -> TypeGuard[array[int]]:
     """Whether ``ids`` is an ``array("i")`` of 4-byte ints (the tokenizer's id array), whose
     ``tobytes()`` are the ids as machine ints, read without a conversion per id."""
-    return isinstance(ids, array) and ids.typecode == "i" and ids.itemsize == 4
+    return isinstance(ids, array) and ids.typecode == "i" and ids.itemsize == ID_ARRAY_ITEMSIZE
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,12 +27,12 @@ from typing import Any
 import orjson
 
 from deepseek_frontend.errors import RequestError
-from deepseek_frontend.generation import is_id_array
+from deepseek_frontend.generation import ID_ARRAY_ITEMSIZE, is_id_array
 
 __all__ = ["ID_WIDTH", "INPUT_IDS_ERROR", "RecentPrompts", "SimPrompt", "prompt_bytes"]
 
-#: bytes per id in :func:`prompt_bytes` (an ``array("i")``'s item size, :func:`is_id_array`)
-ID_WIDTH = 4
+#: bytes per id in :func:`prompt_bytes`: the tokenizer's id array is those bytes already
+ID_WIDTH = ID_ARRAY_ITEMSIZE
 #: the refusal of an ``input_ids`` that is not a non-empty list of ints (SGLang's 400)
 INPUT_IDS_ERROR = "input_ids must be a non-empty list of token ids (the sim serves token mode)"
 #: how a body's ``input_ids`` starts in orjson's and json's compact output (the frontend's clients)
