@@ -108,9 +108,9 @@ def stop_process_group(proc: subprocess.Popen[Any], timeout: float) -> None:
     """SIGTERM ``proc``, wait up to ``timeout`` seconds, then SIGKILL its whole process group.
 
     ``proc`` must lead its own process group (started with ``process_group=0`` or
-    ``start_new_session=True``): the engine processes it
-    started (vLLM's ``EngineCore`` and workers, SGLang's scheduler and detokenizer) share its group,
-    and would otherwise keep running -- and keep a core busy -- after their API server is gone.
+    ``start_new_session=True``): the engine processes it started (vLLM's ``EngineCore`` and workers,
+    SGLang's scheduler and detokenizer) share its group, and would otherwise keep running -- and keep
+    a core busy -- after their API server is gone.
     """
     if proc.poll() is None:
         proc.terminate()
