@@ -54,6 +54,8 @@ MAX_TOKENS = 16
 PAIR_NICENESS = 10
 #: tries the transfer that opens the pair gets (see ``_open_pair``)
 OPENING_TRIES = 3
+#: characters of a server's log a failure message carries (its end: where the failing request is)
+LOG_TAIL = 6000
 
 
 def _kv_config(role: str) -> str:
@@ -108,13 +110,21 @@ def _failure(server: VLLMServer, response: httpx.Response) -> str:
     """A failed answer and the end of the server's log: vLLM answers a failed KV load with a bare 500, its
     log says which step of the transfer failed."""
     answer = f"{server.backend}: {response.status_code} {response.text}"
-    return f"{answer}\n{server.backend} log:\n{server.log()[-6000:]}"
+    return f"{answer}\n{server.backend} log:\n{server.log()[-LOG_TAIL:]}"
 
 
 def _generate(server: VLLMServer, ids: list[int], max_tokens: int, **extra: Any) -> dict[str, Any]:
     response = _post_generate(server, ids, max_tokens, **extra)
     assert response.status_code == 200, _failure(server, response)
     return response.json()
+
+
+def _prefill_leg(prefill: VLLMServer, ids: list[int]) -> dict[str, Any]:
+    """vLLM's prefill request: one output token, the KV kept for a decode server to pull; its answer's
+    ``kv_transfer_params`` go verbatim into the decode request."""
+    return _generate(
+        prefill, ids, 1, kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False}
+    )
 
 
 def _open_pair(prefill: VLLMServer, decode: VLLMServer) -> None:
@@ -127,9 +137,7 @@ def _open_pair(prefill: VLLMServer, decode: VLLMServer) -> None:
     failures: list[str] = []
     for attempt in range(OPENING_TRIES):
         ids = list(range(40000 + 1000 * attempt, 40300 + 1000 * attempt))
-        first = _generate(
-            prefill, ids, 1, kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False}
-        )
+        first = _prefill_leg(prefill, ids)
         response = _post_generate(decode, ids, 1, kv_transfer_params=first["kv_transfer_params"])
         if response.status_code == 200:
             return
@@ -167,12 +175,7 @@ def test_decode_from_transferred_kv_matches_the_aggregated_server(pd_servers: di
     expected = _generate(pd_servers["aggregated"], PROMPT, MAX_TOKENS)
 
     before = _sources(decode)
-    first = _generate(
-        prefill,
-        PROMPT,
-        1,
-        kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False},
-    )
+    first = _prefill_leg(prefill, PROMPT)
     params = first["kv_transfer_params"]
     assert params["do_remote_prefill"] is True and params["do_remote_decode"] is False
     assert params["remote_engine_id"] and params["remote_block_ids"], params
@@ -198,12 +201,7 @@ def test_a_second_pair_of_requests_transfers_again(pd_servers: dict[str, VLLMSer
     prefill, decode = pd_servers["prefill"], pd_servers["decode"]
     expected = _tokens(_generate(pd_servers["aggregated"], OTHER_HEAD, MAX_TOKENS))
     before = _sources(decode)
-    first = _generate(
-        prefill,
-        OTHER_HEAD,
-        1,
-        kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False},
-    )
+    first = _prefill_leg(prefill, OTHER_HEAD)
     answer = _generate(decode, OTHER_HEAD, MAX_TOKENS, kv_transfer_params=first["kv_transfer_params"])
     after = _sources(decode)
     assert _tokens(answer) == expected
@@ -220,12 +218,7 @@ def test_the_decode_continues_whatever_kv_it_was_handed(pd_servers: dict[str, VL
     handed = list(range(20000, 20300))
     named = list(range(30000, 30100)) + handed[100:]
     before = _sources(decode)
-    first = _generate(
-        prefill,
-        handed,
-        1,
-        kv_transfer_params={"do_remote_decode": True, "do_remote_prefill": False},
-    )
+    first = _prefill_leg(prefill, handed)
     answer = _tokens(_generate(decode, named, MAX_TOKENS, kv_transfer_params=first["kv_transfer_params"]))
     assert _sources(decode)["local_compute"] == before["local_compute"]
     assert answer == _tokens(_generate(aggregated, handed, MAX_TOKENS))
@@ -253,7 +246,7 @@ def _chat(frontend: Server, text: str, **extra: Any) -> dict[str, Any]:
     }
     response = httpx.post(frontend.url + "/v1/chat/completions", json=body, timeout=120.0)
     # a worker's failure is logged by the frontend under the request id; the client sees its class only
-    assert response.status_code == 200, f"{response.text}\nfrontend log:\n{frontend.log()[-6000:]}"
+    assert response.status_code == 200, f"{response.text}\nfrontend log:\n{frontend.log()[-LOG_TAIL:]}"
     return response.json()
 
 
