@@ -195,3 +195,96 @@ def test_only_a_short_text_answer_is_written_on_the_loop() -> None:
     assert answer_is_short(view(f"write {SHORT_ANSWER_WORDS} words about rivers"))
     assert not answer_is_short(view(f"write {SHORT_ANSWER_WORDS + 1} words about rivers"))
     assert not answer_is_short(view("find the weather in Paris with get_weather", tools=True))
+
+
+def test_a_follow_up_bringing_tool_results_is_planned_from_its_last_turn_alone() -> None:
+    """An agent's follow-up whose last turn brings tool results is answered from that turn: the
+    history before it is not decoded, and the output is the one reading the whole prompt gives."""
+    tokenizer = bundled_tokenizer()
+    engine = SimulatedEngine(tokenizer, page_size=16)
+    reference = SimulatedEngine(tokenizer, page_size=16)
+    # the reference reads every prompt whole, on its planning thread
+    reference._cheap_plan_view = lambda request, prompt: None  # type: ignore[method-assign]
+    reference._plan_view = lambda ids, data, constraint: reference._read(ids, data)  # type: ignore[method-assign]
+    decoded: list[int] = []
+    decode = engine._decode_with_specials
+
+    def counting(ids: Any) -> str:
+        decoded.append(len(ids))
+        return decode(ids)
+
+    engine._decode_with_specials = counting  # type: ignore[method-assign]
+    user_id = tokenizer.encode_raw(USER_TURN)[0]
+    follow_ups = 0
+    for family in ("deepseek_v4", "deepseek_v32"):
+        for turn, ids in enumerate(_agent_prompts(4, f"{family} results", family)):
+            decoded.clear()
+            assert _output(engine, ids, f"{family}-{turn}") == _output(reference, ids, f"{family}-ref-{turn}")
+            if turn:
+                follow_ups += 1
+                last = max(at for at, token in enumerate(ids) if token == user_id)
+                assert decoded == [len(ids) - last - 1]  # the last turn, and nothing before it
+    assert follow_ups == 6
+    assert engine._head_texts.hits == 0 and len(engine._heads) == 2  # only the first turns' heads
+
+
+def test_an_answer_that_reads_the_head_is_told_apart_from_one_that_does_not() -> None:
+    """``answer_reads_head`` is False only where the plan from the turn alone is the plan from the
+    whole prompt: every combination of these heads and turns, and every seed tried, plans the same
+    either way when it says so, and it says so for turns with tool results only."""
+    from deepseek_frontend.engines.sim.model import (
+        NO_HEAD,
+        answer_reads_head,
+        plan_output,
+        read_head,
+        read_last_turn,
+    )
+
+    def head_of(family: str, tools: bool) -> str:
+        messages = [{"role": "user", "content": "start"}]
+        rendered = get_chat_format(family).encode_messages(
+            attach_request_tools(messages, TOOLS) if tools else messages, thinking_mode="chat"
+        )
+        return rendered[: rendered.rfind(USER_TURN)]
+
+    schema = '{"type": "object", "properties": {"city": {"type": "string"}}}'
+    heads = [
+        read_head(head_of("deepseek_v4", True)),
+        read_head(head_of("deepseek_v32", True)),
+        read_head(head_of("deepseek_v4", False)),
+        read_head("You MUST strictly adhere to the following schema to reply:\n" + schema + "\n"),
+    ]
+    users = [
+        "what is the weather in Paris?",
+        "use the tool get_weather for Paris",
+        "look up FooBarBaz with web_search",
+        f"write {SHORT_ANSWER_WORDS * 3} words about rivers",
+        "reply with exactly: done",
+    ]
+    results = [
+        "<tool_result>sunny, 21 degrees in Paris</tool_result>",
+        '<tool_result>{"name": "get_time", "parameters": {"type": "object"}}</tool_result>',
+        "<function_results><result>ok: 3 files</result></function_results>",
+        "<tool_result></tool_result>",
+    ]
+    calls = "<｜Assistant｜></think><｜DSML｜tool_calls>call</｜DSML｜tool_calls><｜end▁of▁sentence｜>"
+    endings = ["<｜Assistant｜></think>", "<｜Assistant｜><think>", "<｜Assistant｜><｜DSML｜tool_calls>\n"]
+    rng = random.Random(11)
+    alone = differs = 0
+    for _ in range(600):
+        turn = rng.choice(users)
+        for _ in range(rng.randint(0, 2)):
+            turn += calls + rng.choice(results)
+        turn += rng.choice(endings)
+        head = rng.choice(heads)
+        seed = rng.randrange(1000)
+        whole = plan_output(read_last_turn(head, turn), seed=seed)
+        bare = plan_output(read_last_turn(NO_HEAD, turn), seed=seed)
+        if not answer_reads_head(turn):
+            alone += 1
+            assert "<tool_result>" in turn or "<function_results>" in turn
+            assert bare == whole, (head, turn)
+        elif bare != whole:
+            differs += 1
+    # both kinds were tried, and the head does change answers the rule keeps reading it for
+    assert alone > 100 and differs > 50

@@ -49,11 +49,13 @@ from deepseek_frontend.engines.sim.behavior import PRESETS, SIM_CONSTRAINT_KINDS
 from deepseek_frontend.engines.sim.clock import StepClock
 from deepseek_frontend.engines.sim.kv import SimKvCache
 from deepseek_frontend.engines.sim.model import (
+    NO_HEAD,
     USER_TURN,
     Piece,
     PromptHead,
     PromptView,
     answer_is_short,
+    answer_reads_head,
     extend_head,
     plan_for_grammar,
     plan_output,
@@ -354,7 +356,7 @@ class SimulatedEngine(EngineClient, Engine):
             _touch(self._plans, key)
             return cached
         if view is None:
-            view = self._read(input_ids, data)
+            view = self._plan_view(input_ids, data, constraint)
         if images:
             view = dataclasses.replace(view, images=images)
         pieces = self._plan_pieces(view, seed, constraint)
@@ -393,13 +395,13 @@ class SimulatedEngine(EngineClient, Engine):
         return key in self._plans
 
     def _cheap_plan_view(self, request: GenerateRequest, prompt: SimPrompt) -> PromptView | None:
-        """The prompt's reading (:meth:`_read`) when ``request``'s plan costs little enough to write
-        in its own step on the loop, else None: a plain prompt -- no images, no constraint, not
-        continuing an answer already begun (engines/sim/resume.py) -- whose reading (done here
-        when the rest holds) decodes few ids (:data:`INLINE_PLAN_DECODE_IDS`), answered in a few
-        words (:func:`~deepseek_frontend.engines.sim.model.answer_is_short`). An agent's follow-up
-        with a tool result is one (about a millisecond); a new conversation's first turn, decoded
-        whole, is not."""
+        """The prompt's reading for its plan (:meth:`_plan_view`) when ``request``'s plan costs little
+        enough to write in its own step on the loop, else None: a plain prompt -- no images, no
+        constraint, not continuing an answer already begun (engines/sim/resume.py) -- whose reading
+        (done here when the rest holds) decodes few ids (:data:`INLINE_PLAN_DECODE_IDS`), answered in
+        a few words (:func:`~deepseek_frontend.engines.sim.model.answer_is_short`). An agent's
+        follow-up with a tool result is one (its last turn decoded: about a quarter of a
+        millisecond); a new conversation's first turn, decoded whole, is not."""
         ids, data = request.input_ids, prompt.data
         if request.images or request.sampling.constraint is not None or data is None:
             return None
@@ -412,12 +414,31 @@ class SimulatedEngine(EngineClient, Engine):
         last = next(users, -1)
         if last < 0 or len(ids) - last > INLINE_PLAN_DECODE_IDS:
             return None
-        if (last, hash(data[: last * ID_WIDTH])) not in self._heads:
-            known = self._head_texts.longest(data, users)
-            if known is None or last - known > INLINE_PLAN_DECODE_IDS:
-                return None
-        view = self._read(ids, data)
+        turn = self._decode_with_specials(ids[last + 1 :])
+        if USER_TURN in turn:
+            return None  # read whole (_read): on the thread
+        if not answer_reads_head(turn):
+            view = read_last_turn(NO_HEAD, turn)
+        else:
+            if (last, hash(data[: last * ID_WIDTH])) not in self._heads:
+                known = self._head_texts.longest(data, users)
+                if known is None or last - known > INLINE_PLAN_DECODE_IDS:
+                    return None
+            view = self._read_with_head(ids, data, last, turn)
         return view if answer_is_short(view) else None
+
+    def _last_turn(self, input_ids: Sequence[int], data: bytes | None) -> tuple[int, str] | None:
+        """``(index, text)`` of the prompt's last user turn (the text after its ``<｜User｜>``); None
+        when it has none, or when the turn spells that opener as text (a prompt injection the
+        frontend kept as text: the text reading finds that spelling last, and so must this one)."""
+        user_id = self._special_id(USER_TURN)
+        if data is None or user_id is None:
+            return None
+        last = last_index(data, user_id)
+        if last < 0:
+            return None
+        turn = self._decode_with_specials(input_ids[last + 1 :])
+        return None if USER_TURN in turn else (last, turn)
 
     def _read(self, input_ids: Sequence[int], data: bytes | None) -> PromptView:
         """What the model sees of the prompt: :func:`read_prompt` of its text.
@@ -429,22 +450,37 @@ class SimulatedEngine(EngineClient, Engine):
         from where the conversation's previous request left off (:class:`HeadTexts`: a 28K-token
         agent follow-up's head, 0.2 ms instead of 1.35).
         """
-        decode = self.tokenizer.decode
-        user_id = self._special_id(USER_TURN)
-        users = positions_from_end(data, user_id) if data is not None and user_id is not None else iter(())
-        last = next(users, -1)
-        if last < 0:
-            return read_prompt(decode(input_ids, skip_special_tokens=False))
-        turn = decode(input_ids[last + 1 :], skip_special_tokens=False)
-        if USER_TURN in turn:
-            # the turn spells the opener as text (a prompt injection the frontend kept as text):
-            # the text reading finds that spelling last; keep the same view
-            return read_prompt(decode(input_ids, skip_special_tokens=False))
-        key = (last, hash(data[: last * ID_WIDTH]))  # type: ignore[index]
+        found = self._last_turn(input_ids, data)
+        if found is None:
+            return read_prompt(self._decode_with_specials(input_ids))
+        return self._read_with_head(input_ids, data, *found)  # type: ignore[arg-type]
+
+    def _plan_view(
+        self, input_ids: Sequence[int], data: bytes | None, constraint: DecodingConstraint | None
+    ) -> PromptView:
+        """What the plan for the prompt reads: :meth:`_read`, or only the last turn when the answer
+        does not depend on the rest (:func:`~deepseek_frontend.engines.sim.model.answer_reads_head`:
+        an agent's follow-up that brings tool results). The history before that turn is then not
+        decoded at all -- the ids a conversation added since its previous request, with that
+        request's tool results: most of what reading a follow-up cost."""
+        found = self._last_turn(input_ids, data)
+        if found is None:
+            return read_prompt(self._decode_with_specials(input_ids))
+        last, turn = found
+        if constraint is None and not answer_reads_head(turn):
+            return read_last_turn(NO_HEAD, turn)
+        return self._read_with_head(input_ids, data, last, turn)  # type: ignore[arg-type]
+
+    def _read_with_head(self, input_ids: Sequence[int], data: bytes, last: int, turn: str) -> PromptView:
+        """:meth:`_read` of a prompt whose last user turn is at ``last``, its text ``turn``: the head
+        before it from the memos."""
+        key = (last, hash(data[: last * ID_WIDTH]))
         heads = self._heads
         head = heads.get(key)
         if head is None:
-            text, extended = self._head_texts.text(input_ids, data, last, users, self._decode_with_specials)  # type: ignore[arg-type]
+            earlier = positions_from_end(data, self._special_id(USER_TURN))  # type: ignore[arg-type]
+            next(earlier)  # ``last`` itself: the user turns before it follow, newest first
+            text, extended = self._head_texts.text(input_ids, data, last, earlier, self._decode_with_specials)
             # the head it extends, read before (the conversation's previous request's; the memos
             # share their keys): only the text after it is searched for tool schemas
             previous = heads.get(extended) if extended is not None else None

@@ -55,12 +55,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
+    "NO_HEAD",
     "SHORT_ANSWER_WORDS",
     "USER_TURN",
     "Piece",
     "PromptHead",
     "PromptView",
     "answer_is_short",
+    "answer_reads_head",
     "dsml_block",
     "example_value",
     "extend_head",
@@ -244,6 +246,26 @@ def read_last_turn(head: PromptHead, turn: str | None, whole: str = "") -> Promp
         open_block,
         loaded_tools=loaded,
     )
+
+
+#: what :func:`read_last_turn` is given in place of a head not read (:func:`answer_reads_head`)
+NO_HEAD = PromptHead([], "tool_calls", None)
+
+
+def answer_reads_head(turn: str) -> bool:
+    """Whether :func:`plan_output`'s unconstrained answer to a prompt whose last user turn is
+    ``turn`` (the text after its last ``<｜User｜>``) depends on what comes before that turn: the
+    declared tools, the calls block's name, the response schema.
+
+    It does not when the turn brings tool results that load no tools (no ``{"name"`` in it) and
+    does not end inside an opened calls block -- an agent's usual follow-up. The answer then
+    quotes the results (a text answer, or thinking that ends in one): no tool is asked for, the
+    tool search rule is for fresh user turns, and nothing is written in a calls block. So the
+    answer is the same from ``read_last_turn(NO_HEAD, turn)``, and the engine need not read the
+    conversation's history for it.
+    """
+    has_results = "<tool_result>" in turn or "<function_results>" in turn
+    return not has_results or '{"name"' in turn or turn.endswith(_OPEN_BLOCKS)
 
 
 def read_prompt(text: str) -> PromptView:
