@@ -205,7 +205,8 @@ def test_a_follow_up_bringing_tool_results_is_planned_from_its_last_turn_alone()
     reference = SimulatedEngine(tokenizer, page_size=16)
     # the reference reads every prompt whole, on its planning thread
     reference._cheap_plan_view = lambda request, prompt: None  # type: ignore[method-assign]
-    reference._plan_view = lambda ids, data, constraint: reference._read(ids, data)  # type: ignore[method-assign]
+    read = reference._read
+    reference._read = lambda ids, data, whole=True: read(ids, data)  # type: ignore[method-assign]
     decoded: list[int] = []
     decode = engine._decode_with_specials
 

@@ -356,7 +356,7 @@ class SimulatedEngine(EngineClient, Engine):
             _touch(self._plans, key)
             return cached
         if view is None:
-            view = self._plan_view(input_ids, data, constraint)
+            view = self._read(input_ids, data, whole=constraint is not None)
         if images:
             view = dataclasses.replace(view, images=images)
         pieces = self._plan_pieces(view, seed, constraint)
@@ -395,7 +395,7 @@ class SimulatedEngine(EngineClient, Engine):
         return key in self._plans
 
     def _cheap_plan_view(self, request: GenerateRequest, prompt: SimPrompt) -> PromptView | None:
-        """The prompt's reading for its plan (:meth:`_plan_view`) when ``request``'s plan costs little
+        """The prompt's reading for its plan (:meth:`_read`) when ``request``'s plan costs little
         enough to write in its own step on the loop, else None: a plain prompt -- no images, no
         constraint, not continuing an answer already begun (engines/sim/resume.py) -- whose reading
         (done here when the rest holds) decodes few ids (:data:`INLINE_PLAN_DECODE_IDS`), answered in
@@ -440,7 +440,7 @@ class SimulatedEngine(EngineClient, Engine):
         turn = self._decode_with_specials(input_ids[last + 1 :])
         return None if USER_TURN in turn else (last, turn)
 
-    def _read(self, input_ids: Sequence[int], data: bytes | None) -> PromptView:
+    def _read(self, input_ids: Sequence[int], data: bytes | None, *, whole: bool = True) -> PromptView:
         """What the model sees of the prompt: :func:`read_prompt` of its text.
 
         An agent resends its conversation every turn, so the text before the last user turn
@@ -449,25 +449,19 @@ class SimulatedEngine(EngineClient, Engine):
         12K-token conversation: 0.1 ms, not the 1 ms of decoding it all). A new head is decoded
         from where the conversation's previous request left off (:class:`HeadTexts`: a 28K-token
         agent follow-up's head, 0.2 ms instead of 1.35).
+
+        ``whole=False`` (for an unconstrained plan): when the answer does not depend on that head
+        (:func:`~deepseek_frontend.engines.sim.model.answer_reads_head`: an agent's follow-up that
+        brings tool results), the head is not read at all and the view holds
+        :data:`~deepseek_frontend.engines.sim.model.NO_HEAD` in its place, which plans the same
+        answer -- the ids a conversation added since its previous request, with that request's
+        tool results, are then not decoded: most of what reading a follow-up cost.
         """
         found = self._last_turn(input_ids, data)
         if found is None:
             return read_prompt(self._decode_with_specials(input_ids))
-        return self._read_with_head(input_ids, data, *found)  # type: ignore[arg-type]
-
-    def _plan_view(
-        self, input_ids: Sequence[int], data: bytes | None, constraint: DecodingConstraint | None
-    ) -> PromptView:
-        """What the plan for the prompt reads: :meth:`_read`, or only the last turn when the answer
-        does not depend on the rest (:func:`~deepseek_frontend.engines.sim.model.answer_reads_head`:
-        an agent's follow-up that brings tool results). The history before that turn is then not
-        decoded at all -- the ids a conversation added since its previous request, with that
-        request's tool results: most of what reading a follow-up cost."""
-        found = self._last_turn(input_ids, data)
-        if found is None:
-            return read_prompt(self._decode_with_specials(input_ids))
         last, turn = found
-        if constraint is None and not answer_reads_head(turn):
+        if not whole and not answer_reads_head(turn):
             return read_last_turn(NO_HEAD, turn)
         return self._read_with_head(input_ids, data, last, turn)  # type: ignore[arg-type]
 
