@@ -254,6 +254,8 @@ def test_an_answer_that_reads_the_head_is_told_apart_from_one_that_does_not() ->
         read_head(head_of("deepseek_v32", True)),
         read_head(head_of("deepseek_v4", False)),
         read_head("You MUST strictly adhere to the following schema to reply:\n" + schema + "\n"),
+        # a tool search tool: its rule calls it for a tool-like word a fresh user turn names
+        read_head('{"name": "ToolSearch", "parameters": {"properties": {"query": {"type": "string"}}}}\n'),
     ]
     users = [
         "what is the weather in Paris?",
