@@ -420,11 +420,12 @@ class SimulatedEngine(EngineClient, Engine):
         if not answer_reads_head(turn):
             view = read_last_turn(NO_HEAD, turn)
         else:
-            if (last, hash(data[: last * ID_WIDTH])) not in self._heads:
+            key = (last, hash(data[: last * ID_WIDTH]))
+            if key not in self._heads:
                 known = self._head_texts.longest(data, users)
                 if known is None or last - known > INLINE_PLAN_DECODE_IDS:
                     return None
-            view = self._read_with_head(ids, data, last, turn)
+            view = self._read_with_head(ids, data, last, turn, key)
         return view if answer_is_short(view) else None
 
     def _last_turn(self, input_ids: Sequence[int], data: bytes | None) -> tuple[int, str] | None:
@@ -465,10 +466,13 @@ class SimulatedEngine(EngineClient, Engine):
             return read_last_turn(NO_HEAD, turn)
         return self._read_with_head(input_ids, data, last, turn)  # type: ignore[arg-type]
 
-    def _read_with_head(self, input_ids: Sequence[int], data: bytes, last: int, turn: str) -> PromptView:
+    def _read_with_head(
+        self, input_ids: Sequence[int], data: bytes, last: int, turn: str, key: tuple[int, int] | None = None
+    ) -> PromptView:
         """:meth:`_read` of a prompt whose last user turn is at ``last``, its text ``turn``: the head
-        before it from the memos."""
-        key = (last, hash(data[: last * ID_WIDTH]))
+        before it from the memos, under ``key`` (its memo key, when the caller has hashed it)."""
+        if key is None:
+            key = (last, hash(data[: last * ID_WIDTH]))
         heads = self._heads
         head = heads.get(key)
         if head is None:

@@ -221,7 +221,7 @@ def read_last_turn(head: PromptHead, turn: str | None, whole: str = "") -> Promp
     result = None
     tools = head.tools
     loaded: tuple[str, ...] = ()
-    if "<tool_result>" in tail or "<function_results>" in tail:
+    if _brings_results(tail):
         # The newest results: those after the turn's last assistant message (V3.2 keeps a loop's
         # results in the user turn that started it, each block after the call it answers).
         cut = tail.rfind(_EOS)
@@ -264,8 +264,13 @@ def answer_reads_head(turn: str) -> bool:
     answer is the same from ``read_last_turn(NO_HEAD, turn)``, and the engine need not read the
     conversation's history for it.
     """
-    has_results = "<tool_result>" in turn or "<function_results>" in turn
-    return not has_results or '{"name"' in turn or turn.endswith(_OPEN_BLOCKS)
+    return not _brings_results(turn) or '{"name"' in turn or turn.endswith(_OPEN_BLOCKS)
+
+
+def _brings_results(turn: str) -> bool:
+    """Whether a last user turn's text holds tool results (V4's ``<tool_result>``, V3.2's
+    ``<function_results>``): then :func:`read_last_turn` reads them as the view's tool result."""
+    return "<tool_result>" in turn or "<function_results>" in turn
 
 
 def read_prompt(text: str) -> PromptView:
