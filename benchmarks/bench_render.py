@@ -6,6 +6,7 @@ Run by hand (not a test)::
     python benchmarks/bench_render.py --quick    # fewer repeats
     python benchmarks/bench_render.py --decode   # the decode table alone
     python benchmarks/bench_render.py --short-text  # the short-text table alone
+    python benchmarks/bench_render.py --joined   # the joined-batch table alone
 
 Workloads are agent conversations with 20 tools (realistic JSON schemas on the
 system message), reasoning, tool calls and tool results, at 10 / 100 / 1000 / 3000
@@ -52,6 +53,14 @@ A fifth table measures encoding short ASCII text (what the in-process engine wri
 a follow-up's few new words: at most ``SHORT_TEXT_CHARS`` characters, encoded holding the GIL) by
 ``tokenizers``' ``Tokenizer.encode`` and by the checked ``tiktoken`` pieces
 (``TiktokenText.encode_short_ascii``), interleaved, best-of wall time.
+
+A sixth table measures what the batch thread does with many prompts' cold text
+(``TiktokenText.encode_arrays``: joined by a rare digit, the ids handed over by ``tiktoken`` as one
+buffer and cut at the join's id), against the way before it (joined by ``"0"``, the ids as a list
+of Python ints, cut where the summed byte lengths of the ids reach each text's end, then copied
+into an ``array("i")`` per text), interleaved, best-of wall time, on unique 1,000-word prompts and
+on the runs of an agent's first turn. ``buffer encode alone``: the joined text's buffer encode
+without the cut; what a path takes beyond it is held with the GIL.
 
 Wall time here, not CPU time: ``encode_batch`` runs on several Rust threads. The
 tokenizer's sampled self-check (1 request in 512 re-encoded whole) is switched off
@@ -464,6 +473,95 @@ def short_text_table(repeats: int) -> None:
     print_rows(head, rows)
 
 
+def _lists_cut_by_bytes(fast: Any, texts: list[str]) -> list[Any]:
+    """The batch thread's work before ``encode_arrays`` (a measurement reference): the texts joined
+    by ``"0"``, the ids as a list, cut where the ids' summed byte lengths reach each text's end,
+    each part copied into an ``array("i")``."""
+    from array import array
+    from bisect import bisect_left
+    from itertools import accumulate
+
+    lengths = _byte_lengths(fast)
+    ids = fast.encoding.encode_ordinary("0".join(texts))
+    ends = list(accumulate(map(lengths.__getitem__, ids)))
+    parts, start, end = [], 0, 0
+    for index, text in enumerate(texts):
+        if index:
+            start += 1
+            end += 1
+        end += len(text.encode("utf-8"))
+        last = bisect_left(ends, end, start)
+        parts.append(array("i", ids[start : last + 1]))
+        start = last + 1
+    return parts
+
+
+_LENGTHS: dict[int, list[int]] = {}
+
+
+def _byte_lengths(fast: Any) -> list[int]:
+    if id(fast) not in _LENGTHS:
+        table = [0] * (max(fast._ranks.values()) + 1)
+        for token, token_id in fast._ranks.items():
+            table[token_id] = len(token)
+        _LENGTHS[id(fast)] = table
+    return _LENGTHS[id(fast)]
+
+
+def joined_table(repeats: int) -> None:
+    """Many prompts' cold text encoded together: the ids as one buffer cut at the joins, against a
+    list cut by summed byte lengths (see the module docstring)."""
+    import random
+    import sys
+    from pathlib import Path
+
+    from deepseek_frontend.tokenization import PromptTokenizer
+    from deepseek_frontend.tokenization.tiktoken_encoder import _joinable
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _conversations import conversation_bodies, unique_prompt_body
+
+    tok = PromptTokenizer.load()
+    fast = tok.text_encoder.fast
+    assert fast is not None, "the bundled tokenizer is not encoded by tiktoken"
+    fast.claim_thread()
+    unique = [json.loads(unique_prompt_body(i, 1000, 150))["messages"][-1]["content"] for i in range(50)]
+    first_turn = json.loads(conversation_bodies(0, 1, 70_000, 70_000, 150)[0])["messages"]
+    runs = [m["content"] for m in first_turn if isinstance(m.get("content"), str) and m["content"]]
+    random.Random(0).shuffle(runs)
+    workloads = [
+        ("10 unique 1,000-word prompts", unique[:10]),
+        ("50 unique 1,000-word prompts", unique),
+        (f"an agent's first turn, {len(runs)} messages' text", runs),
+    ]
+    head = ["texts", "characters", "ids", "list, cut by bytes ms", "buffer, cut at joins ms",
+            "buffer encode alone ms", "held after: list / buffer ms"]  # fmt: skip
+    rows = []
+    for label, texts in workloads:
+        # the texts both ways join: no digit at either end, no join character inside
+        joinable = [t for t in texts if _joinable(t) and fast._join not in t]
+        expected = [ids.tolist() for ids in _lists_cut_by_bytes(fast, joinable)]
+        assert [ids.tolist() for ids in fast.encode_arrays(joinable)] == expected
+        joined = fast._join.join(joinable)
+        by_lists = by_buffer = alone = math.inf
+        for _ in range(max(repeats, 7)):
+            by_lists = min(by_lists, _best_wall(lambda t=joinable: _lists_cut_by_bytes(fast, t), 3))
+            by_buffer = min(by_buffer, _best_wall(lambda t=joinable: fast.encode_arrays(t), 3))
+            alone = min(alone, _best_wall(lambda j=joined: fast.encode_array(j), 3))
+        rows.append(
+            [
+                label,
+                f"{sum(map(len, joinable)):,}",
+                f"{sum(map(len, expected)):,}",
+                f"{by_lists * 1e3:.2f}",
+                f"{by_buffer * 1e3:.2f}",
+                f"{alone * 1e3:.2f}",
+                f"{(by_lists - alone) * 1e3:.2f} / {(by_buffer - alone) * 1e3:.2f}",
+            ]
+        )
+    print_rows(head, rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 repeats and no time budget")
@@ -472,14 +570,17 @@ def main() -> None:
     )
     parser.add_argument("--decode", action="store_true", help="the decode table alone")
     parser.add_argument("--short-text", action="store_true", help="the short-text table alone")
+    parser.add_argument("--joined", action="store_true", help="the joined-batch table alone")
     args = parser.parse_args()
     repeats = 3 if args.quick else REPEATS
     budget_s = 0.0 if args.quick else BUDGET_S
-    if args.decode or args.short_text:
+    if args.decode or args.short_text or args.joined:
         if args.decode:
             decode_table(repeats)
         if args.short_text:
             short_text_table(repeats)
+        if args.joined:
+            joined_table(repeats)
         return
     rows: list[Row] = []
     # V4.1 next to V4 on the same conversations (same messages, V4.1's own rules)

@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from array import array
 from typing import Any
 
 import pytest
@@ -212,13 +213,13 @@ def test_cold_prompts_arriving_together_are_tokenized_in_one_call_each_with_its_
     tokenized fails alone."""
     pipeline, reference = _pipeline(), _pipeline()
     calls: list[int] = []
-    encode_texts = pipeline.tokenizer._encode_texts
+    encode_arrays = pipeline.tokenizer._encode_arrays
 
-    def counting_encode(texts: list[str], *, bulk: bool = False) -> list[list[int]]:
+    def counting_encode(texts: list[str], *, bulk: bool = False) -> list[array]:
         calls.append(len(texts))
-        return encode_texts(texts, bulk=bulk)
+        return encode_arrays(texts, bulk=bulk)
 
-    pipeline.tokenizer._encode_texts = counting_encode  # type: ignore[method-assign]
+    pipeline.tokenizer._encode_arrays = counting_encode  # type: ignore[method-assign]
     bodies = [{"messages": [{"role": "user", "content": _text(1500, f"prompt {i}")}]} for i in range(12)]
     bad = {"messages": [{"role": "user", "content": _text(1500, "bad") + "\ud800"}]}
 

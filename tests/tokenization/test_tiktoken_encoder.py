@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import random
 import threading
+from array import array
 
 import pytest
 
@@ -73,8 +74,58 @@ def test_texts_encoded_together_give_each_text_its_own_ids(tok):
         for t in texts
         if t and t[0].isascii() and t[-1].isascii() and not t[0].isdigit() and not t[-1].isdigit()
     ]
-    assert tok.text_encoder.fast._split(joinable) == _reference(tok, joinable)  # one call, cut right
+    fast = tok.text_encoder.fast
+    calls: list[str] = []
+    encode_array = fast.encode_array
+
+    def counting(text: str) -> array:
+        calls.append(text)
+        return encode_array(text)
+
+    fast.encode_array = counting  # type: ignore[method-assign]
+    try:
+        arrays = fast.encode_arrays(joinable)
+    finally:
+        del fast.encode_array
+    assert len(calls) == 1  # one call, cut right
+    assert [ids.tolist() for ids in arrays] == _reference(tok, joinable)
+    assert all(isinstance(ids, array) and ids.typecode == "i" for ids in arrays)
     assert tok.text_encoder.encode(texts[:1]) == _reference(tok, texts[:1])
+
+
+def test_texts_with_digits_and_the_join_character_are_cut_right(tok):
+    """The join is a digit no ordinary text holds (ARABIC-INDIC DIGIT ZERO): ASCII digits inside the
+    texts are theirs, and a text that holds the join character itself is encoded alone."""
+    texts = [
+        "order 1000 items, then 0 more",
+        "a 0 b 00 c 000 d 0000 e",
+        "the value \u0660 in Arabic-Indic digits, \u0660\u0661\u0662",
+        "x",
+        "ends with text (0)",
+    ]
+    assert tok.text_encoder.encode(texts) == _reference(tok, texts)
+    assert [ids.tolist() for ids in tok.text_encoder.encode_arrays(texts)] == _reference(tok, texts)
+
+
+def test_a_vocabulary_without_the_first_join_joins_with_the_next(tok):
+    fast = tok.text_encoder.fast
+    ranks = {token: rank for token, rank in fast._ranks.items() if token != "\u0660".encode()}
+    other = TiktokenText(fast.encoding, ranks)
+    assert other._join == "\u06f0"
+    texts = ["first text, with a 0 in it", "second \u0660 holds the usual join", "third"]
+    assert [ids.tolist() for ids in other.encode_arrays(texts)] == _reference(tok, texts)
+
+
+def test_the_cut_takes_only_whole_ids_of_the_join(tok):
+    fast = tok.text_encoder.fast
+    join = array("i", fast._join_bytes)  # the join's id
+    (join_id,) = join
+    # the join id's four bytes straddling two ids (the high half of one, the low half of the next)
+    low, high = join_id & 0xFFFF, join_id >> 16
+    straddling = [low << 16, high]
+    ids = array("i", [5, *straddling, 9, join_id, 7])
+    assert [part.tolist() for part in fast._cut(ids, 2)] == [[5, *straddling, 9], [7]]
+    assert fast._cut(ids, 3) is None  # another count of joins than texts: not cut
 
 
 @pytest.mark.parametrize(
@@ -175,7 +226,7 @@ def test_a_panic_in_tiktoken_falls_back_to_the_reference(tok):
         pass
 
     class Panicking:
-        def encode_many(self, texts: list[str]) -> list[list[int]]:
+        def encode_arrays(self, texts: list[str]) -> list[array]:
             raise PanicException("StackOverflow")
 
     encoder = TextEncoder(tok.text, Panicking())  # type: ignore[arg-type]
@@ -183,7 +234,7 @@ def test_a_panic_in_tiktoken_falls_back_to_the_reference(tok):
     assert encoder.encode(texts) == _reference(tok, texts)
 
     class Interrupting:
-        def encode_many(self, texts: list[str]) -> list[list[int]]:
+        def encode_arrays(self, texts: list[str]) -> list[array]:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):

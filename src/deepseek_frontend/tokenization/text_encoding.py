@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import logging
 import re
+from array import array
+from collections.abc import Sequence
 
 from tokenizers import Tokenizer
 
 from deepseek_frontend.errors import FormatError
+from deepseek_frontend.tokenization.caches import id_array
 from deepseek_frontend.tokenization.tiktoken_encoder import TiktokenText
 
 logger = logging.getLogger(__name__)
@@ -155,6 +158,14 @@ class TextEncoder:
         Texts of at most :data:`SHORT_TEXT_CHARS` together are encoded holding the GIL: ASCII
         ones by ``tiktoken``'s pieces (:meth:`.TiktokenText.encode_short_ascii`, once checked),
         others by :func:`encode_short`."""
+        return [ids if isinstance(ids, list) else ids.tolist() for ids in self._encode(texts, bulk)]
+
+    def encode_arrays(self, texts: list[str], *, bulk: bool = False) -> list[array]:
+        """:meth:`encode`, each text's ids an ``array("i")`` (what the prompt caches hold): from
+        ``tiktoken`` they come as arrays, without a Python int made of each id on the way."""
+        return [ids if isinstance(ids, array) else id_array(ids) for ids in self._encode(texts, bulk)]
+
+    def _encode(self, texts: list[str], bulk: bool) -> Sequence[list[int] | array]:
         fast = self.fast
         if sum(map(len, texts)) <= SHORT_TEXT_CHARS:
             if fast is not None and fast.short_ascii and all(text.isascii() for text in texts):
@@ -169,9 +180,9 @@ class TextEncoder:
                 _refuse_lone_surrogate(text)
         try:
             if all(len(text) <= LONG_RUN_CHARS for text in texts):
-                return fast.encode_many(texts)
+                return fast.encode_arrays(texts)
             return [
-                fast.encode(text) if len(text) <= LONG_RUN_CHARS else self._encode_long(fast, text)
+                fast.encode_array(text) if len(text) <= LONG_RUN_CHARS else self._encode_long(fast, text)
                 for text in texts
             ]
         except BaseException as exc:
@@ -182,14 +193,14 @@ class TextEncoder:
             logger.warning("tiktoken failed on a text (%s); tokenizers encoded the batch", exc)
             return encode_texts(self.reference, texts)
 
-    def _encode_long(self, fast: TiktokenText, text: str) -> list[int]:
+    def _encode_long(self, fast: TiktokenText, text: str) -> array:
         """A text over :data:`LONG_RUN_CHARS`: pieces at pre-token boundaries, each by ``tiktoken``
         (the pattern engine's stack is bounded per match), a piece with no such boundary by the
         reference."""
-        ids: list[int] = []
+        ids = array("i")
         for piece in split_long_run(text):
             if len(piece) <= LONG_RUN_CHARS:
-                ids.extend(fast.encode(piece))
+                ids.extend(fast.encode_array(piece))
             else:
                 ids.extend(encode_texts(self.reference, [piece])[0])
         return ids

@@ -38,8 +38,7 @@ import logging
 import random
 import threading
 import unicodedata
-from bisect import bisect_left
-from itertools import accumulate
+from array import array
 from typing import Any
 
 import regex
@@ -105,14 +104,32 @@ def tiktoken_text_for(
         return _built[key]
 
 
-#: what joins texts encoded in one call (:meth:`TiktokenText.encode_many`): a digit, which the
-#: pattern treats as the end of a piece -- every lookahead, word class and gap stops at it -- and
-#: isolates as its own pre-token, so between texts that neither start nor end with a digit it is
-#: one id of its own and the texts' ids are exactly their ids alone
-_JOIN = "0"
-#: at most this many characters encoded in one joined call: the ids' list is built, and cut, with
-#: the GIL held (about 4 ms for this many), which the event loop waits for
+#: what may join texts encoded in one call (:meth:`TiktokenText.encode_arrays`), the first that is
+#: one id of the vocabulary: ARABIC-INDIC DIGIT ZERO, two other rare zeros, then the ASCII one. Each
+#: is a digit (``\p{N}``), which the pattern treats as the end of a piece -- every lookahead, word
+#: class and gap stops at it -- and isolates as its own pre-token; so between texts that neither
+#: start nor end with a digit, and do not contain it, it is one id of its own, the only place that
+#: id occurs, and the texts' ids are exactly their ids alone
+_JOINS = ("\u0660", "\u06f0", "\u0966", "0")
+#: at most this many characters encoded in one joined call (its ids come back as one buffer, cut with
+#: a few slices: the GIL is held for a memory copy of them, not per id)
 _JOINED_CHARS = 262_144
+#: a special token no text is allowed to match: ``tiktoken``'s array-returning encode scans text for
+#: special tokens, and with none declared its scan pattern is empty and matches at every position
+#: (one regex call per character); with this one declared the scan is one literal search
+_NEVER_SPECIAL = "<|deepseek-frontend: never a special token|>"
+_NO_SPECIAL_ALLOWED: frozenset[str] = frozenset()
+
+
+def _encoding(name: str, ranks: dict[bytes, int]) -> tiktoken.Encoding:
+    """A ``tiktoken`` encoding of DeepSeek's text: :data:`PRE_TOKEN_PATTERN`, merges by ``ranks``, and
+    :data:`_NEVER_SPECIAL` as its one special token (never allowed: text is always ordinary text)."""
+    return tiktoken.Encoding(
+        name,
+        pat_str=PRE_TOKEN_PATTERN,
+        mergeable_ranks=ranks,
+        special_tokens={_NEVER_SPECIAL: max(ranks.values()) + 1},
+    )
 
 
 class TiktokenText:
@@ -140,10 +157,9 @@ class TiktokenText:
         #: :meth:`encode_short_ascii` gave the reference's ids on every ASCII check text
         #: (:func:`tiktoken_text_for` sets it)
         self.short_ascii = False
-        self._byte_lengths = [0] * (max(ranks.values()) + 1)
-        for token, token_id in ranks.items():
-            self._byte_lengths[token_id] = len(token)
-        self._join_id = ranks[_JOIN.encode()]
+        #: the character that joins texts encoded together, and its id as an ``array("i")``'s bytes
+        self._join = next((join for join in _JOINS if join.encode() in ranks), "")
+        self._join_bytes = array("i", [ranks[self._join.encode()]]).tobytes() if self._join else b""
         self._thread = threading.local()
         # the thread that builds an encoding checks it at once (_build): its caches are that thread's
         self._thread.encoding = encoding
@@ -181,27 +197,39 @@ class TiktokenText:
     def claim_thread(self) -> None:
         """Give the calling thread an encoding of its own, once (for a thread that encodes in bulk)."""
         if getattr(self._thread, "encoding", None) is None:
-            self._thread.encoding = tiktoken.Encoding(
-                self.encoding.name, pat_str=PRE_TOKEN_PATTERN, mergeable_ranks=self._ranks, special_tokens={}
-            )
+            self._thread.encoding = _encoding(self.encoding.name, self._ranks)
 
-    def encode_many(self, texts: list[str]) -> list[list[int]]:
-        """The ids of each text (each valid Unicode, at most ``LONG_RUN_CHARS`` characters), in as
-        few ``tiktoken`` calls as can be.
+    def encode_array(self, text: str) -> array:
+        """The ids of one text (valid Unicode, at most ``LONG_RUN_CHARS`` characters) as an
+        ``array("i")``: ``tiktoken`` hands them over as one buffer, copied whole, where
+        :meth:`encode`'s list makes a Python int of every id with the GIL held."""
+        encoding = getattr(self._thread, "encoding", self.encoding)
+        to_buffer = getattr(encoding._core_bpe, "encode_to_tiktoken_buffer", None)
+        if to_buffer is None or _NEVER_SPECIAL not in encoding.special_tokens_set:
+            return array("i", encoding.encode_ordinary(text))
+        ids = array("i")
+        ids.frombytes(memoryview(to_buffer(text, _NO_SPECIAL_ALLOWED)).cast("B"))
+        return ids
+
+    def encode_arrays(self, texts: list[str]) -> list[array]:
+        """The ids of each text (each valid Unicode, at most ``LONG_RUN_CHARS`` characters), each an
+        ``array("i")``, in as few ``tiktoken`` calls as can be.
 
         One call per text would take the GIL back after every text, and a thread that wants the
         GIL from a busy event loop waits up to the interpreter's switch interval (5 ms) for it: at
         1,024 arrivals one process tokenized 200 prompts a second that way. So texts that start and
-        end with a character that is not a digit (:func:`_joinable`) are joined by :data:`_JOIN`,
-        up to :data:`_JOINED_CHARS` at a time, and encoded in one call; the ids are cut where each
-        text's bytes end, and the join's id must be there (else -- never seen -- the texts are
-        encoded one by one). The others are encoded alone.
+        end with a character that is not a digit (:func:`_joinable`) and do not contain the join
+        (the first of :data:`_JOINS` the vocabulary has whole) are joined by it, up to
+        :data:`_JOINED_CHARS` at a time, encoded in one call, and cut at the join's ids
+        (:meth:`_cut`); the others are encoded alone. What the GIL is held for after the call is a
+        copy of the ids' memory and one slice per text, not work per id.
         """
-        out: list[list[int] | None] = [None] * len(texts)
+        out: list[array | None] = [None] * len(texts)
         group: list[int] = []
         size = 0
+        join = self._join
         for index, text in enumerate(texts):
-            if not _joinable(text):
+            if not join or not _joinable(text) or join in text:
                 continue
             group.append(index)
             size += len(text)
@@ -209,38 +237,37 @@ class TiktokenText:
                 self._encode_joined(texts, group, out)
                 group, size = [], 0
         self._encode_joined(texts, group, out)
-        return [self.encode(text) if ids is None else ids for text, ids in zip(texts, out, strict=True)]
+        return [self.encode_array(text) if ids is None else ids for text, ids in zip(texts, out, strict=True)]
 
-    def _encode_joined(self, texts: list[str], group: list[int], out: list[list[int] | None]) -> None:
+    def encode_many(self, texts: list[str]) -> list[list[int]]:
+        """:meth:`encode_arrays` as lists."""
+        return [ids.tolist() for ids in self.encode_arrays(texts)]
+
+    def _encode_joined(self, texts: list[str], group: list[int], out: list[array | None]) -> None:
         if len(group) < 2:
             return
-        parts = self._split([texts[i] for i in group])
+        parts = self._cut(self.encode_array(self._join.join(texts[i] for i in group)), len(group))
         if parts is None:
-            logger.warning(
-                "tiktoken: texts encoded together were not cut where they join; encoding one by one"
-            )
+            logger.warning("tiktoken: texts encoded together gave another count of joins; encoded one by one")
             return
         for index, ids in zip(group, parts, strict=True):
             out[index] = ids
 
-    def _split(self, texts: list[str]) -> list[list[int]] | None:
-        ids = self.encode(_JOIN.join(texts))
-        ends = list(accumulate(map(self._byte_lengths.__getitem__, ids)))  # byte offset after each id
-        parts: list[list[int]] = []
-        start = end = 0
-        for index, text in enumerate(texts):
-            if index:
-                if start >= len(ids) or ids[start] != self._join_id:
-                    return None
-                start += 1
-                end += len(_JOIN)
-            end += len(text) if text.isascii() else len(text.encode("utf-8"))
-            last = bisect_left(ends, end, start)
-            if last >= len(ends) or ends[last] != end:
-                return None
-            parts.append(ids[start : last + 1])
-            start = last + 1
-        return parts if start == len(ids) else None
+    def _cut(self, ids: array, count: int) -> list[array] | None:
+        """``ids`` of ``count`` texts joined by the join cut at its ids (found by a byte
+        search; a match that straddles two ids is not one), or None unless there are ``count - 1``."""
+        data, join = ids.tobytes(), self._join_bytes
+        width = len(join)
+        parts: list[array] = []
+        start = at = 0
+        while (found := data.find(join, at)) >= 0:
+            if found % width:
+                at = found + 1
+                continue
+            parts.append(ids[start : found // width])
+            start, at = found // width + 1, found + width
+        parts.append(ids[start:])
+        return parts if len(parts) == count else None
 
 
 def _joinable(text: str) -> bool:
@@ -273,10 +300,7 @@ def _build(data: dict[str, Any], reference: Tokenizer) -> tuple[TiktokenText | N
         return None, "the vocabulary's ids do not follow its merges"
     if not _every_token_reachable(reference, model["vocab"], ranks):
         return None, "some tokens cannot be reached by merging their bytes"
-    encoding = tiktoken.Encoding(
-        "deepseek-text", pat_str=PRE_TOKEN_PATTERN, mergeable_ranks=ranks, special_tokens={}
-    )
-    fast = TiktokenText(encoding, ranks)
+    fast = TiktokenText(_encoding("deepseek-text", ranks), ranks)
     texts = check_texts()
     expected = [e.ids for e in reference.encode_batch_fast(texts, add_special_tokens=False)]
     for text, ids in zip(texts, expected, strict=True):

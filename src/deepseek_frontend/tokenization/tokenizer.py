@@ -156,6 +156,10 @@ class PromptTokenizer:
         ``bulk``: see :meth:`.text_encoding.TextEncoder.encode`."""
         return self.text_encoder.encode(texts, bulk=bulk)
 
+    def _encode_arrays(self, texts: list[str], *, bulk: bool = False) -> list[array]:
+        """:meth:`_encode_texts`, each text's ids an ``array("i")`` (what the prompt caches hold)."""
+        return self.text_encoder.encode_arrays(texts, bulk=bulk)
+
     def encode_raw(self, text: str) -> list[int]:
         """Ids as ``tokenizer.encode(text)`` gives them: spellings ARE recognised (raw prompts only)."""
         if len(text) <= SHORT_TEXT_CHARS:
